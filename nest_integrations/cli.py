@@ -1,0 +1,314 @@
+"""The ``nest`` command: build indexes, retrieve, generate, evaluate, benchmark, calibrate.
+
+Every command runs offline on the embedded defaults unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="NEST: attributed, retrieval-grounded generation.", no_args_is_help=True, add_completion=False)
+index_app = typer.Typer(help="Build and inspect NEST indexes.", no_args_is_help=True)
+app.add_typer(index_app, name="index")
+console = Console()
+err_console = Console(stderr=True)
+
+DEMO_INDEX_NAME = "wiki-summaries-default"
+
+
+def default_index_path() -> Path:
+    """Where ``nest demo`` / ``nest eval`` keep the default index over the Wikipedia summaries."""
+    from .lm import cache_dir
+
+    return cache_dir() / "indexes" / DEMO_INDEX_NAME
+
+
+def _fail(message: str) -> None:
+    err_console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code=2)
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _load_index(path: Optional[Path], model: Optional[str] = None) -> Any:
+    from .index import NestIndex
+    from .lm import load_lm
+
+    folder = path or default_index_path()
+    if path is None and not (folder / "manifest.json").exists():
+        _build_default_index(folder)
+    try:
+        return NestIndex.load(folder, load_lm(model) if model else None)
+    except ValueError as err:
+        _fail(str(err))
+
+
+def _build_default_index(folder: Path) -> None:
+    from .corpus import load_wikipedia_summaries
+    from .index import NestIndex
+    from .lm import load_lm
+
+    console.print(f"Building the default index over the Wikipedia summaries in {folder} (once, about 2 minutes)...")
+    index = NestIndex.build(load_wikipedia_summaries(), load_lm())
+    index.save(folder)
+
+
+# --------------------------------------------------------------------------- index
+@index_app.command("build")
+def index_build(
+    source: str = typer.Argument(..., help="A JSONL file, a folder of .txt files, or 'wiki' (the bundled Wikipedia summaries)."),
+    out: Path = typer.Option(..., "--out", help="Index folder to write."),
+    limit: Optional[int] = typer.Option(None, help="Keep at most this many passages."),
+    topic: Optional[str] = typer.Option(None, help="Wikipedia topic filter, e.g. People (source 'wiki' only)."),
+    max_words: Optional[int] = typer.Option(None, help="Chunk documents into passages of at most this many words."),
+    precompute_keys: bool = typer.Option(False, "--precompute-keys", help="Encode every token key now (else lazily)."),
+    model: str = typer.Option("default", help="LM: 'default', a hub id or a local path."),
+    retriever: str = typer.Option("hybrid", help="First stage: hybrid, dense or bm25."),
+    index_factory: str = typer.Option("Flat", help="FAISS factory string for the dense index (e.g. HNSW32)."),
+    key_layer: str = typer.Option("ffn_input", help="Key layer: ffn_input or layer:<i>."),
+    encoding_prefix: str = typer.Option("auto", help="Encoding prefix: auto, chat, '' (bare) or literal text."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Build a NEST index (passages, dense + BM25 retrieval, token datastore)."""
+    from .corpus import chunk_passages, load_corpus
+    from .index import NestIndex
+    from .lm import load_lm
+
+    _setup_logging(verbose)
+    try:
+        passages = load_corpus(source, topic=topic, limit=limit)
+        if max_words:
+            passages = chunk_passages(passages, max_words=max_words)
+        if not passages:
+            _fail(f"{source} holds no passages")
+        lm = load_lm(model)
+        index = NestIndex.build(
+            passages, lm, retriever_kind=retriever, index_factory=index_factory, key_layer=key_layer,
+            encoding_prefix=encoding_prefix, precompute_keys=precompute_keys,
+        )
+    except (ValueError, ImportError, FileNotFoundError) as err:
+        _fail(str(err))
+    index.save(out)
+    console.print(f"Wrote {out}: {len(passages)} passages")
+    if index.precompute_rate is not None:
+        console.print(f"Encoded the datastore at {index.precompute_rate:,.0f} tokens/s")
+
+
+@index_app.command("info")
+def index_info(path: Path = typer.Argument(..., help="Index folder.")) -> None:
+    """Show an index's manifest and datastore statistics."""
+    manifest_path = path / "manifest.json"
+    if not manifest_path.exists():
+        _fail(f"{path} is not a NEST index (no manifest.json)")
+    manifest = json.loads(manifest_path.read_text())
+    table = Table(title=str(path), show_header=False)
+    for key in ("format_version", "created", "lm", "key_layer", "encoding_prefix", "hidden_size", "dtype", "retriever", "counts", "precomputed_keys"):
+        table.add_row(key, json.dumps(manifest.get(key), ensure_ascii=False))
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    table.add_row("size on disk", f"{size / 2**20:.1f} MiB")
+    console.print(table)
+
+
+@app.command()
+def retrieve(
+    path: Path = typer.Argument(..., help="Index folder."),
+    query: str = typer.Argument(..., help="Query text."),
+    k: int = typer.Option(5, help="Passages to return."),
+    tokens: bool = typer.Option(True, help="Also show each passage's token-datastore statistics."),
+) -> None:
+    """First-stage retrieval: the top passages for a query."""
+    index = _load_index(path)
+    if k < 1:
+        _fail("--k must be at least 1")
+    hits = index.retrieve(query, k)
+    if not hits:
+        console.print("No passage matches.")
+        return
+    table = Table("rank", "score", "id", "title", "text", *(["tokens", "entries"] if tokens else []))
+    encoded = index.datastore.fetch([index.datastore.add(p) for p, _ in hits]) if tokens else []
+    for rank, (passage, score) in enumerate(hits, 1):
+        extra = [str(len(encoded[rank - 1].token_ids)), str(int(encoded[rank - 1].valid.sum()))] if tokens else []
+        table.add_row(str(rank), f"{score:.3f}", passage.id, passage.title, passage.text[:80] + "...", *extra)
+    console.print(table)
+
+
+# --------------------------------------------------------------------------- generate
+def _print_output(output: Any, title: str) -> None:
+    from rich.panel import Panel
+
+    from .attribution import render_terminal
+
+    s = output.stats
+    subtitle = (
+        f"attribution {output.attribution_ratio:.0%} · mean span {output.mean_copied_span_tokens:.1f} tok · "
+        f"{s.new_tokens} tokens / {s.forward_passes} forwards · {s.wall_s:.2f} s "
+        f"(retrieval {s.retrieval_s:.2f}, encode {s.encode_s:.2f}, decode {s.decode_s:.2f})"
+    )
+    console.print(Panel(render_terminal(output), title=title, subtitle=subtitle))
+
+
+@app.command()
+def generate(
+    prompt: Optional[str] = typer.Argument(None, help="The prompt (omit with --input)."),
+    datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
+    query: Optional[str] = typer.Option(None, help="First-stage retrieval query (default: the prompt)."),
+    mode: str = typer.Option("nest", help="base, rag, knnlm, nest or ra_nest."),
+    max_new_tokens: int = typer.Option(128, help="Tokens to generate at most."),
+    as_json: bool = typer.Option(False, "--json", help="Print the output contract as JSON."),
+    input_path: Optional[Path] = typer.Option(None, "--input", help="JSONL of {id, prompt, query?} to generate for."),
+    output_path: Optional[Path] = typer.Option(None, "--output", help="JSONL to write (with --input)."),
+    model: Optional[str] = typer.Option(None, help="LM to decode with (default: the one that built the index)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Generate with attribution; one prompt, or a batch from --input to --output."""
+    from .config import MODES
+
+    _setup_logging(verbose)
+    if mode not in MODES:
+        _fail(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    if (prompt is None) == (input_path is None):
+        _fail("give either a PROMPT or --input FILE")
+    if input_path is not None and output_path is None:
+        _fail("--input needs --output")
+    items = _read_items(input_path) if input_path is not None else []
+    index = _load_index(datastore, model)
+    try:
+        decoder = index.decoder()
+        decoder.config = decoder.config.updated(mode=mode, max_new_tokens=max_new_tokens)
+    except ValueError as err:
+        _fail(str(err))
+    if prompt is not None:
+        output = decoder.generate(prompt, query=query)
+        if as_json:
+            sys.stdout.write(json.dumps(output.to_dict(), ensure_ascii=False, indent=2) + "\n")
+        else:
+            _print_output(output, f"{mode}")
+        return
+    from tqdm.auto import tqdm
+
+    assert output_path is not None
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output_path.with_suffix(output_path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for item in tqdm(items, desc=f"Generating ({mode})", unit="item"):
+            output = decoder.generate(item["prompt"], query=item.get("query"))
+            fh.write(json.dumps({"id": item["id"], **output.to_dict()}, ensure_ascii=False) + "\n")
+    tmp.replace(output_path)
+    console.print(f"Wrote {len(items)} generations to {output_path}")
+
+
+def _read_items(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        _fail(f"{path} does not exist")
+    items = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            _fail(f"{path}:{number}: invalid JSON ({err})")
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            _fail(f"{path}:{number}: each line needs a string 'prompt'")
+        item.setdefault("id", str(number))
+        items.append(item)
+    return items
+
+
+@app.command()
+def demo(
+    prompt: str = typer.Option("Tell me a bio of Marie Curie.", help="The prompt."),
+    query: str = typer.Option("Marie Curie", help="First-stage retrieval query."),
+    max_new_tokens: int = typer.Option(96, help="Tokens to generate."),
+) -> None:
+    """Build (once) the default index over the Wikipedia summaries and compare NEST with the base LM."""
+    index = _load_index(None)
+    decoder = index.decoder()
+    outputs = {mode: decoder.generate(prompt, query=query, mode=mode, max_new_tokens=max_new_tokens) for mode in ("base", "nest")}
+    console.print(f"[bold]Prompt:[/bold] {prompt}   [dim](retrieval query: {query})[/dim]")
+    for mode, output in outputs.items():
+        _print_output(output, "NEST (copied spans highlighted, sources numbered)" if mode == "nest" else "base LM")
+    base, nest = outputs["base"].stats, outputs["nest"].stats
+    if nest.wall_s > 0 and base.new_tokens and nest.new_tokens:
+        speed = (base.wall_s / base.new_tokens) / (nest.wall_s / nest.new_tokens)
+        console.print(f"NEST: {speed:.1f}x the base LM's tokens per second on this prompt, everything included.")
+
+
+# --------------------------------------------------------------------------- evaluation
+@app.command("eval")
+def evaluate(
+    task: str = typer.Option("bio", help="bio, completion or qa."),
+    n: int = typer.Option(100, help="Items (per condition)."),
+    seed: int = typer.Option(0, help="Sampling seed of the items."),
+    datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
+    modes: str = typer.Option("base,rag,knnlm,nest,ra_nest", help="Comma-separated modes."),
+    max_new_tokens: int = typer.Option(128, help="Tokens per generation."),
+    qa_path: Optional[Path] = typer.Option(None, "--qa", help="QA JSONL (task qa)."),
+    out: Path = typer.Option(Path("runs/eval"), help="Output folder (items.jsonl, summary.json, summary.md)."),
+) -> None:
+    """Compare the modes on the same items in one run."""
+    from .evaluation.runner import run_eval
+
+    index = _load_index(datastore)
+    try:
+        summary = run_eval(
+            index, task, n=n, seed=seed, modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+            max_new_tokens=max_new_tokens, out_dir=out, qa_path=qa_path,
+        )
+    except ValueError as err:
+        _fail(str(err))
+    console.print((out / "summary.md").read_text())
+    del summary
+
+
+@app.command()
+def bench(
+    datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
+    n: int = typer.Option(8, help="Prompts."),
+    max_new_tokens: int = typer.Option(64, help="Tokens per generation."),
+    out: Path = typer.Option(Path("runs/bench"), help="Output folder (bench.json, bench.md)."),
+    sweep: Optional[str] = typer.Option(None, help="Also sweep one knob: gamma, delta or alpha."),
+    values: Optional[str] = typer.Option(None, help="Comma-separated values for --sweep."),
+) -> None:
+    """Speed: every mode against plain transformers generate, in one run; optional knob sweep."""
+    from .evaluation.bench import run_bench, run_sweep
+
+    index = _load_index(datastore)
+    run_bench(index, n=n, max_new_tokens=max_new_tokens, out_dir=out)
+    console.print((out / "bench.md").read_text())
+    if sweep:
+        if not values:
+            _fail("--sweep needs --values")
+        run_sweep(index, param=sweep, values=[float(v) for v in values.split(",")], n=n, out_dir=out)
+
+
+@app.command()
+def calibrate(
+    datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
+    n: int = typer.Option(20, help="Biographies to measure on."),
+    max_new_tokens: int = typer.Option(48, help="Tokens per generation."),
+) -> None:
+    """Fit alpha/tau from the distance ratios where the corpus knows the next token vs where it does not."""
+    from .calibration import calibrate_rrc
+
+    index = _load_index(datastore)
+    result = calibrate_rrc(index, n=n, max_new_tokens=max_new_tokens)
+    console.print_json(json.dumps(result))
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

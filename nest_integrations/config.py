@@ -1,0 +1,96 @@
+"""NestConfig: every decoding hyperparameter, validated and documented.
+
+Defaults are tuned for the embedded SmolLM2-135M-Instruct over the Wikipedia
+summaries (see the README's calibration section and ``nest calibrate``); the
+paper's values (Llama-2-Chat 7B on Wikipedia) are noted beside each.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Mode = Literal["base", "rag", "knnlm", "nest", "ra_nest"]
+MODES: tuple[str, ...] = ("base", "rag", "knnlm", "nest", "ra_nest")
+
+
+class NestConfig(BaseModel):
+    """Hyperparameters of one NEST generation.
+
+    Modes (nest-algorithm.md section 6): ``base`` the LM alone; ``rag`` the top
+    ``rag_passages`` passages in the prompt, then ``base``; ``knnlm`` the
+    two-stage kNN-LM with a fixed ``knnlm_lambda``, one token per step; ``nest``
+    RRC mixture, span selection and relaxed speculative decoding; ``ra_nest``
+    ``nest`` with the top passages also in the prompt (and ``ra_gamma``).
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    mode: Mode = Field("nest", description="Decoding mode: base, rag, knnlm, nest or ra_nest.")
+    # --- retrieval -------------------------------------------------------
+    passage_k: int = Field(
+        8, ge=1, le=1000,
+        description="Passages retrieved in the first stage whose tokens form the datastore searched "
+        "while decoding (paper: 40). Each is encoded by the LM unless keys are precomputed, so on CPU "
+        "this is the main cost knob.",
+    )
+    rag_passages: int = Field(3, ge=1, description="Passages put in the prompt in rag / ra_nest modes (paper: 3).")
+    token_k: int = Field(1024, ge=1, description="Neighbours r kept per kNN search (paper: 1024).")
+    min_passage_relevance: float = Field(
+        0.45, ge=-1.0, le=1.0,
+        description="Relevance gate (beyond the paper): passages whose dense cosine similarity to the "
+        "retrieval query is below this are dropped from the token datastore, so NEST falls back to the LM "
+        "when the corpus does not cover the prompt. -1 disables the gate.",
+    )
+    # --- mixture ---------------------------------------------------------
+    alpha: float = Field(0.3, description="RRC offset: lambda = sigmoid((d_min/d_max - alpha) / tau) (paper: 0.3).")
+    tau: float = Field(0.1, gt=0, description="RRC temperature (paper: 0.1).")
+    knn_temperature: float = Field(
+        0.1, gt=0,
+        description="Temperature of p_kNN over distances relative to the nearest neighbour; the paper's "
+        "softmax(s/sqrt(d)) is a one-hot spike at this model's distance scale.",
+    )
+    knnlm_lambda: float = Field(0.7, ge=0.0, le=1.0, description="Fixed LM weight in knnlm mode (paper: 0.7).")
+    # --- spans -----------------------------------------------------------
+    delta: float = Field(0.5, ge=0.0, le=1.0, description="Propose a span when lambda <= delta (paper: 0.5).")
+    span_length: int = Field(32, ge=1, le=512, description="Span proposal length n in tokens (paper: 64).")
+    gamma: float = Field(5e-4, gt=0, le=1.0, description="Relaxed acceptance leniency; smaller accepts more (paper: 5e-4 for 7B).")
+    ra_gamma: float = Field(0.5, gt=0, le=1.0, description="gamma in ra_nest mode, passages also in the prompt (paper: 0.5).")
+    accept_threshold: float = Field(0.5, gt=0.0, lt=1.0, description="Deterministic acceptance when the ratio exceeds this.")
+    # --- generation ------------------------------------------------------
+    max_new_tokens: int = Field(128, ge=0, description="Tokens to generate at most.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings; the text ends before the first one.")
+    do_sample: bool = Field(False, description="Sample from p_M instead of taking its argmax.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature on p_M (do_sample only).")
+    top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling mass (do_sample only).")
+    seed: Optional[int] = Field(None, description="Seed of the sampler; None draws from torch's global state.")
+    use_chat_template: bool = Field(True, description="Wrap prompts in the model's chat template when it has one.")
+    system_prompt: Optional[str] = Field(None, description="System message for the chat template (None: the template's default).")
+    max_prompt_tokens: Optional[int] = Field(
+        None, ge=1,
+        description="Longer prompts keep their last tokens (documented truncation); None: the model's context "
+        "length minus max_new_tokens.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "NestConfig":
+        if self.rag_passages > self.passage_k and self.mode in ("ra_nest",):
+            raise ValueError("rag_passages cannot exceed passage_k in ra_nest mode")
+        return self
+
+    @property
+    def uses_datastore(self) -> bool:
+        return self.mode in ("knnlm", "nest", "ra_nest")
+
+    @property
+    def uses_prompt_passages(self) -> bool:
+        return self.mode in ("rag", "ra_nest")
+
+    @property
+    def effective_gamma(self) -> float:
+        return self.ra_gamma if self.mode == "ra_nest" else self.gamma
+
+    def updated(self, **overrides: object) -> "NestConfig":
+        """A validated copy with ``overrides`` applied (unknown names raise)."""
+        return NestConfig.model_validate({**self.model_dump(), **overrides})

