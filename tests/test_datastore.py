@@ -1,0 +1,183 @@
+"""Token datastore: keys, values, sources, lazy vs precomputed, search, persistence."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from nest_integrations.corpus import Passage
+from nest_integrations.datastore import EncodeStats, PassageEncoder, TokenDatastore, tiling_char_spans
+from nest_integrations.index import NestIndex
+from nest_integrations.lm import KeyReader, parse_key_layer
+
+from conftest import make_tiny_lm
+
+
+@pytest.mark.parametrize("key_layer", ["ffn_input", "layer:-2"])
+def test_keys_equal_direct_forward_hidden_states(tiny_lm, small_passages, key_layer):
+    encoder = PassageEncoder(tiny_lm, key_layer, "")
+    encoded = encoder.encode([p.text for p in small_passages])
+    for passage, enc in zip(small_passages, encoded):
+        ids = torch.tensor([enc.token_ids.tolist()])
+        with torch.no_grad():
+            if key_layer == "layer:-2":
+                expected = tiny_lm.model(ids, output_hidden_states=True).hidden_states[-2][0]
+            else:
+                captured = {}
+                layer = tiny_lm.model.model.layers[-1].post_attention_layernorm
+                handle = layer.register_forward_hook(lambda m, i, o: captured.setdefault("k", o))
+                tiny_lm.model(ids)
+                handle.remove()
+                expected = captured["k"][0]
+        np.testing.assert_allclose(enc.keys.astype(np.float32), expected.numpy(), atol=2e-2, rtol=1e-2)
+
+
+def test_unknown_key_layer_is_a_clear_error(tiny_lm):
+    with pytest.raises(ValueError, match="key_layer"):
+        parse_key_layer("middle")
+    with pytest.raises(ValueError, match="out of range"):
+        KeyReader(tiny_lm.model, "layer:7")
+
+
+def test_char_spans_tile_the_passage_and_decode_verbatim(tiny_lm, small_passages):
+    encoder = PassageEncoder(tiny_lm)
+    for passage, enc in zip(small_passages, encoder.encode([p.text for p in small_passages])):
+        spans = enc.char_spans
+        assert spans[0, 0] == 0 and spans[-1, 1] == len(passage.text)
+        assert (spans[1:, 0] == spans[:-1, 1]).all()
+        for a, b in [(0, 5), (3, len(enc.token_ids))]:
+            decoded = tiny_lm.tokenizer.decode(enc.token_ids[a:b].tolist(), clean_up_tokenization_spaces=False)
+            assert decoded == passage.text[spans[a, 0] : spans[b - 1, 1]]
+
+
+def test_tiling_char_spans_handles_shared_offsets():
+    spans = tiling_char_spans([(0, 3), (3, 5), (4, 5), (5, 9)], 9)
+    assert spans.tolist() == [[0, 3], [3, 5], [5, 5], [5, 9]]
+
+
+def test_first_position_and_last_position_are_not_entries(tiny_lm, small_passages):
+    bare = PassageEncoder(tiny_lm, encoding_prefix="").encode([small_passages[0].text])[0]
+    assert not bare.valid[0], "the attention-sink key must be excluded when passages are bare"
+    assert not bare.valid[-1], "the last position has no next token"
+    chat = PassageEncoder(tiny_lm, encoding_prefix="chat").encode([small_passages[0].text])[0]
+    assert chat.valid[0] and not chat.valid[-1]
+
+
+def test_chat_prefix_is_the_default_for_chat_models(tiny_lm):
+    encoder = PassageEncoder(tiny_lm)
+    assert encoder.prefix_text.endswith("<|im_start|>assistant\n")
+
+
+def test_lazy_and_precomputed_return_identical_neighbours(tiny_lm, small_passages):
+    lazy = TokenDatastore(small_passages, PassageEncoder(tiny_lm))
+    pre = TokenDatastore(small_passages, PassageEncoder(tiny_lm))
+    pre.precompute(show_progress=False)
+    queries = torch.randn(4, tiny_lm.hidden_size)
+    a = lazy.candidates([0, 1, 2]).search(queries, 16)
+    b = pre.candidates([0, 1, 2]).search(queries, 16)
+    assert torch.equal(a.entries, b.entries) and torch.equal(a.values, b.values)
+    torch.testing.assert_close(a.scores, b.scores)
+
+
+def test_a_passage_key_is_its_own_nearest_neighbour(tiny_datastore):
+    candidates = tiny_datastore.candidates([0, 1, 2])
+    probe = candidates.keys[[3, 10, 25]]
+    nb = candidates.search(probe, 1)
+    assert nb.entries[:, 0].tolist() == [3, 10, 25]
+    assert torch.allclose(nb.scores[:, 0], torch.zeros(3), atol=1e-3)
+
+
+def test_search_with_r_larger_than_entries_and_masking(tiny_datastore):
+    candidates = tiny_datastore.candidates([2])
+    n = len(candidates)
+    nb = candidates.search(torch.randn(2, tiny_datastore.hidden_size), 10_000)
+    assert nb.scores.shape == (2, n)
+    passage, pos = candidates.entry_source(int(nb.entries[0, 0]))
+    candidates.mark_used(passage, pos, pos)
+    after = candidates.search(torch.randn(1, tiny_datastore.hidden_size), 10_000)
+    assert torch.isinf(after.scores[0, -1]) and int(torch.isfinite(after.scores).sum()) == n - 1
+
+
+def test_lazy_cache_is_bounded_and_counts_encoding(tiny_lm, small_passages):
+    store = TokenDatastore(small_passages, PassageEncoder(tiny_lm), cache_mb=0.001)
+    stats = EncodeStats()
+    store.fetch([0, 1, 2], stats)
+    assert stats.encoded_passages == 3 and stats.encode_passes == 1
+    assert len(store._cache) == 1  # the bound evicts all but the newest
+
+
+def test_dynamic_passages_enter_lazily(tiny_datastore):
+    index = tiny_datastore.add(Passage(id="new", text="A brand new passage about nothing in particular."))
+    assert index == 3 and tiny_datastore.add(Passage(id="new", text="A brand new passage about nothing in particular.")) == 3
+    changed = tiny_datastore.add(Passage(id="new", text="Changed text."))
+    assert changed == 4 and len(tiny_datastore.candidates([changed])) > 0
+
+
+def test_empty_and_unicode_passages(tiny_lm):
+    store = TokenDatastore([Passage(id="e", text="x"), Passage(id="u", text="Ωμέγα ☃ 東京 — naïve café")], PassageEncoder(tiny_lm))
+    assert len(store.candidates([0])) == 0
+    assert len(store.candidates([1])) > 0
+
+
+# --------------------------------------------------------------------------- persistence
+@pytest.fixture(scope="module")
+def saved_index(tmp_path_factory, tiny_lm):
+    from nest_integrations.corpus import load_wikipedia_summaries
+
+    index = NestIndex.build(load_wikipedia_summaries(limit=12), tiny_lm, precompute_keys=True, show_progress=False)
+    path = index.save(tmp_path_factory.mktemp("idx") / "index")
+    return index, path
+
+
+def test_save_load_round_trips_exactly(saved_index, tiny_lm):
+    index, path = saved_index
+    loaded = NestIndex.load(path, tiny_lm)
+    assert [p.to_dict() for p in loaded.passages] == [p.to_dict() for p in index.passages]
+    a, b = index.datastore.precomputed, loaded.datastore.precomputed
+    for name in ("token_ids", "char_spans", "keys", "valid", "offsets"):
+        assert np.array_equal(getattr(a, name), getattr(b, name))
+    assert [p.id for p, _ in loaded.retrieve(index.passages[3].title, 3)] == [p.id for p, _ in index.retrieve(index.passages[3].title, 3)]
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["key_layer"] == "ffn_input" and manifest["encoding_prefix_text"].endswith("assistant\n")
+    assert not any(f.suffix in (".pkl", ".pickle") for f in path.rglob("*"))
+
+
+def test_tampered_file_fails_to_load(saved_index, tiny_lm, tmp_path):
+    import shutil
+
+    _, path = saved_index
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    keys = copy / "keys" / "keys.npy"
+    data = bytearray(keys.read_bytes())
+    data[-1] ^= 0xFF
+    keys.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="corrupted"):
+        NestIndex.load(copy, tiny_lm)
+
+
+def test_another_lm_fails_to_load(saved_index, smol_tokenizer):
+    _, path = saved_index
+    with pytest.raises(ValueError, match="rebuild the index"):
+        NestIndex.load(path, make_tiny_lm(smol_tokenizer, seed=1))
+
+
+def test_newer_format_fails_to_load(saved_index, tiny_lm, tmp_path):
+    import shutil
+
+    _, path = saved_index
+    copy = tmp_path / "newer"
+    shutil.copytree(path, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["format_version"] = 99
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="format"):
+        NestIndex.load(copy, tiny_lm)
+
+
+def test_empty_corpus_is_a_clear_error(tiny_lm):
+    with pytest.raises(ValueError, match="empty corpus"):
+        NestIndex.build([], tiny_lm)

@@ -1,0 +1,179 @@
+"""The NEST decoder on the tiny random Llama: modes, spans, speculation, streaming, edge cases."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from nest_integrations.attribution import merge_spans, render_html, render_markdown, render_terminal
+from nest_integrations.config import NestConfig
+from nest_integrations.corpus import Passage
+from nest_integrations.datastore import PassageEncoder, TokenDatastore
+from nest_integrations.decoding import NestDecoder, NestFallbackWarning
+from nest_integrations.mixture import knn_distribution, mix, rrc_lambda
+
+PROMPT = "Tell me about the comet catalogue."
+# Retrieval dominates: lambda ~ 0 at every step, and acceptance is lenient.
+COPY = dict(alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6)
+
+
+class ListRetriever:
+    def __init__(self, passages):
+        self.passages = list(passages)
+
+    def retrieve(self, query, k):
+        return [(p, 1.0) for p in self.passages][:k]
+
+
+@pytest.fixture
+def decoder(tiny_lm, tiny_datastore, small_passages):
+    return NestDecoder(tiny_lm, tiny_datastore, ListRetriever(small_passages), NestConfig(max_new_tokens=24))
+
+
+def _spans_ok(output, passages_by_id):
+    assert "".join(s.text for s in output.spans) == output.text
+    pos = 0
+    for span in output.spans:
+        assert span.start == pos and output.text[span.start : span.end] == span.text
+        pos = span.end
+        if span.copied:
+            src = passages_by_id[span.source.id]
+            assert src.text[span.source.char_start : span.source.char_end] == span.text
+    assert pos == len(output.text)
+
+
+def test_base_equals_transformers_greedy_generate(decoder, tiny_lm):
+    out = decoder.generate(PROMPT, mode="base", max_new_tokens=16)
+    ids = tiny_lm.tokenizer(decoder.format_prompt(PROMPT, decoder.config), return_tensors="pt").input_ids
+    calls = {"n": 0}
+    hook = tiny_lm.model.register_forward_hook(lambda *a: calls.__setitem__("n", calls["n"] + 1))
+    try:
+        reference = tiny_lm.model.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    finally:
+        hook.remove()
+    expected = tiny_lm.tokenizer.decode(reference[0, ids.shape[1] :], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    assert out.text == expected
+    assert out.stats.new_tokens == 16 and out.stats.forward_passes == calls["n"]
+
+
+def test_knnlm_with_lambda_one_equals_base(decoder):
+    base = decoder.generate(PROMPT, mode="base")
+    knn = decoder.generate(PROMPT, mode="knnlm", knnlm_lambda=1.0)
+    assert knn.text == base.text and knn.attribution_ratio == 0.0
+
+
+def test_mixture_matches_a_hand_computed_one():
+    scores = torch.tensor([[-1.0, -2.0, -4.0]])
+    values = torch.tensor([[5, 7, 5]])
+    p_knn = knn_distribution(scores, values, 10, temperature=1.0)
+    w = torch.softmax(torch.tensor([-1.0, -2.0, -4.0]), 0)
+    assert torch.isclose(p_knn[0, 5], w[0] + w[2]) and torch.isclose(p_knn[0, 7], w[1])
+    lam = rrc_lambda(scores, alpha=0.3, tau=0.1)
+    assert torch.isclose(lam[0], torch.sigmoid(torch.tensor((1.0 / 4.0 - 0.3) / 0.1)))
+    p_lm = torch.full((1, 10), 0.1)
+    p_m = mix(p_lm, p_knn, lam)
+    assert torch.isclose(p_m[0, 5], lam[0] * 0.1 + (1 - lam[0]) * (w[0] + w[2]))
+    assert torch.isclose(p_m.sum(), torch.tensor(1.0))
+
+
+def test_one_step_p_m_equals_hand_mixture(decoder, tiny_lm):
+    scored = decoder.score(PROMPT, " Zoë", mode="nest")
+    assert scored.logp_mixture.shape == scored.lam.shape
+    lm_only = decoder.score(PROMPT, " Zoë", mode="base")
+    torch.testing.assert_close(lm_only.logp_mixture, lm_only.logp_lm)
+
+
+def test_copied_spans_are_verbatim_and_tile_the_output(decoder, small_passages):
+    out = decoder.generate(PROMPT, **COPY)
+    assert out.copied_spans, "with retrieval dominating, NEST copies"
+    _spans_ok(out, {p.id: p for p in small_passages})
+    assert 0 < out.attribution_ratio <= 1 and out.mean_copied_span_tokens > 1
+    assert {s.id for s in out.sources} <= {p.id for p in small_passages}
+
+
+def test_unique_sentence_is_copied_verbatim_and_cited(tiny_lm):
+    unique = Passage(id="u1", title="Unique", text="Quixotic zebras juggle seventeen luminous marmalade jars beneath Harrogate.")
+    other = Passage(id="o1", title="Other", text="Rain fell on the quiet town for most of the afternoon.")
+    store = TokenDatastore([unique, other], PassageEncoder(tiny_lm))
+    dec = NestDecoder(tiny_lm, store, ListRetriever([unique, other]))
+    out = dec.generate("Quixotic zebras", max_new_tokens=20, use_chat_template=False, **COPY)
+    copied = "".join(s.text for s in out.copied_spans if s.source.id == "u1")
+    assert "juggle seventeen luminous marmalade jars" in copied
+
+
+def test_speculation_saves_forward_passes(decoder):
+    out = decoder.generate(PROMPT, max_new_tokens=24, **COPY)
+    assert out.stats.forward_passes < out.stats.new_tokens
+
+
+def test_smaller_gamma_never_shortens_accepted_spans(decoder):
+    lengths = []
+    for gamma in (0.5, 1e-2, 1e-6):
+        out = decoder.generate(PROMPT, alpha=5.0, delta=1.0, gamma=gamma)
+        lengths.append(out.stats.new_tokens / out.stats.forward_passes)
+    assert lengths == sorted(lengths)
+
+
+def test_streaming_equals_non_streaming(decoder):
+    full = decoder.generate(PROMPT, **COPY)
+    chunks = list(decoder.stream(PROMPT, **COPY))
+    assert "".join(c.text for c in chunks) == full.text
+    assert merge_spans([s for c in chunks for s in c.spans]) == full.spans
+    assert chunks[-1].output == full.model_copy(update={"stats": chunks[-1].output.stats})
+
+
+def test_batch_equals_one_by_one(decoder):
+    prompts = [PROMPT, "Who was Alan Turing?"]
+    batch = decoder.generate_batch(prompts, **COPY)
+    single = [decoder.generate(p, **COPY) for p in prompts]
+    assert [o.text for o in batch] == [o.text for o in single]
+    assert [o.spans for o in batch] == [o.spans for o in single]
+
+
+def test_stop_strings_cut_the_text(decoder):
+    full = decoder.generate(PROMPT, **COPY)
+    word = full.text.split()[3]
+    out = decoder.generate(PROMPT, stop=[word], **COPY)
+    assert word not in out.text and full.text.startswith(out.text)
+    assert "".join(s.text for s in out.spans) == out.text
+
+
+def test_edge_cases(decoder, tiny_lm):
+    assert decoder.generate(PROMPT, max_new_tokens=0).text == ""
+    assert decoder.generate("", max_new_tokens=4, use_chat_template=False).stats.new_tokens == 4
+    long_prompt = "word " * 5000
+    out = decoder.generate(long_prompt, max_new_tokens=4, max_prompt_tokens=200)
+    assert out.stats.prompt_truncated and out.stats.prompt_tokens == 200
+    with pytest.raises(ValueError):
+        decoder.generate(PROMPT, mode="teleport")
+    with pytest.raises(ValueError):
+        decoder.generate(PROMPT, gamma=0)
+    out = decoder.generate("Ωμέγα ☃ 東京 — naïve café?", max_new_tokens=8)
+    assert out.stats.new_tokens == 8
+
+
+def test_empty_datastore_falls_back_to_base_with_a_warning(tiny_lm):
+    dec = NestDecoder(tiny_lm, TokenDatastore([], PassageEncoder(tiny_lm)), ListRetriever([]))
+    with pytest.warns(NestFallbackWarning):
+        out = dec.generate(PROMPT, max_new_tokens=6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert out.text == dec.generate(PROMPT, max_new_tokens=6, mode="base").text
+
+
+def test_relevance_gate_falls_back_when_nothing_is_relevant(tiny_lm, tiny_datastore, small_passages):
+    dec = NestDecoder(tiny_lm, tiny_datastore, ListRetriever(small_passages), relevance=lambda q, ps: [0.0] * len(ps))
+    with pytest.warns(NestFallbackWarning):
+        out = dec.generate(PROMPT, max_new_tokens=8, min_passage_relevance=0.5, **COPY)
+    assert out.attribution_ratio == 0.0
+
+
+def test_renderers_show_sources(decoder):
+    out = decoder.generate(PROMPT, **COPY)
+    md = render_markdown(out)
+    assert "[^1]" in md and out.sources[0].title in md
+    html = render_html(out)
+    assert "<mark" in html and "title=" in html
+    assert render_terminal(out) is not None
