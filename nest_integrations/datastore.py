@@ -1,17 +1,19 @@
 """The token-level datastore: LM hidden states of corpus tokens, searched by the decoder.
 
 Every passage is run through the LM on its own, after a fixed *encoding prefix*
-(see :func:`resolve_encoding_prefix`). For passage token position ``i`` the
+(see :func:`resolve_encoding_prefix`). For passage token ``j`` the
 datastore holds one entry:
 
-* key: the LM hidden state at position ``i`` (``key_layer``), stored float16;
-* value: the token at position ``i + 1`` (the next token, what kNN-LM predicts);
-* source: passage index, the value's token position and its character span.
+* value: token ``j`` of the passage;
+* key: the LM hidden state (``key_layer``) at the position just before it, the
+  state from which the LM predicts it -- for ``j = 0`` the last prefix
+  position, so an answer can be copied from the passage's first word;
+* source: passage index, ``j`` and the token's character span.
 
 Entries are excluded when their key sits at absolute position 0 (the attention
 sink: its norm is ~20x the others on SmolLM2 and, left in, pins the RRC weight
-near 0), or when the key or value is a special token. The last position has no
-next token and so no entry: copying never runs past the end of a passage.
+near 0), or when the key or value is a special token. Spans are proposed from
+passage tokens only, so copying never runs past the end of a passage.
 
 Two storage modes give identical neighbours:
 
@@ -83,9 +85,10 @@ class EncodedPassage:
         char_spans: int32 (L, 2), half-open character range of each token in the
             passage text. Ranges tile the text: token ``i`` starts where token
             ``i - 1`` ends, so a run of tokens maps to one verbatim slice.
-        keys: float16 (L, d), hidden state at each passage position.
-        valid: bool (L,), whether position ``i`` is a datastore entry
-            (key ``i`` -> value ``token_ids[i + 1]``).
+        keys: float16 (L, d), ``keys[j]`` is the hidden state just before token
+            ``j`` (the last prefix position for ``j = 0``; zeros when there is
+            no prefix).
+        valid: bool (L,), whether ``keys[j] -> token_ids[j]`` is a datastore entry.
     """
 
     token_ids: np.ndarray
@@ -167,16 +170,13 @@ class PassageEncoder:
         return np.asarray(ids, dtype=np.int32), tiling_char_spans(offsets, end)
 
     def _valid_mask(self, token_ids: np.ndarray) -> np.ndarray:
-        length = len(token_ids)
-        valid = np.zeros(length, dtype=bool)
-        if length < 2:
-            return valid
-        valid[:-1] = True
-        if not self.prefix_ids:  # position 0 is the attention sink
-            valid[0] = False
+        """Entry ``j`` needs a key at absolute position >= 1 (not the attention
+        sink), a non-special value, and a non-special token before it."""
+        n_prefix = len(self.prefix_ids)
+        key_position = n_prefix + np.arange(len(token_ids)) - 1
         special = np.isin(token_ids, self._special_ids)
-        valid[:-1] &= ~special[:-1] & ~special[1:]
-        return valid
+        before_special = np.concatenate([[False], special[:-1]])
+        return (key_position >= 1) & ~special & ~before_special
 
     def encode(self, texts: Sequence[str]) -> list[EncodedPassage]:
         """Encode passages, batched by padded length; order is preserved."""
@@ -225,7 +225,16 @@ class PassageEncoder:
             )
             keys = self.reader.keys_from(captured, outputs)
         keys = keys.to(torch.float16).cpu().numpy()
-        return [np.ascontiguousarray(keys[row, n_prefix : n_prefix + len(ids)]) for row, ids in enumerate(passages_ids)]
+        out = []
+        for ids in passages_ids:
+            row = len(out)
+            # keys[j] = state before token j: rows n_prefix-1 .. n_prefix+L-2.
+            passage_keys = np.zeros((len(ids), keys.shape[-1]), dtype=np.float16)
+            lo = max(n_prefix - 1, 0)
+            hi = n_prefix + len(ids) - 1
+            passage_keys[len(ids) - (hi - lo) :] = keys[row, lo:hi]
+            out.append(passage_keys)
+        return out
 
 
 @dataclass
@@ -273,6 +282,7 @@ class TokenDatastore:
         with self._lock:
             index = self._index_by_id.get(passage.id)
             if index is not None and self.passages[index].text == passage.text:
+                self.passages[index] = passage  # keys depend on the text only; keep the newest title/metadata
                 return index
             self.passages.append(passage)
             self._index_by_id[passage.id] = len(self.passages) - 1
@@ -472,9 +482,9 @@ class CandidateSet:
         for pidx, enc in zip(self.passage_indices, self.encoded):
             rows = np.flatnonzero(enc.valid)
             keys.append(np.asarray(enc.keys[rows], dtype=np.float32))
-            values.append(enc.token_ids[rows + 1].astype(np.int64))
+            values.append(enc.token_ids[rows].astype(np.int64))
             owners.append(np.full(len(rows), pidx, dtype=np.int64))
-            positions.append((rows + 1).astype(np.int64))
+            positions.append(rows.astype(np.int64))
         d = self.encoded[0].keys.shape[1] if self.encoded else 0
         self.keys = torch.from_numpy(np.concatenate(keys)) if keys else torch.zeros((0, d))
         if self.normalize and len(self.keys):

@@ -32,7 +32,9 @@ def test_keys_equal_direct_forward_hidden_states(tiny_lm, small_passages, key_la
                 tiny_lm.model(ids)
                 handle.remove()
                 expected = captured["k"][0]
-        np.testing.assert_allclose(enc.keys.astype(np.float32), expected.numpy(), atol=2e-2, rtol=1e-2)
+        # keys[j] is the state just before token j; bare passages have none before token 0.
+        np.testing.assert_allclose(enc.keys[1:].astype(np.float32), expected[:-1].numpy(), atol=2e-2, rtol=1e-2)
+        assert not enc.keys[0].any()
 
 
 def test_unknown_key_layer_is_a_clear_error(tiny_lm):
@@ -58,12 +60,13 @@ def test_tiling_char_spans_handles_shared_offsets():
     assert spans.tolist() == [[0, 3], [3, 5], [5, 5], [5, 9]]
 
 
-def test_first_position_and_last_position_are_not_entries(tiny_lm, small_passages):
+def test_attention_sink_keys_are_not_entries(tiny_lm, small_passages):
     bare = PassageEncoder(tiny_lm, encoding_prefix="").encode([small_passages[0].text])[0]
-    assert not bare.valid[0], "the attention-sink key must be excluded when passages are bare"
-    assert not bare.valid[-1], "the last position has no next token"
+    assert not bare.valid[0], "a bare passage's first token has no preceding state"
+    assert not bare.valid[1], "the key at absolute position 0 (attention sink) must be excluded"
+    assert bare.valid[2:].all()
     chat = PassageEncoder(tiny_lm, encoding_prefix="chat").encode([small_passages[0].text])[0]
-    assert chat.valid[0] and not chat.valid[-1]
+    assert chat.valid.all(), "inside the chat prefix, even the first token can be copied"
 
 
 def test_chat_prefix_is_the_default_for_chat_models(tiny_lm):
@@ -118,7 +121,7 @@ def test_dynamic_passages_enter_lazily(tiny_datastore):
 
 def test_empty_and_unicode_passages(tiny_lm):
     store = TokenDatastore([Passage(id="e", text="x"), Passage(id="u", text="Ωμέγα ☃ 東京 — naïve café")], PassageEncoder(tiny_lm))
-    assert len(store.candidates([0])) == 0
+    assert len(store.candidates([0])) == 1  # its single token, after the chat prefix
     assert len(store.candidates([1])) > 0
 
 

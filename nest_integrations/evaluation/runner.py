@@ -1,0 +1,682 @@
+"""Evaluation runner: every decoding mode on the same items in one run.
+
+:func:`run_eval` draws the items of a task (see :mod:`.tasks`) from the index's
+own corpus, generates with each mode (base, rag, knnlm, nest, ra_nest), scores
+every output with :func:`score_item` and writes ``items.jsonl``,
+``summary.json`` and ``summary.md``. For the completion task it also reports
+:func:`perplexity` of the true continuation under each mode's mixture.
+
+Protocol (documented in every summary under ``"protocol"``):
+
+* Conditions. ``present``: first-stage retrieval as usual. ``absent``: the
+  item's own passage (``meta["passage_id"]``) is removed from the first-stage
+  hits, for every mode (rag included), so the datastore and the prompt context
+  never contain it.
+* Shared hits. First-stage retrieval runs once per item and condition and the
+  same hits are passed to every mode; its time is added to ``wall_s`` and
+  ``retrieval_s`` of every mode except base, which retrieves nothing.
+* Keys. With precomputed keys every generation reads the index's datastore.
+  With lazy keys every generation gets a fresh, empty datastore, so each one
+  pays the encoding of its own passages (``encode_s``) and no mode profits from
+  another mode's cache.
+* One untimed warm-up generation runs before the first timed one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shlex
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from nest_integrations.config import MODES, NestConfig
+from nest_integrations.corpus import Passage
+from nest_integrations.datastore import TokenDatastore
+from nest_integrations.decoding import NestDecoder, NestFallbackWarning
+from nest_integrations.evaluation.metrics import (
+    aggregate,
+    answer_recall,
+    opens_with_entity,
+    opens_with_other_name,
+    rouge_scores,
+    span_integrity,
+    spans_tile_text,
+    tokens_per_forward,
+    year_precision,
+)
+from nest_integrations.evaluation.tasks import EvalItem, get_task, qa_items
+from nest_integrations.index import NestIndex
+
+__all__ = [
+    "CONDITIONS",
+    "TASK_METRICS",
+    "evaluate_item",
+    "perplexity",
+    "run_eval",
+    "score_item",
+]
+
+logger = logging.getLogger(__name__)
+
+ScoredPassages = list[tuple[Passage, float]]
+
+CONDITIONS: tuple[str, ...] = ("present", "absent")
+
+RUNNER_KEYS = frozenset({"mode", "max_new_tokens", "use_chat_template"})
+"""Config fields the runner sets itself (per call or by argument)."""
+
+COMMON_METRICS: tuple[str, ...] = (
+    "attribution_ratio",
+    "mean_copied_span_tokens",
+    "span_integrity",
+    "spans_tile",
+    "wall_s",
+    "retrieval_s",
+    "encode_s",
+    "decode_s",
+    "new_tokens",
+    "forward_passes",
+    "tokens_per_forward",
+    "datastore_fallback",
+)
+TASK_METRICS: dict[str, tuple[str, ...]] = {
+    "bio": ("rouge1", "rougeL", "year_precision", "opens_with_entity", "opens_with_other_name"),
+    "completion": ("rouge1", "rougeL"),
+    "qa": ("answer_recall",),
+}
+"""Task-specific per-item metrics (every task also gets :data:`COMMON_METRICS`)."""
+
+_TABLE_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "bio": (
+        ("rouge1", "ROUGE-1"),
+        ("rougeL", "ROUGE-L"),
+        ("year_precision", "year prec."),
+        ("opens_with_entity", "opens with name"),
+        ("opens_with_other_name", "opens with other name"),
+    ),
+    "completion": (("rouge1", "ROUGE-1"), ("rougeL", "ROUGE-L"), ("perplexity", "perplexity")),
+    "qa": (("answer_recall", "answer recall"),),
+}
+_SHARED_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("attribution_ratio", "attribution"),
+    ("mean_copied_span_tokens", "mean span (tok)"),
+    ("span_integrity", "span integrity"),
+    ("tokens_per_forward", "tok/fwd"),
+    ("wall_s", "wall s"),
+    ("speedup_vs_base", "speed vs base"),
+)
+
+PROTOCOL = (
+    "conditions: absent removes the item's own passage from first-stage hits for every mode; "
+    "hits are retrieved once per item and condition and shared by all modes, their time added to "
+    "wall_s and retrieval_s of every non-base mode; lazy-key indexes give each generation a fresh "
+    "datastore (encode_s is paid per generation), precomputed ones are read as they are; "
+    "one untimed warm-up generation; speedup_vs_base = base wall_s / mode wall_s (means, same condition)."
+)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def check_modes(modes: Iterable[str]) -> tuple[str, ...]:
+    """Validated modes as a tuple.
+
+    Raises:
+        ValueError: if ``modes`` is empty, repeats a mode, or names an unknown one.
+    """
+    modes = tuple(modes)
+    if not modes:
+        raise ValueError("at least one mode is needed")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown modes {unknown}; choose from {MODES}")
+    if len(set(modes)) != len(modes):
+        raise ValueError(f"modes repeat: {list(modes)}")
+    return modes
+
+
+def _check_conditions(
+    task: str, conditions: Iterable[str] | None, items: Sequence[EvalItem]
+) -> tuple[str, ...]:
+    """Validated conditions; default ``("present", "absent")`` for bio, ``("present",)`` otherwise.
+
+    Raises:
+        ValueError: empty, repeated or unknown conditions, or ``absent`` for items
+            without ``meta["passage_id"]``.
+    """
+    conditions = tuple(conditions) if conditions is not None else (
+        CONDITIONS if task == "bio" else ("present",)
+    )
+    if not conditions:
+        raise ValueError("at least one condition is needed")
+    unknown = [c for c in conditions if c not in CONDITIONS]
+    if unknown:
+        raise ValueError(f"unknown conditions {unknown}; choose from {CONDITIONS}")
+    if len(set(conditions)) != len(conditions):
+        raise ValueError(f"conditions repeat: {list(conditions)}")
+    if "absent" in conditions and any("passage_id" not in item.meta for item in items):
+        raise ValueError(f"the absent condition needs items with a source passage; {task!r} items have none")
+    return conditions
+
+
+def run_config(config_overrides: Mapping[str, Any] | None, max_new_tokens: int) -> NestConfig:
+    """The :class:`NestConfig` of a run: defaults, ``config_overrides``, then ``max_new_tokens``.
+
+    Raises:
+        ValueError: if the overrides set a field the runner controls
+            (:data:`RUNNER_KEYS`) or are not valid config fields/values.
+    """
+    overrides = dict(config_overrides or {})
+    clash = sorted(RUNNER_KEYS & set(overrides))
+    if clash:
+        raise ValueError(f"config_overrides cannot set {clash}: the runner sets them")
+    return NestConfig(**overrides, max_new_tokens=max_new_tokens)
+
+
+def _meta(item: EvalItem, key: str) -> Any:
+    """``item.meta[key]``.
+
+    Raises:
+        ValueError: naming the item when the key is missing.
+    """
+    try:
+        return item.meta[key]
+    except KeyError:
+        raise ValueError(f"item {item.id!r} has no meta[{key!r}]") from None
+
+
+# --------------------------------------------------------------------------- items and hits
+
+
+def load_items(
+    task: str,
+    n: int,
+    *,
+    seed: int = 0,
+    passages: Sequence[Passage] | None = None,
+    qa_path: str | Path | None = None,
+) -> list[EvalItem]:
+    """The first ``n`` items of ``task``.
+
+    Args:
+        task: ``"bio"``, ``"completion"`` or ``"qa"``.
+        n: number of items, >= 1.
+        seed: sampling seed (bio, completion).
+        passages: pool the bio/completion items are drawn from (normally the
+            index's corpus, so every item's source passage is in the index).
+        qa_path: JSONL file of the qa task (required for it, refused otherwise).
+
+    Raises:
+        ValueError: unknown task, ``n < 1``, a missing/unexpected ``qa_path``, or
+            fewer than ``n`` qualifying items.
+    """
+    builder = get_task(task)
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if task != "qa":
+        if qa_path is not None:
+            raise ValueError(f"qa_path is only used by the qa task, not {task!r}")
+        return builder(n, seed, passages=None if passages is None else list(passages))
+    if qa_path is None:
+        raise ValueError("the qa task needs qa_path (a JSONL file of questions and answers)")
+    items = qa_items(qa_path)
+    if n > len(items):
+        raise ValueError(f"asked for {n} qa items but {qa_path} has {len(items)}")
+    return items[:n]
+
+
+def first_stage(index: NestIndex, item: EvalItem, condition: str, k: int) -> tuple[ScoredPassages, float]:
+    """First-stage passages for ``item`` under ``condition`` and the seconds it took.
+
+    ``absent`` excludes the item's own passage (``meta["passage_id"]``).
+
+    Raises:
+        ValueError: unknown condition, or ``absent`` for an item without a passage id.
+    """
+    if condition not in CONDITIONS:
+        raise ValueError(f"unknown condition {condition!r}; choose from {CONDITIONS}")
+    excluded = [_meta(item, "passage_id")] if condition == "absent" else []
+    start = time.perf_counter()
+    hits = index.retrieve(item.query, k, exclude_ids=excluded)
+    return hits, time.perf_counter() - start
+
+
+def fresh_lazy_datastore(index: NestIndex) -> TokenDatastore:
+    """An empty lazy datastore with the index's encoder: passages enter it when
+    retrieved and are encoded on first use (cold keys)."""
+    return TokenDatastore([], index.datastore.encoder)
+
+
+def decoder_over(index: NestIndex, datastore: TokenDatastore, config: NestConfig) -> NestDecoder:
+    """A decoder with the index's LM, retriever and relevance gate over ``datastore``."""
+    return NestDecoder(index.lm, datastore, index.retriever, config, relevance=index.relevance)
+
+
+def eval_decoder(index: NestIndex, config: NestConfig) -> NestDecoder:
+    """The decoder for one timed generation: the index's datastore when its keys
+    are precomputed, else a fresh lazy one (see the module docstring)."""
+    datastore = index.datastore if index.datastore.is_precomputed else fresh_lazy_datastore(index)
+    return decoder_over(index, datastore, config)
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def _task_scores(item: EvalItem, text: str, task: str) -> dict[str, Any]:
+    """Quality metrics of ``text`` for ``task`` (see :data:`TASK_METRICS`)."""
+    if task == "qa":
+        return {"answer_recall": answer_recall(text, _meta(item, "answers"))}
+    scores: dict[str, Any] = rouge_scores(text, item.reference)
+    if task == "bio":
+        name = _meta(item, "name")
+        scores.update(
+            year_precision=year_precision(text, item.reference),
+            opens_with_entity=opens_with_entity(text, name),
+            opens_with_other_name=opens_with_other_name(text, name),
+        )
+    return scores
+
+
+def _speed_scores(stats: Mapping[str, Any], first_stage_s: float) -> dict[str, Any]:
+    """Latency split (seconds) and token counts from a ``stats`` dict.
+
+    ``first_stage_s`` is added to ``wall_s`` and ``retrieval_s``.
+    ``tokens_per_forward`` is ``new_tokens / forward_passes`` (prefill included),
+    None when no forward ran.
+
+    Raises:
+        ValueError: if a stats key is missing.
+    """
+    keys = ("wall_s", "retrieval_s", "encode_s", "decode_s", "new_tokens", "forward_passes")
+    missing = [k for k in keys if k not in stats]
+    if missing:
+        raise ValueError(f"output stats lack {missing}")
+    scores = {key: stats[key] for key in keys}
+    scores["wall_s"] += first_stage_s
+    scores["retrieval_s"] += first_stage_s
+    scores["tokens_per_forward"] = tokens_per_forward(stats) if stats["forward_passes"] else None
+    return scores
+
+
+def score_item(
+    item: EvalItem,
+    output: Mapping[str, Any],
+    task: str,
+    passages_by_id: Mapping[str, str],
+    *,
+    first_stage_s: float = 0.0,
+) -> dict[str, Any]:
+    """Per-item metrics of one generation.
+
+    Args:
+        item: the evaluated item.
+        output: the generation as a dict (``NestOutput.to_dict()``).
+        task: ``"bio"``, ``"completion"`` or ``"qa"``.
+        passages_by_id: passage id -> full text, to check copied spans.
+        first_stage_s: seconds of first-stage retrieval done outside the decoder
+            for this output; added to ``wall_s`` and ``retrieval_s``.
+
+    Returns:
+        ``attribution_ratio`` and ``mean_copied_span_tokens`` (from the output),
+        ``span_integrity`` in [0, 1], ``spans_tile`` (bool), the task metrics of
+        :data:`TASK_METRICS` (ROUGE F1 in [0, 1] vs ``item.reference``; for bio
+        also ``year_precision`` (None without years) and the two opening checks
+        (bools); for qa ``answer_recall`` in {0, 1}), the latency split in
+        seconds (``wall_s``, ``retrieval_s``, ``encode_s``, ``decode_s``),
+        ``new_tokens``, ``forward_passes`` and ``tokens_per_forward``.
+
+    Raises:
+        ValueError: unknown task, negative ``first_stage_s``, an output without
+            ``text``/``spans``/``stats``, or an item lacking the meta its task needs.
+    """
+    if task not in TASK_METRICS:
+        raise ValueError(f"unknown task {task!r}; choose from {sorted(TASK_METRICS)}")
+    if first_stage_s < 0:
+        raise ValueError(f"first_stage_s must be >= 0, got {first_stage_s}")
+    integrity = span_integrity(output, passages_by_id)  # validates text and spans
+    if not isinstance(output.get("stats"), Mapping):
+        raise ValueError("output has no 'stats' mapping")
+    return {
+        "attribution_ratio": float(output.get("attribution_ratio", 0.0)),
+        "mean_copied_span_tokens": float(output.get("mean_copied_span_tokens", 0.0)),
+        "span_integrity": integrity,
+        "spans_tile": spans_tile_text(output),
+        **_task_scores(item, output["text"], task),
+        **_speed_scores(output["stats"], first_stage_s),
+    }
+
+
+def generate_item(
+    decoder: NestDecoder, item: EvalItem, mode: str, hits: ScoredPassages, **overrides: Any
+) -> tuple[dict[str, Any], bool | None]:
+    """One generation for ``item`` in ``mode`` over the given first-stage hits.
+
+    Plain-text items (``meta["chat"]`` False) are generated without the chat template.
+
+    Returns:
+        The output dict and whether a datastore mode fell back to the LM alone
+        (it emitted :class:`NestFallbackWarning`: no relevant passage); None for
+        modes without a datastore. Other warnings are re-emitted.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        output = decoder.generate(
+            item.prompt,
+            query=item.query,
+            passages=hits,
+            mode=mode,
+            use_chat_template=bool(item.meta.get("chat", True)),
+            **overrides,
+        )
+    fallback = False
+    for warning in caught:
+        if issubclass(warning.category, NestFallbackWarning):
+            fallback = True
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return output.to_dict(), (fallback if NestConfig(mode=mode).uses_datastore else None)
+
+
+def evaluate_item(
+    index: NestIndex,
+    config: NestConfig,
+    item: EvalItem,
+    task: str,
+    mode: str,
+    hits: ScoredPassages,
+    first_stage_s: float,
+    passages_by_id: Mapping[str, str],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Generate (see :func:`eval_decoder`) and score one item in one mode.
+
+    Returns:
+        The output dict and its metrics (:func:`score_item` plus
+        ``datastore_fallback``); the first-stage time is charged to every mode
+        but base.
+    """
+    output, fallback = generate_item(eval_decoder(index, config), item, mode, hits)
+    charged = 0.0 if mode == "base" else first_stage_s
+    metrics = score_item(item, output, task, passages_by_id, first_stage_s=charged)
+    metrics["datastore_fallback"] = fallback
+    return output, metrics
+
+
+def warm_up(decoder: NestDecoder, item: EvalItem, hits: ScoredPassages) -> None:
+    """One short, untimed nest generation: loads lazily initialised kernels and models."""
+    generate_item(decoder, item, "nest", hits, max_new_tokens=2)
+
+
+# --------------------------------------------------------------------------- perplexity
+
+
+def _continuation_text(item: EvalItem) -> str:
+    """The reference as the model would generate it after the prompt: verbatim
+    for chat items, after one space for plain-text continuations."""
+    return item.reference if item.meta.get("chat", True) else " " + item.reference.lstrip()
+
+
+def perplexity(
+    decoder: NestDecoder,
+    items: Sequence[EvalItem],
+    *,
+    mode: str,
+    passages_fn: Callable[[EvalItem], ScoredPassages],
+) -> float:
+    """Token-level perplexity of the items' references under ``mode``'s mixture.
+
+    Each reference is scored teacher-forced by :meth:`NestDecoder.score`: one
+    forward over prompt + reference, then the decoder's own mixture at every
+    reference position -- p_LM for base/rag, the fixed-lambda mixture for
+    knnlm, the RRC mixture for nest/ra_nest (rag context in the prompt for
+    rag/ra_nest, relevance-gated datastore as in generation). Nothing is copied
+    while scoring, so no datastore entry is masked.
+
+    Args:
+        decoder: the decoder whose datastore, gate and mixture are used.
+        items: items with non-empty references (completion items normally).
+        mode: any decoding mode; ``base`` gives the LM alone.
+        passages_fn: item -> first-stage ``(Passage, score)`` hits.
+
+    Returns:
+        ``exp(-sum log p / number of tokens)`` over all reference tokens of all items.
+
+    Raises:
+        ValueError: unknown mode or an empty reference.
+    """
+    check_modes([mode])
+    total_logp, total_tokens = 0.0, 0
+    for item in items:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NestFallbackWarning)
+            scored = decoder.score(
+                item.prompt,
+                _continuation_text(item),
+                query=item.query,
+                passages=passages_fn(item),
+                mode=mode,
+                use_chat_template=bool(item.meta.get("chat", True)),
+            )
+        total_logp += float(scored.logp_mixture.sum())
+        total_tokens += len(scored.token_ids)
+    if total_tokens == 0:
+        raise ValueError("no items to score")
+    return math.exp(-total_logp / total_tokens)
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``, or None when either is missing or the denominator is not positive."""
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def metric_keys(task: str) -> tuple[str, ...]:
+    """All per-item metric names aggregated for ``task``."""
+    return TASK_METRICS[task] + COMMON_METRICS
+
+
+def summarize_records(
+    records: Sequence[Mapping[str, Any]],
+    task: str,
+    modes: Sequence[str],
+    conditions: Sequence[str],
+) -> list[dict[str, Any]]:
+    """One row per mode x condition (mode-major): ``mode``, ``condition`` and the
+    :func:`aggregate` means of :func:`metric_keys`, plus ``speedup_vs_base``
+    (base mean wall_s / mode mean wall_s in the same condition; None without base)."""
+    rows = []
+    for mode in modes:
+        for condition in conditions:
+            metrics = [r["metrics"] for r in records if r["mode"] == mode and r["condition"] == condition]
+            rows.append({"mode": mode, "condition": condition, **aggregate(metrics, metric_keys(task))})
+    base_wall = {row["condition"]: row["wall_s"] for row in rows if row["mode"] == "base"}
+    for row in rows:
+        row["speedup_vs_base"] = ratio(base_wall.get(row["condition"]), row["wall_s"])
+    return rows
+
+
+def run_metadata(index: NestIndex, config: NestConfig) -> dict[str, Any]:
+    """Command line, UTC date, model name, index info and config of a run."""
+    return {
+        "command": shlex.join(sys.argv),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": index.lm.name,
+        "index": index.info(),
+        "config": config.model_dump(mode="json", exclude={"mode"}),
+    }
+
+
+def format_cell(value: Any) -> str:
+    """A Markdown table cell: floats with 3 decimals, bools as yes/no, None as a dash."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub-flavoured Markdown table (cells through :func:`format_cell`)."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(format_cell(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as indented UTF-8 JSON."""
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _summary_markdown(summary: Mapping[str, Any]) -> str:
+    """``summary.md``: run facts and one table row per mode x condition."""
+    columns = _TABLE_COLUMNS[summary["task"]] + _SHARED_COLUMNS
+    headers = ["mode", "condition", "n"] + [header for _, header in columns]
+    rows = [[r["mode"], r["condition"], r["count"]] + [r.get(key) for key, _ in columns] for r in summary["results"]]
+    config = summary["config"]
+    knobs = ", ".join(f"{k}={config[k]}" for k in ("passage_k", "token_k", "alpha", "delta", "gamma", "ra_gamma"))
+    return "\n".join(
+        [
+            f"# NEST evaluation: {summary['task']}",
+            "",
+            f"- model: {summary['model']}; index: {summary['index']['passages']} passages, "
+            f"precomputed keys: {summary['index']['precomputed_keys']}",
+            f"- items: {summary['n_items']} (seed {summary['seed']}), max_new_tokens: {config['max_new_tokens']}",
+            f"- config: {knobs}",
+            f"- date: {summary['date']}",
+            f"- command: `{summary['command']}`",
+            "",
+            markdown_table(headers, rows),
+            "",
+            f"Protocol: {summary['protocol']}",
+            "",
+        ]
+    )
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run_eval(
+    index: NestIndex,
+    task: str,
+    *,
+    n: int,
+    seed: int = 0,
+    modes: Sequence[str] = MODES,
+    conditions: Sequence[str] | None = None,
+    max_new_tokens: int = 128,
+    out_dir: str | Path,
+    qa_path: str | Path | None = None,
+    config_overrides: Mapping[str, Any] | None = None,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Compare decoding modes on the same items of ``task`` in one run.
+
+    Args:
+        index: the NEST index; bio and completion items are drawn from its corpus.
+        task: ``"bio"``, ``"completion"`` or ``"qa"``.
+        n: number of items.
+        seed: item sampling seed.
+        modes: decoding modes to compare.
+        conditions: ``"present"`` and/or ``"absent"`` (see the module docstring);
+            default both for bio, ``("present",)`` otherwise.
+        max_new_tokens: generation budget per output.
+        out_dir: folder for ``items.jsonl``, ``summary.json``, ``summary.md``
+            (created if needed; existing files are overwritten).
+        qa_path: the qa task's JSONL file.
+        config_overrides: :class:`NestConfig` fields (not mode, max_new_tokens,
+            use_chat_template).
+        show_progress: show a tqdm bar over generations.
+
+    Returns:
+        The summary (as written to ``summary.json``): task, items, seed, modes,
+        conditions, command, date, model, index info, config, protocol and
+        ``results``, one row per mode x condition (see :func:`summarize_records`;
+        for completion also ``perplexity`` of the references under that mode).
+
+    Raises:
+        ValueError: invalid task, n, modes, conditions, qa_path or overrides.
+    """
+    modes = check_modes(modes)
+    items = load_items(task, n, seed=seed, passages=index.passages, qa_path=qa_path)
+    conditions = _check_conditions(task, conditions, items)
+    config = run_config(config_overrides, max_new_tokens)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    passages_by_id = {p.id: p.text for p in index.passages}
+    retrieved = {
+        (item.id, condition): first_stage(index, item, condition, config.passage_k)
+        for item in items
+        for condition in conditions
+    }
+    warm_up(eval_decoder(index, config), items[0], retrieved[(items[0].id, conditions[0])][0])
+
+    records = []
+    total = len(items) * len(conditions) * len(modes)
+    with tqdm(total=total, desc=f"eval {task}", unit="gen", disable=not show_progress) as bar:
+        for item in items:
+            for condition in conditions:
+                hits, first_stage_s = retrieved[(item.id, condition)]
+                for mode in modes:
+                    output, metrics = evaluate_item(
+                        index, config, item, task, mode, hits, first_stage_s, passages_by_id
+                    )
+                    records.append(
+                        {
+                            "item_id": item.id,
+                            "task": task,
+                            "mode": mode,
+                            "condition": condition,
+                            "query": item.query,
+                            "prompt": item.prompt,
+                            "reference": item.reference,
+                            "meta": item.meta,
+                            "retrieved_ids": [p.id for p, _ in hits],
+                            "output": output,
+                            "metrics": metrics,
+                        }
+                    )
+                    bar.update()
+
+    results = summarize_records(records, task, modes, conditions)
+    if task == "completion":
+        scorer = decoder_over(index, index.datastore, config)
+        for row in results:
+            row["perplexity"] = perplexity(
+                scorer,
+                items,
+                mode=row["mode"],
+                passages_fn=lambda item, c=row["condition"]: retrieved[(item.id, c)][0],
+            )
+    summary = {
+        "task": task,
+        "n_items": len(items),
+        "seed": seed,
+        "item_ids": [item.id for item in items],
+        "modes": list(modes),
+        "conditions": list(conditions),
+        **run_metadata(index, config),
+        "protocol": PROTOCOL,
+        "results": results,
+    }
+    with (out / "items.jsonl").open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    write_json(out / "summary.json", summary)
+    (out / "summary.md").write_text(_summary_markdown(summary), encoding="utf-8")
+    logger.info("wrote %d generations and the summary of %s to %s", len(records), task, out)
+    return summary

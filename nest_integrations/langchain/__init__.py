@@ -1,0 +1,36 @@
+"""LangChain integration of NEST: attributed, retrieval-grounded generation.
+
+* :class:`NestLLM` -- a ``BaseLLM``; the output contract rides in ``generation_info``.
+* :class:`ChatNest` -- a ``BaseChatModel``; copied spans become standard citations.
+* :class:`NestVectorStore` -- a ``VectorStore`` that keeps NEST's token datastore in step.
+* :mod:`.chains` -- :func:`format_docs`, :func:`rag_chain`, :func:`attributed_chain`, :data:`cite`.
+
+Any LangChain ``BaseRetriever`` or ``VectorStore`` can serve the passage stage.
+Needs ``pip install nest-integrations[langchain]``.
+"""
+
+try:
+    import langchain_core  # noqa: F401
+except ImportError as err:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(
+        "nest_integrations.langchain needs langchain-core: pip install nest-integrations[langchain]"
+    ) from err
+
+from ._common import document_to_passage
+from .chains import attributed_chain, cite, cite_text, format_docs, nest_output_of, rag_chain
+from .chat_models import ChatNest
+from .llms import NestLLM
+from .vectorstores import NestVectorStore
+
+__all__ = [
+    "ChatNest",
+    "NestLLM",
+    "NestVectorStore",
+    "attributed_chain",
+    "cite",
+    "cite_text",
+    "document_to_passage",
+    "format_docs",
+    "nest_output_of",
+    "rag_chain",
+]

@@ -1,0 +1,363 @@
+"""Helpers shared by :class:`NestLLM` and :class:`ChatNest`.
+
+* :func:`document_to_passage` and :func:`retrieve_passages` turn the output of
+  any LangChain ``BaseRetriever`` or ``VectorStore`` into the ``(Passage, score)``
+  pairs :meth:`NestDecoder.stream` accepts as its first stage.
+* :func:`relevance_function` builds the cosine relevance the decoder's
+  relevance gate uses, from the store's ``Embeddings``.
+* :class:`NestModelBase` holds the fields, the lazy LM loading and the call
+  preparation both model classes share; :func:`report_tokens` and
+  :func:`areport_tokens` drive their streams (the async one off the event loop).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Optional, Sequence, TypeVar, Union
+
+import numpy as np
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.documents import Document
+from langchain_core.outputs import ChatGenerationChunk, GenerationChunk
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables.config import run_in_executor
+from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from typing_extensions import Self
+
+from ..config import NestConfig
+from ..corpus import Passage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from langchain_core.language_models.base import LangSmithParams
+
+    from ..attribution import NestOutput
+    from ..datastore import TokenDatastore
+    from ..decoding import NestDecoder, PromptLike, StreamChunk
+    from ..lm import LoadedLM
+
+logger = logging.getLogger(__name__)
+
+ChunkT = TypeVar("ChunkT", GenerationChunk, ChatGenerationChunk)
+Relevance = Callable[[str, Sequence[Passage]], list[float]]
+"""``(query, passages) -> cosine similarity per passage``, for the relevance gate."""
+
+PassageSource = Union[BaseRetriever, VectorStore]
+"""What may serve NEST's first stage: any LangChain retriever or vector store."""
+
+
+# --------------------------------------------------------------------------- documents
+def document_id(document: Document) -> str:
+    """The id of ``document``: its own id, else a stable hash of its content and metadata.
+
+    The metadata takes part in the hash so that two documents with the same text
+    but different sources keep their own metadata in the token datastore.
+    """
+    if document.id:
+        return str(document.id)
+    payload = json.dumps([document.page_content, document.metadata], sort_keys=True, default=str, ensure_ascii=False)
+    return "doc-" + hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+
+def document_to_passage(document: Document) -> Passage:
+    """A :class:`Passage` for ``document``: id from :func:`document_id`, the text
+    verbatim, the metadata copied and the title taken from ``metadata["title"]``."""
+    title = document.metadata.get("title")
+    return Passage(
+        id=document_id(document),
+        text=document.page_content,
+        title="" if title is None else str(title),
+        metadata=dict(document.metadata),
+    )
+
+
+def retrieve_passages(source: PassageSource, query: str, k: int) -> list[tuple[Passage, float]]:
+    """The first stage: the top ``k`` documents of ``source`` for ``query`` as passages, best first.
+
+    A ``VectorStore`` is searched with ``similarity_search_with_score`` (its own
+    score scale; stores without scores fall back to ``similarity_search``). A
+    ``BaseRetriever`` is invoked and its documents are cut to ``k``; they are
+    scored ``1 / rank``. The decoder only uses the order.
+    """
+    if not query.strip():
+        return []
+    if isinstance(source, VectorStore):
+        try:
+            hits = source.similarity_search_with_score(query, k=k)
+        except NotImplementedError:
+            hits = _rank_scored(source.similarity_search(query, k=k))
+    else:
+        hits = _rank_scored(source.invoke(query)[:k])
+    return [(document_to_passage(doc), float(score)) for doc, score in hits]
+
+
+def _rank_scored(documents: Sequence[Document]) -> list[tuple[Document, float]]:
+    return [(doc, 1.0 / rank) for rank, doc in enumerate(documents, start=1)]
+
+
+# --------------------------------------------------------------------------- relevance
+def cosine_to(query_vector: Sequence[float], vectors: np.ndarray) -> list[float]:
+    """Cosine similarity of each row of ``vectors`` to ``query_vector`` (0 for zero vectors)."""
+    q = np.asarray(query_vector, dtype=np.float32)
+    if vectors.shape[0] == 0:
+        return []
+    if vectors.shape[1] != q.shape[0]:
+        raise ValueError(
+            f"the query embedding has {q.shape[0]} dimensions but the stored vectors have {vectors.shape[1]}; "
+            "use the embeddings the store was built with"
+        )
+    norms = np.linalg.norm(vectors, axis=1) * np.linalg.norm(q)
+    dots = vectors @ q
+    return [float(x) for x in np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)]
+
+
+def relevance_function(source: Optional[PassageSource]) -> Optional[Relevance]:
+    """The relevance gate's cosine function for ``source``, or None (gate off).
+
+    A :class:`~nest_integrations.langchain.NestVectorStore` compares the query
+    embedding with its stored vectors. Another vector store (or a
+    ``VectorStoreRetriever`` over one) that exposes ``embeddings`` re-embeds the
+    retrieved passages. Other retrievers have no embeddings to compare with.
+    """
+    from .vectorstores import NestVectorStore
+
+    store = source.vectorstore if isinstance(source, VectorStoreRetriever) else source
+    if isinstance(store, NestVectorStore):
+        return store.relevance
+    embeddings = store.embeddings if isinstance(store, VectorStore) else None
+    if embeddings is None:
+        return None
+
+    def relevance(query: str, passages: Sequence[Passage]) -> list[float]:
+        if not passages:
+            return []
+        vectors = np.asarray(embeddings.embed_documents([p.text for p in passages]), dtype=np.float32)
+        return cosine_to(embeddings.embed_query(query), vectors)
+
+    return relevance
+
+
+# --------------------------------------------------------------------------- streaming
+def report_tokens(chunks: Iterator[ChunkT], run_manager: Optional[CallbackManagerForLLMRun]) -> Iterator[ChunkT]:
+    """Pass ``chunks`` through, telling ``run_manager`` about each new token."""
+    for chunk in chunks:
+        if run_manager:
+            run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+        yield chunk
+
+
+async def areport_tokens(
+    chunks: Iterator[ChunkT], run_manager: Optional[AsyncCallbackManagerForLLMRun]
+) -> AsyncIterator[ChunkT]:
+    """Async :func:`report_tokens`: each ``next`` of the blocking ``chunks`` runs in
+    the default executor, so the event loop stays free while the model decodes."""
+    done = object()
+    while True:
+        chunk = await run_in_executor(None, next, chunks, done)
+        if chunk is done:
+            return
+        if run_manager:
+            await run_manager.on_llm_new_token(chunk.text, chunk=chunk)  # type: ignore[union-attr]
+        yield chunk  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------- models
+class NestModelBase(BaseModel):
+    """Fields and behaviour shared by :class:`NestLLM` and :class:`ChatNest`.
+
+    Configuration design: every NEST hyperparameter lives in one validated
+    :class:`~nest_integrations.config.NestConfig` (``nest_config``). For
+    convenience any ``NestConfig`` field may also be given by name, both to the
+    constructor (``NestLLM(mode="rag", max_new_tokens=64)`` folds them into
+    ``nest_config``) and per call (``llm.invoke(prompt, gamma=1e-3)`` or
+    ``llm.bind(mode="base")``). There is a single source of truth and no
+    duplicated defaults; unknown names raise a ``ValueError``.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    model: str = Field(
+        default="default",
+        description="LM to load on first use: 'default' (the embedded SmolLM2-135M-Instruct), a Hugging Face "
+        "hub id available offline, or a local folder. Ignored when built with from_lm / from_decoder / from_index.",
+    )
+    device: Optional[str] = Field(default=None, description="Device for the LM ('cpu', 'cuda', 'mps'); default CUDA when available.")
+    dtype: Optional[str] = Field(default=None, description="'float32', 'float16' or 'bfloat16'; default float32 on CPU, float16 on GPU.")
+    nest_config: NestConfig = Field(
+        default_factory=NestConfig,
+        description="NEST decoding hyperparameters (mode, passage_k, alpha, gamma, max_new_tokens, ...). "
+        "Any NestConfig field may also be passed by name to the constructor or per call.",
+    )
+    retriever: Optional[PassageSource] = Field(
+        default=None,
+        description="First stage: a NestVectorStore or any LangChain BaseRetriever / VectorStore. Retrieved documents "
+        "become passages whose tokens enter the datastore lazily. None: the LM alone (with a warning).",
+    )
+    key_layer: str = Field(
+        default="ffn_input",
+        description="Hidden layer read as datastore keys for retrievers other than a NestVectorStore "
+        "('ffn_input' or 'layer:<i>').",
+    )
+
+    _lm: Optional["LoadedLM"] = PrivateAttr(default=None)
+    _decoder: Optional["NestDecoder"] = PrivateAttr(default=None)
+    _datastore: Optional["TokenDatastore"] = PrivateAttr(default=None)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_config_fields(cls, values: Any) -> Any:
+        """Move NestConfig field names given to the constructor into ``nest_config``."""
+        if not isinstance(values, dict):
+            return values
+        knobs = {name: values[name] for name in NestConfig.model_fields if name in values}
+        if not knobs:
+            return values
+        rest = {key: value for key, value in values.items() if key not in knobs}
+        base = rest.get("nest_config") or NestConfig()
+        base = base if isinstance(base, NestConfig) else NestConfig.model_validate(base)
+        rest["nest_config"] = base.updated(**knobs)
+        return rest
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_lm(cls, lm: "LoadedLM", **kwargs: Any) -> Self:
+        """Wrap an already loaded LM (``kwargs``: any field, e.g. ``retriever=``, or NestConfig knob)."""
+        instance = cls(model=lm.name, **kwargs)
+        instance._lm = lm
+        return instance
+
+    @classmethod
+    def from_decoder(cls, decoder: "NestDecoder", **kwargs: Any) -> Self:
+        """Wrap an existing :class:`NestDecoder`, its datastore and its own retriever.
+
+        Without a ``retriever=`` here the decoder retrieves with its own first
+        stage (e.g. a :class:`NestIndex`'s hybrid retriever); with one, the
+        retrieved documents enter the decoder's datastore.
+
+        Raises:
+            ValueError: a LangChain retriever is given but the decoder has no datastore.
+        """
+        kwargs.setdefault("nest_config", decoder.config)
+        instance = cls(model=decoder.lm.name, **kwargs)
+        if instance.retriever is not None and decoder.datastore is None:
+            raise ValueError("the decoder has no token datastore, so retrieved documents have nowhere to go")
+        instance._lm = decoder.lm
+        instance._decoder = decoder
+        return instance
+
+    @classmethod
+    def from_index(cls, path: str, lm: Optional["LoadedLM"] = None, **kwargs: Any) -> Self:
+        """Load a saved :class:`~nest_integrations.index.NestIndex` folder and decode over it."""
+        from ..index import NestIndex
+
+        return cls.from_decoder(NestIndex.load(path, lm).decoder(), **kwargs)
+
+    # ------------------------------------------------------------------ LM and datastore
+    @property
+    def lm(self) -> "LoadedLM":
+        """The LM, loaded from ``model`` on first use."""
+        with self._lock:
+            if self._lm is None:
+                from ..lm import load_lm
+
+                logger.info("Loading LM %r", self.model)
+                self._lm = load_lm(self.model, device=self.device, dtype=self.dtype)
+            return self._lm
+
+    def _decoder_for_call(self) -> "NestDecoder":
+        """The user's decoder, or a fresh one over the current datastore (construction is cheap)."""
+        if self._decoder is not None:
+            return self._decoder
+        from ..decoding import NestDecoder
+
+        lm = self.lm
+        if self.retriever is None:
+            return NestDecoder(lm, None, None, self.nest_config)
+        return NestDecoder(lm, self._token_datastore(lm), None, self.nest_config, relevance=relevance_function(self.retriever))
+
+    def _token_datastore(self, lm: "LoadedLM") -> "TokenDatastore":
+        from .vectorstores import NestVectorStore
+
+        store = self.retriever.vectorstore if isinstance(self.retriever, VectorStoreRetriever) else self.retriever
+        if isinstance(store, NestVectorStore):
+            return store.token_datastore(lm)
+        with self._lock:
+            if self._datastore is None:
+                from ..datastore import PassageEncoder, TokenDatastore
+
+                self._datastore = TokenDatastore([], PassageEncoder(lm, self.key_layer))
+            return self._datastore
+
+    # ------------------------------------------------------------------ calls
+    def _call_config(self, stop: Optional[list[str]], overrides: dict[str, Any]) -> NestConfig:
+        if stop is not None:
+            overrides = {**overrides, "stop": list(stop)}
+        try:
+            return self.nest_config.updated(**overrides)
+        except ValidationError as err:
+            raise ValueError(
+                f"invalid NEST call options {sorted(overrides)}: {err}. Per-call keyword arguments must be "
+                "'query' or NestConfig fields."
+            ) from err
+
+    def _nest_stream(
+        self,
+        prompt: "PromptLike",
+        default_query: str,
+        stop: Optional[list[str]],
+        kwargs: dict[str, Any],
+    ) -> Iterator["StreamChunk"]:
+        """Retrieve (when a LangChain retriever is set) and stream one generation.
+
+        ``kwargs`` are the per-call options: ``query`` (the retrieval query,
+        default ``default_query``) and any NestConfig field. A generator:
+        nothing runs before the first ``next``, so the async methods retrieve
+        off the event loop too.
+        """
+        overrides = dict(kwargs)
+        overrides.pop("stream", None)  # LangChain's streaming switch, already acted upon by the caller
+        query = overrides.pop("query", None)
+        query = default_query if query is None else str(query)
+        config = self._call_config(stop, overrides)
+        decoder = self._decoder_for_call()
+        passages = None
+        if self.retriever is not None and config.mode != "base":
+            passages = retrieve_passages(self.retriever, query, config.passage_k)
+            logger.debug("retrieved %d passages for %r", len(passages), query)
+        yield from decoder.stream(prompt, query=query, passages=passages, **config.model_dump())
+
+    def _nest_generate(
+        self,
+        prompt: "PromptLike",
+        default_query: str,
+        stop: Optional[list[str]],
+        kwargs: dict[str, Any],
+    ) -> "NestOutput":
+        """One complete generation (see :meth:`_nest_stream`)."""
+        output = None
+        for chunk in self._nest_stream(prompt, default_query, stop, kwargs):
+            output = chunk.output
+        assert output is not None, "the decoder's last chunk carries the output"
+        return output
+
+    # ------------------------------------------------------------------ LangChain metadata
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "retriever": type(self.retriever).__name__ if self.retriever is not None else None,
+            **self.nest_config.model_dump(),
+        }
+
+    def _get_ls_params(self, stop: Optional[list[str]] = None, **kwargs: Any) -> "LangSmithParams":
+        params = super()._get_ls_params(stop=stop, **kwargs)  # type: ignore[misc]
+        params["ls_provider"] = "nest"
+        params["ls_model_name"] = self.model
+        params["ls_max_tokens"] = kwargs.get("max_new_tokens", self.nest_config.max_new_tokens)
+        if kwargs.get("do_sample", self.nest_config.do_sample):
+            params["ls_temperature"] = kwargs.get("temperature", self.nest_config.temperature)
+        return params

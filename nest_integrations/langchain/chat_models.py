@@ -1,0 +1,200 @@
+"""ChatNest: NEST as a LangChain chat model, with copied spans cited as standard citations."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Optional
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages.content import Citation, TextContentBlock, create_citation
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+
+from ..attribution import Span, merge_spans
+from ._common import NestModelBase, areport_tokens, report_tokens
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..attribution import NestOutput
+    from ..decoding import StreamChunk
+
+_ROLES = {"system": "system", "human": "user", "ai": "assistant"}
+
+
+class ChatNest(NestModelBase, BaseChatModel):
+    """Nearest Neighbor Speculative Decoding as a LangChain chat model.
+
+    Messages go through the LM's chat template. Passages come from
+    ``retriever`` (a :class:`~nest_integrations.langchain.NestVectorStore` or any
+    LangChain ``BaseRetriever`` / ``VectorStore``), queried with the last human
+    message unless a ``query=`` is passed per call. Fields and per-call options
+    are those of :class:`~nest_integrations.langchain.NestLLM`.
+
+    Instantiate:
+        .. code-block:: python
+
+            from nest_integrations.langchain import ChatNest
+
+            chat = ChatNest.from_lm(lm, retriever=store, max_new_tokens=64)
+
+    Invoke:
+        .. code-block:: python
+
+            message = chat.invoke("Who was Marie Curie?")
+            message.content_blocks
+            # [{"type": "text", "text": "...",
+            #   "annotations": [{"type": "citation", "title": "Marie Curie",
+            #                    "cited_text": "...", "start_index": 0, "end_index": 42,
+            #                    "extras": {"source_id": "curie", "metadata": {...},
+            #                               "source_char_start": 5, "source_char_end": 47}}]}]
+            message.response_metadata["attribution_ratio"]
+
+    Output:
+        The ``AIMessage`` content is one text block. Each copied span is a
+        citation whose ``start_index``/``end_index`` delimit it in the block text,
+        ``cited_text`` is the verbatim passage text, and ``extras`` hold the
+        source document id, its metadata and the span's character offsets in the
+        document. ``response_metadata`` holds the full output contract
+        (``NestOutput.to_dict()``) and ``usage_metadata`` the token counts.
+
+    Stream:
+        Chunks carry their text as it is accepted; a span's citation arrives
+        with the chunk that completes it, so summing the chunks gives the same
+        text, citations and ``response_metadata`` as ``invoke``.
+
+    Tool calling and structured output are not supported.
+    """
+
+    @property
+    def _llm_type(self) -> str:
+        return "nest-chat"
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: Optional[list[str]] = None,
+        run_manager: Optional[CallbackManagerForLLMRun] = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        prompt, query = _to_prompt(messages)
+        output = self._nest_generate(prompt, query, stop, kwargs)
+        block = _text_block(output.text, [_citation(span) for span in output.spans if span.copied])
+        message = AIMessage(
+            content=[block],  # type: ignore[list-item]
+            response_metadata=self._response_metadata(output),
+            usage_metadata=_usage(output),
+        )
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _chunks(
+        self, messages: list[BaseMessage], stop: Optional[list[str]], kwargs: dict[str, Any]
+    ) -> Iterator[ChatGenerationChunk]:
+        prompt, query = _to_prompt(messages)
+        citations = _CitationStream()
+        for piece in self._nest_stream(prompt, query, stop, kwargs):
+            block = _text_block(piece.text, citations.feed(piece))
+            block["index"] = 0  # type: ignore[typeddict-unknown-key]  # chunks merge into one block
+            if piece.output is None:
+                message = AIMessageChunk(content=[block])  # type: ignore[list-item]
+            else:
+                message = AIMessageChunk(
+                    content=[block],  # type: ignore[list-item]
+                    response_metadata=self._response_metadata(piece.output),
+                    usage_metadata=_usage(piece.output),
+                    chunk_position="last",
+                )
+            yield ChatGenerationChunk(message=message)
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: Optional[list[str]] = None,
+        run_manager: Optional[CallbackManagerForLLMRun] = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        yield from report_tokens(self._chunks(messages, stop, kwargs), run_manager)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: Optional[list[str]] = None,
+        run_manager: Optional[AsyncCallbackManagerForLLMRun] = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        async for chunk in areport_tokens(self._chunks(messages, stop, kwargs), run_manager):
+            yield chunk
+
+    def _response_metadata(self, output: "NestOutput") -> dict[str, Any]:
+        return {**output.to_dict(), "model_name": self.model, "model_provider": "nest"}
+
+
+def _to_prompt(messages: list[BaseMessage]) -> tuple[list[dict[str, str]], str]:
+    """Role/content dicts for the chat template, and the default retrieval query
+    (the last human message).
+
+    Raises:
+        ValueError: a message kind the chat template cannot take (tool messages).
+    """
+    prompt = []
+    for message in messages:
+        if isinstance(message, ChatMessage):
+            role = message.role
+        elif message.type in _ROLES:
+            role = _ROLES[message.type]
+        else:
+            raise ValueError(f"ChatNest takes system, human, AI and chat messages, not {message.type!r} messages")
+        prompt.append({"role": role, "content": str(message.text)})
+    if not prompt:
+        raise ValueError("ChatNest needs at least one message")
+    users = [m["content"] for m in prompt if m["role"] == "user"]
+    return prompt, users[-1] if users else prompt[-1]["content"]
+
+
+def _text_block(text: str, citations: list[Citation]) -> TextContentBlock:
+    block = TextContentBlock(type="text", text=text)
+    if citations:
+        block["annotations"] = list(citations)
+    return block
+
+
+def _citation(span: Span) -> Citation:
+    """A LangChain citation for a copied span (offsets into the response text)."""
+    assert span.source is not None, "copied spans have a source"
+    source = span.source
+    return create_citation(
+        id=f"nest-{span.start}-{span.end}",
+        title=source.title or None,
+        cited_text=span.text,
+        start_index=span.start,
+        end_index=span.end,
+        source_id=source.id,
+        metadata=source.metadata,
+        source_char_start=source.char_start,
+        source_char_end=source.char_end,
+    )
+
+
+def _usage(output: "NestOutput") -> UsageMetadata:
+    stats = output.stats
+    return UsageMetadata(
+        input_tokens=stats.prompt_tokens,
+        output_tokens=stats.new_tokens,
+        total_tokens=stats.prompt_tokens + stats.new_tokens,
+    )
+
+
+class _CitationStream:
+    """Citations of whole spans from streamed span pieces.
+
+    A copied span may continue in the next chunk, so the last span seen stays
+    open until a piece that cannot join it arrives (or the stream ends); each
+    span is cited once, whole, exactly as in the non-streamed output.
+    """
+
+    def __init__(self) -> None:
+        self._open: Optional[Span] = None
+
+    def feed(self, piece: "StreamChunk") -> list[Citation]:
+        spans = merge_spans(([self._open] if self._open is not None else []) + list(piece.spans))
+        self._open = spans.pop() if spans and piece.output is None else None
+        return [_citation(span) for span in spans if span.copied]

@@ -1,0 +1,469 @@
+"""NestVectorStore: a LangChain vector store that also keeps NEST's token datastore.
+
+The passage stage is numpy cosine similarity over the vectors of any LangChain
+``Embeddings``. Beside it the store keeps a token-level
+:class:`~nest_integrations.datastore.TokenDatastore` of the same documents,
+created on first use with an LM (given to the store or adopted from the
+:class:`NestLLM` / :class:`ChatNest` that retrieves from it). Token keys are
+computed lazily the first time a document is retrieved for a generation.
+
+Saved folders hold no pickle: ``documents.json`` (ids, texts, metadata),
+``vectors.npy`` (float32, loaded with ``allow_pickle=False``) and
+``manifest.json`` with the sha256 of both; loading checks them all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, Union
+
+import numpy as np
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.vectorstores import VectorStore
+from langchain_core.vectorstores.utils import maximal_marginal_relevance
+from typing_extensions import Self
+
+from ..corpus import Passage
+from ._common import cosine_to, document_to_passage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..datastore import PassageEncoder, TokenDatastore
+    from ..lm import LoadedLM
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "nest-langchain-vectorstore"
+FORMAT_VERSION = 1
+_DOCUMENTS_FILE = "documents.json"
+_VECTORS_FILE = "vectors.npy"
+_MANIFEST_FILE = "manifest.json"
+
+MetadataFilter = Union[Callable[[Document], bool], dict[str, Any]]
+"""A document predicate, or metadata values that must all match exactly."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _matches(document: Document, filter: Optional[MetadataFilter]) -> bool:
+    if filter is None:
+        return True
+    if callable(filter):
+        return bool(filter(document))
+    return all(document.metadata.get(key) == value for key, value in filter.items())
+
+
+class NestVectorStore(VectorStore):
+    """In-memory vector store for NEST's passage stage, with a token datastore in step.
+
+    Args:
+        embedding: any LangChain ``Embeddings`` (used for documents and queries).
+        lm: the LM whose hidden states key the token datastore; optional: a
+            :class:`NestLLM` / :class:`ChatNest` retrieving from the store lends
+            its own on first use.
+        key_layer: layer read as datastore keys (``"ffn_input"`` or ``"layer:<i>"``).
+        encoding_prefix: text put before each passage when encoding it
+            (see :func:`nest_integrations.datastore.resolve_encoding_prefix`).
+        cache_mb: bound of the token datastore's key cache.
+
+    Example:
+        .. code-block:: python
+
+            store = NestVectorStore.from_documents(docs, embeddings)
+            llm = NestLLM.from_lm(lm, retriever=store)
+            store.save_local("store/")
+            store = NestVectorStore.load_local("store/", embeddings)
+
+    Search scores are cosine similarities (higher is closer); relevance scores
+    map them to ``[0, 1]``. Searches accept ``filter=``: a ``Document -> bool``
+    predicate or a dict of metadata values that must match.
+
+    Adding a new id registers its passage in the token datastore; replacing a
+    document's content or metadata, or deleting documents, drops the datastore,
+    which is rebuilt from the live documents on next use (cached keys of the
+    remaining documents are recomputed lazily).
+    """
+
+    def __init__(
+        self,
+        embedding: Embeddings,
+        lm: Optional["LoadedLM"] = None,
+        *,
+        key_layer: str = "ffn_input",
+        encoding_prefix: Optional[str] = "auto",
+        cache_mb: float = 1024.0,
+    ) -> None:
+        self.embedding = embedding
+        self.key_layer = key_layer
+        self.encoding_prefix = encoding_prefix
+        self.cache_mb = cache_mb
+        self._lm = lm
+        self._documents: dict[str, Document] = {}
+        self._vectors: dict[str, np.ndarray] = {}
+        self._matrix: Optional[tuple[list[str], np.ndarray]] = None
+        self._encoder: Optional["PassageEncoder"] = None
+        self._datastore: Optional["TokenDatastore"] = None
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def embeddings(self) -> Embeddings:
+        return self.embedding
+
+    @property
+    def lm(self) -> Optional["LoadedLM"]:
+        """The LM keying the token datastore (None until one is given or adopted)."""
+        return self._lm
+
+    def __len__(self) -> int:
+        return len(self._documents)
+
+    # ------------------------------------------------------------------ writes
+    def add_texts(
+        self,
+        texts: Iterable[str],
+        metadatas: Optional[list[dict[str, Any]]] = None,
+        *,
+        ids: Optional[list[Optional[str]]] = None,
+        **kwargs: Any,
+    ) -> list[str]:
+        """Embed and upsert texts; missing ids get a fresh uuid4.
+
+        Raises:
+            ValueError: ``metadatas`` or ``ids`` of the wrong length, or vectors
+                whose size differs from the stored ones.
+        """
+        texts = list(texts)
+        if metadatas is not None and len(metadatas) != len(texts):
+            raise ValueError(f"got {len(texts)} texts but {len(metadatas)} metadatas")
+        if ids is not None and len(ids) != len(texts):
+            raise ValueError(f"got {len(texts)} texts but {len(ids)} ids")
+        if not texts:
+            return []
+        vectors = np.asarray(self.embedding.embed_documents(texts), dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[0] != len(texts):
+            raise ValueError(f"the embeddings returned shape {vectors.shape} for {len(texts)} texts")
+        out_ids = [str(i) if i else str(uuid.uuid4()) for i in (ids or [None] * len(texts))]
+        documents = [
+            Document(id=doc_id, page_content=text, metadata=dict(metadatas[n]) if metadatas else {})
+            for n, (doc_id, text) in enumerate(zip(out_ids, texts))
+        ]
+        with self._lock:
+            self._check_dimensions(vectors.shape[1])
+            for document, vector in zip(documents, vectors):
+                self._upsert(document, vector)
+            self._matrix = None
+        return out_ids
+
+    def _check_dimensions(self, size: int) -> None:
+        stored = next(iter(self._vectors.values()), None)
+        if stored is not None and stored.shape[0] != size:
+            raise ValueError(f"the embeddings give {size}-dimensional vectors but the store holds {stored.shape[0]}-dimensional ones")
+
+    def _upsert(self, document: Document, vector: np.ndarray) -> None:
+        assert document.id is not None
+        old = self._documents.get(document.id)
+        self._documents[document.id] = document
+        self._vectors[document.id] = vector.copy()  # not a view that keeps the whole batch alive
+        if self._datastore is None:
+            return
+        if old is None:
+            self._datastore.add(document_to_passage(document))
+        elif (old.page_content, old.metadata) != (document.page_content, document.metadata):
+            self._datastore = None  # rebuilt from the live documents on next use
+
+    def delete(self, ids: Optional[list[str]] = None, **kwargs: Any) -> bool:
+        """Delete documents by id (all when ``ids`` is None); unknown ids are ignored."""
+        with self._lock:
+            doomed = list(self._documents) if ids is None else [i for i in ids if i in self._documents]
+            for doc_id in doomed:
+                del self._documents[doc_id]
+                del self._vectors[doc_id]
+            if doomed:
+                self._matrix = None
+                self._datastore = None
+        return True
+
+    # ------------------------------------------------------------------ reads
+    def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
+        with self._lock:
+            return [self._documents[i].model_copy(deep=True) for i in ids if i in self._documents]
+
+    def _snapshot(self) -> tuple[list[str], np.ndarray]:
+        with self._lock:
+            if self._matrix is None:
+                ids = list(self._documents)
+                matrix = np.stack([self._vectors[i] for i in ids]) if ids else np.zeros((0, 0), dtype=np.float32)
+                self._matrix = (ids, matrix)
+            return self._matrix
+
+    def _search(
+        self, embedding: Sequence[float], k: int, filter: Optional[MetadataFilter]
+    ) -> list[tuple[Document, float, np.ndarray]]:
+        """The ``k`` best matches (a copy of each document, its cosine, its vector), best first."""
+        with self._lock:
+            ids, matrix = self._snapshot()
+            if not ids or k <= 0:
+                return []
+            scores = np.asarray(cosine_to(embedding, matrix))
+            hits = []
+            for n in np.argsort(-scores, kind="stable"):
+                document = self._documents[ids[n]]
+                if _matches(document, filter):
+                    hits.append((document.model_copy(deep=True), float(scores[n]), self._vectors[ids[n]]))
+                    if len(hits) == k:
+                        break
+            return hits
+
+    def similarity_search_with_score_by_vector(
+        self, embedding: list[float], k: int = 4, filter: Optional[MetadataFilter] = None, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        """The ``k`` documents closest to ``embedding`` with their cosine similarity."""
+        return [(document, score) for document, score, _ in self._search(embedding, k, filter)]
+
+    def similarity_search_with_score(
+        self, query: str, k: int = 4, filter: Optional[MetadataFilter] = None, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        return self.similarity_search_with_score_by_vector(self.embedding.embed_query(query), k, filter)
+
+    def similarity_search_by_vector(
+        self, embedding: list[float], k: int = 4, filter: Optional[MetadataFilter] = None, **kwargs: Any
+    ) -> list[Document]:
+        return [doc for doc, _ in self.similarity_search_with_score_by_vector(embedding, k, filter)]
+
+    def similarity_search(
+        self, query: str, k: int = 4, filter: Optional[MetadataFilter] = None, **kwargs: Any
+    ) -> list[Document]:
+        return [doc for doc, _ in self.similarity_search_with_score(query, k, filter)]
+
+    def _select_relevance_score_fn(self) -> Callable[[float], float]:
+        return lambda cosine: (cosine + 1.0) / 2.0
+
+    def max_marginal_relevance_search_by_vector(
+        self,
+        embedding: list[float],
+        k: int = 4,
+        fetch_k: int = 20,
+        lambda_mult: float = 0.5,
+        filter: Optional[MetadataFilter] = None,
+        **kwargs: Any,
+    ) -> list[Document]:
+        candidates = self._search(embedding, fetch_k, filter)
+        vectors = [vector.tolist() for _, _, vector in candidates]
+        chosen = maximal_marginal_relevance(np.asarray(embedding, dtype=np.float32), vectors, lambda_mult, k)
+        return [candidates[n][0] for n in chosen]
+
+    def max_marginal_relevance_search(
+        self,
+        query: str,
+        k: int = 4,
+        fetch_k: int = 20,
+        lambda_mult: float = 0.5,
+        filter: Optional[MetadataFilter] = None,
+        **kwargs: Any,
+    ) -> list[Document]:
+        return self.max_marginal_relevance_search_by_vector(
+            self.embedding.embed_query(query), k, fetch_k, lambda_mult, filter
+        )
+
+    @classmethod
+    def from_texts(
+        cls,
+        texts: list[str],
+        embedding: Embeddings,
+        metadatas: Optional[list[dict[str, Any]]] = None,
+        *,
+        ids: Optional[list[str]] = None,
+        lm: Optional["LoadedLM"] = None,
+        **kwargs: Any,
+    ) -> Self:
+        """A new store holding ``texts`` (``kwargs``: the constructor's keyword options)."""
+        store = cls(embedding, lm, **kwargs)
+        store.add_texts(texts, metadatas, ids=ids)
+        return store
+
+    # ------------------------------------------------------------------ NEST
+    def relevance(self, query: str, passages: Sequence[Passage]) -> list[float]:
+        """Cosine similarity of each passage to ``query`` (stored vectors; others embedded).
+
+        The relevance gate of :class:`~nest_integrations.decoding.NestDecoder`.
+        """
+        if not passages:
+            return []
+        with self._lock:
+            stored = {p.id: self._vectors[p.id] for p in passages if p.id in self._vectors}
+        missing = [p for p in passages if p.id not in stored]
+        if missing:
+            embedded = self.embedding.embed_documents([p.text for p in missing])
+            stored.update({p.id: np.asarray(v, dtype=np.float32) for p, v in zip(missing, embedded)})
+        return cosine_to(self.embedding.embed_query(query), np.stack([stored[p.id] for p in passages]))
+
+    def token_datastore(self, lm: Optional["LoadedLM"] = None) -> "TokenDatastore":
+        """The token datastore over the store's documents, created on first use.
+
+        Args:
+            lm: the LM to key it with; adopted when the store has none yet.
+
+        Raises:
+            ValueError: no LM at all, or an LM other than the store's.
+        """
+        from ..datastore import PassageEncoder, TokenDatastore
+
+        with self._lock:
+            if lm is not None and self._lm is None:
+                self._lm = lm
+            elif lm is not None and lm is not self._lm:
+                assert self._lm is not None
+                if lm.fingerprint() != self._lm.fingerprint():
+                    raise ValueError(
+                        f"this NestVectorStore keys its token datastore with LM {self._lm.name!r}; "
+                        f"it cannot serve {lm.name!r}. Use one LM for the store and the model."
+                    )
+            if self._lm is None:
+                raise ValueError("the NestVectorStore has no LM: pass lm= to the store or to token_datastore()")
+            if self._datastore is None:
+                if self._encoder is None:
+                    self._encoder = PassageEncoder(self._lm, self.key_layer, self.encoding_prefix)
+                passages = [document_to_passage(doc) for doc in self._documents.values()]
+                self._datastore = TokenDatastore(passages, self._encoder, cache_mb=self.cache_mb)
+            return self._datastore
+
+    # ------------------------------------------------------------------ persistence
+    def save_local(self, folder: Union[str, os.PathLike[str]]) -> Path:
+        """Write the documents and vectors to ``folder`` atomically (temporary folder, then rename).
+
+        Raises:
+            ValueError: a document's metadata is not JSON-serialisable.
+        """
+        target = Path(folder)
+        with self._lock:
+            ids, matrix = self._snapshot()
+            records = [
+                {"id": i, "page_content": self._documents[i].page_content, "metadata": self._documents[i].metadata}
+                for i in ids
+            ]
+        try:
+            payload = json.dumps({"documents": records}, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"cannot save the store: document metadata must be JSON-serialisable ({err})") from err
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            (tmp / _DOCUMENTS_FILE).write_text(payload, encoding="utf-8")
+            np.save(tmp / _VECTORS_FILE, np.ascontiguousarray(matrix, dtype=np.float32), allow_pickle=False)
+            manifest = {
+                "format": FORMAT,
+                "format_version": FORMAT_VERSION,
+                "count": len(ids),
+                "dimensions": int(matrix.shape[1]),
+                "embeddings": type(self.embedding).__name__,
+                "key_layer": self.key_layer,
+                "encoding_prefix": self.encoding_prefix,
+                "checksums": {name: _sha256(tmp / name) for name in (_DOCUMENTS_FILE, _VECTORS_FILE)},
+            }
+            (tmp / _MANIFEST_FILE).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+            if target.exists():
+                old = target.with_name(f".{target.name}-old-{os.getpid()}")
+                target.rename(old)
+                tmp.rename(target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return target
+
+    @classmethod
+    def load_local(
+        cls,
+        folder: Union[str, os.PathLike[str]],
+        embeddings: Embeddings,
+        lm: Optional["LoadedLM"] = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Load a folder written by :meth:`save_local`; nothing in it is executed.
+
+        Args:
+            embeddings: the embeddings the store was built with (used for queries
+                and new documents).
+            lm: LM for the token datastore (keys are recomputed lazily).
+            **kwargs: constructor options overriding the saved ``key_layer`` /
+                ``encoding_prefix``, and ``cache_mb``.
+
+        Raises:
+            ValueError: not a saved store, a newer format, a missing or tampered
+                file (checksum mismatch), or inconsistent contents.
+        """
+        base = Path(folder)
+        manifest = _read_manifest(base)
+        for name in (_DOCUMENTS_FILE, _VECTORS_FILE):
+            path = base / name
+            if not path.is_file():
+                raise ValueError(f"{base} is incomplete: {name} is missing")
+            if _sha256(path) != manifest["checksums"].get(name):
+                raise ValueError(f"{base} has been modified or corrupted: {name} does not match its sha256 in {_MANIFEST_FILE}")
+        try:
+            records = json.loads((base / _DOCUMENTS_FILE).read_text(encoding="utf-8"))["documents"]
+            vectors = np.load(base / _VECTORS_FILE, allow_pickle=False)
+        except (ValueError, KeyError, TypeError, OSError) as err:
+            raise ValueError(f"{base}: unreadable store files ({err})") from err
+        _check_contents(base, manifest, records, vectors)
+        options = {"key_layer": manifest.get("key_layer", "ffn_input"), "encoding_prefix": manifest.get("encoding_prefix", "auto")}
+        store = cls(embeddings, lm, **{**options, **kwargs})
+        with store._lock:
+            for record, vector in zip(records, vectors):
+                store._upsert(Document(id=record["id"], page_content=record["page_content"], metadata=record["metadata"]), vector)
+        return store
+
+
+def _read_manifest(folder: Path) -> dict[str, Any]:
+    path = folder / _MANIFEST_FILE
+    if not path.is_file():
+        raise ValueError(f"{folder} is not a saved NestVectorStore (no {_MANIFEST_FILE})")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from err
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ValueError(f"{folder} is not a saved NestVectorStore (manifest format is not {FORMAT!r})")
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ValueError(f"{folder} has store format {version!r}; this version reads format <= {FORMAT_VERSION}")
+    if not isinstance(manifest.get("checksums"), dict):
+        raise ValueError(f"{path} has no checksums")
+    return manifest
+
+
+def _check_contents(folder: Path, manifest: dict[str, Any], records: Any, vectors: np.ndarray) -> None:
+    if not isinstance(records, list) or not all(
+        isinstance(r, dict)
+        and isinstance(r.get("id"), str)
+        and r["id"]
+        and isinstance(r.get("page_content"), str)
+        and isinstance(r.get("metadata"), dict)
+        for r in records
+    ):
+        raise ValueError(f"{folder}/{_DOCUMENTS_FILE}: every document needs a non-empty string id, a string page_content and a metadata object")
+    if len({r["id"] for r in records}) != len(records):
+        raise ValueError(f"{folder}/{_DOCUMENTS_FILE}: duplicate document ids")
+    if vectors.dtype != np.float32 or vectors.ndim != 2 or vectors.shape[0] != len(records):
+        raise ValueError(
+            f"{folder}/{_VECTORS_FILE}: expected float32 vectors of shape ({len(records)}, d), got {vectors.dtype} {vectors.shape}"
+        )
+    if manifest.get("count") != len(records):
+        raise ValueError(f"{folder}: the manifest says {manifest.get('count')} documents, found {len(records)}")

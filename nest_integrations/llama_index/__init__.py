@@ -1,0 +1,25 @@
+"""LlamaIndex integration: NEST as an LLM, a vector store and a query engine.
+
+* :class:`NestLLM`: a LlamaIndex LLM generating with NEST over any retriever
+  or index, with the output contract in every response's ``additional_kwargs``
+  and ``CitationBlock``\\ s for copied spans in chat messages.
+* :class:`NestVectorStore`: an in-memory vector store that keeps NEST's token
+  datastore in step with its nodes, persisted without pickle.
+* :class:`NestQueryEngine`: retrieve, generate, and return exactly the cited
+  nodes with span-level citations.
+
+Needs ``llama-index-core``: ``pip install nest-integrations[llama-index]``.
+"""
+
+try:
+    import llama_index.core  # noqa: F401
+except ImportError as err:
+    raise ImportError(
+        "nest_integrations.llama_index needs llama-index-core: pip install nest-integrations[llama-index]"
+    ) from err
+
+from .llms import NestLLM, citation_blocks
+from .query_engine import NestQueryEngine, span_citations
+from .vector_stores import NestVectorStore
+
+__all__ = ["NestLLM", "NestQueryEngine", "NestVectorStore", "citation_blocks", "span_citations"]

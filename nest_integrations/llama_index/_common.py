@@ -1,0 +1,68 @@
+"""Helpers shared by the LlamaIndex adapters: nodes as passages, and LlamaIndex
+retrievers as NEST's first stage."""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import numpy as np
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
+
+from ..corpus import Passage
+from ..retrieval.base import BatchRetrieverMixin, ScoredPassage
+
+logger = logging.getLogger(__name__)
+
+
+def node_to_passage(node: BaseNode) -> Passage:
+    """The :class:`Passage` a LlamaIndex node stands for.
+
+    The passage id is the node id, its text the node's content without metadata
+    (so span offsets index ``node.get_content()``), its title the ``"title"``
+    metadata entry when present; the metadata is kept and ``doc_id`` /
+    ``doc_char_start`` come from the node's source document and start offset.
+    """
+    metadata = dict(node.metadata)
+    return Passage(
+        id=node.node_id,
+        text=node.get_content(metadata_mode=MetadataMode.NONE),
+        title=str(metadata.get("title", "")),
+        metadata=metadata,
+        doc_id=node.ref_doc_id or "",
+        doc_char_start=max(int(getattr(node, "start_char_idx", None) or 0), 0),
+    )
+
+
+def nodes_to_scored_passages(nodes: Sequence[NodeWithScore]) -> list[ScoredPassage]:
+    """``(Passage, score)`` pairs for retrieved nodes, in the retriever's order
+    (a missing score counts as 0)."""
+    return [(node_to_passage(hit.node), hit.get_score()) for hit in nodes]
+
+
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """``vectors`` (n, d) as float32 rows of unit L2 norm (zero rows stay zero)."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return vectors / np.maximum(norms, np.finfo(np.float32).tiny)
+
+
+class LlamaIndexPassageRetriever(BatchRetrieverMixin):
+    """Any LlamaIndex retriever as a NEST first stage (:class:`PassageRetriever`).
+
+    Retrieved nodes become passages with :func:`node_to_passage` and enter the
+    token datastore lazily. The LlamaIndex retriever decides how many nodes it
+    returns (e.g. ``similarity_top_k``); at most ``k`` of them are kept.
+    """
+
+    def __init__(self, retriever: BaseRetriever):
+        self.retriever = retriever
+
+    def _retrieve_nonempty(self, queries: list[str], k: int) -> list[list[ScoredPassage]]:
+        results = []
+        for query in queries:
+            hits = nodes_to_scored_passages(self.retriever.retrieve(query))[:k]
+            logger.debug("retrieved %d node(s) for %r", len(hits), query[:80])
+            results.append(hits)
+        return results

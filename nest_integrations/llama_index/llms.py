@@ -1,0 +1,354 @@
+"""NestLLM: NEST generation as a LlamaIndex LLM.
+
+Every response carries the output contract (design.md) in ``additional_kwargs``:
+
+* ``additional_kwargs["nest"]``: the full :class:`~nest_integrations.attribution.NestOutput`
+  as a dict, on ``complete`` / ``chat`` responses and on the last streamed one;
+* ``additional_kwargs["spans"]``: on each streamed response, the spans of its
+  ``delta`` (offsets into the full text; merging them with
+  :func:`~nest_integrations.attribution.merge_spans` gives the final spans).
+
+Chat messages hold the answer as one ``TextBlock`` followed by one
+``CitationBlock`` per copied span: ``source`` is the node id, ``cited_content``
+the copied text, and ``additional_location_info`` its character range in the
+node text (``start_char_index`` / ``end_char_index``) and in the answer
+(``answer_start_char_index`` / ``answer_end_char_index``).
+
+Call keyword arguments: ``query`` (the first-stage query; default the prompt,
+or the last user message), ``nodes`` (``NodeWithScore`` list used instead of
+the retriever), and any :class:`~nest_integrations.config.NestConfig` field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import warnings
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Iterator, Optional, Sequence, TypeVar, Union
+
+import numpy as np
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CitationBlock,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+    TextBlock,
+)
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
+from llama_index.core.indices.base import BaseIndex
+from llama_index.core.indices.vector_store.base import VectorStoreIndex
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.custom import CustomLLM
+
+from ..attribution import NestOutput, Span, merge_spans
+from ..config import NestConfig
+from ..corpus import Passage
+from ..datastore import PassageEncoder, TokenDatastore
+from ..lm import DEFAULT_MODEL, LoadedLM, load_lm
+from ._common import LlamaIndexPassageRetriever, nodes_to_scored_passages, unit_rows
+from .vector_stores import NestVectorStore
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..decoding import NestDecoder, StreamChunk
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_ROLES = {MessageRole.DEVELOPER: "system", MessageRole.CHATBOT: "assistant", MessageRole.MODEL: "assistant"}
+
+RetrieverSource = Union[BaseRetriever, BaseIndex]
+
+
+def _message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+    """LlamaIndex messages as the ``{"role", "content"}`` dicts the chat template takes."""
+    return [{"role": _ROLES.get(m.role, m.role.value), "content": m.content or ""} for m in messages]
+
+
+def citation_blocks(spans: Sequence[Span]) -> list[CitationBlock]:
+    """One ``CitationBlock`` per copied span (see the module docstring for its fields)."""
+    return [
+        CitationBlock(
+            cited_content=TextBlock(text=span.text),
+            source=span.source.id,
+            title=span.source.title,
+            additional_location_info={
+                "start_char_index": span.source.char_start,
+                "end_char_index": span.source.char_end,
+                "answer_start_char_index": span.start,
+                "answer_end_char_index": span.end,
+            },
+        )
+        for span in spans
+        if span.copied and span.source is not None
+    ]
+
+
+def _assistant_message(text: str, spans: Sequence[Span]) -> ChatMessage:
+    return ChatMessage(role=MessageRole.ASSISTANT, blocks=[TextBlock(text=text), *citation_blocks(spans)])
+
+
+def _chunk_kwargs(chunk: StreamChunk) -> dict[str, Any]:
+    """``additional_kwargs`` of a streamed response: its delta's spans, and the contract on the last."""
+    kwargs: dict[str, Any] = {"spans": [span.model_dump(mode="json") for span in chunk.spans]}
+    if chunk.output is not None:
+        kwargs["nest"] = chunk.output.to_dict()
+    return kwargs
+
+
+async def _in_thread(items: Iterator[_T]) -> AsyncGenerator[_T, None]:
+    """Iterate a blocking iterator without blocking the event loop (one thread hop per item)."""
+    done = object()
+    while True:
+        item = await asyncio.to_thread(next, items, done)
+        if item is done:
+            return
+        yield item  # type: ignore[misc]
+
+
+class NestLLM(CustomLLM):
+    """A LlamaIndex LLM that generates with NEST: retrieval-grounded, with span-level attribution.
+
+    Examples:
+        Over a :class:`NestVectorStore` index (shares the store's token datastore)
+        or any retriever (retrieved nodes enter a datastore of the LLM's own)::
+
+            llm = NestLLM("default", retriever=index)
+            llm = NestLLM("Qwen/Qwen2.5-0.5B-Instruct", retriever=index.as_retriever(similarity_top_k=8))
+            response = llm.complete("Tell me a bio of Marie Curie.")
+            response.additional_kwargs["nest"]["spans"]
+
+    Without a retriever the LLM generates with the LM alone (a
+    ``NestFallbackWarning`` once), which is what LlamaIndex's own RAG pipelines
+    (``index.as_query_engine(llm=...)``) want with ``config={"mode": "base"}``.
+
+    Args:
+        model: ``"default"`` (the embedded SmolLM2-135M-Instruct), a hub id, a
+            local folder (loaded on first use), or an already loaded ``LoadedLM``.
+        retriever: the passage stage: a LlamaIndex retriever, or an index (its
+            ``as_retriever(similarity_top_k=config.passage_k)``).
+        embed_model: embeds queries and passages for the relevance gate
+            (``config.min_passage_relevance``); None disables the gate.
+        **kwargs: the fields below (``config`` may be a dict) and ``LLM`` fields.
+    """
+
+    model: str = Field(
+        default=DEFAULT_MODEL,
+        description="'default' (the embedded SmolLM2-135M-Instruct), a hub id or a local folder; "
+        "the LM's name when a loaded LM is passed.",
+    )
+    device: Optional[str] = Field(default=None, description="'cpu', 'cuda', 'mps'...; default CUDA when available.")
+    dtype: Optional[str] = Field(default=None, description="'float32', 'float16' or 'bfloat16'; default per device.")
+    config: NestConfig = Field(default_factory=NestConfig, description="Default NEST decoding configuration.")
+    context_window: Optional[int] = Field(
+        default=None,
+        gt=0,
+        description="Context window reported to LlamaIndex's prompt packing; None: the model config's "
+        "max_position_embeddings. Longer prompts are cut to their last tokens by the decoder.",
+    )
+    key_layer: str = Field(
+        default="ffn_input",
+        description="Key layer of the LLM's own token datastore (a NestVectorStore index brings its own).",
+    )
+    encoding_prefix: Optional[str] = Field(default="auto", description="Passage encoding prefix of that datastore.")
+    cache_mb: float = Field(default=1024.0, gt=0, description="Bound of that datastore's key cache in megabytes.")
+
+    _lm: Optional[LoadedLM] = PrivateAttr(default=None)
+    _retriever: Optional[LlamaIndexPassageRetriever] = PrivateAttr(default=None)
+    _store: Optional[NestVectorStore] = PrivateAttr(default=None)
+    _datastore: Optional[TokenDatastore] = PrivateAttr(default=None)
+    _embed_model: Optional[BaseEmbedding] = PrivateAttr(default=None)
+    _lock: threading.RLock = PrivateAttr(default_factory=threading.RLock)
+    _warned_no_retriever: bool = PrivateAttr(default=False)
+
+    def __init__(
+        self,
+        model: Union[str, LoadedLM] = DEFAULT_MODEL,
+        *,
+        retriever: Optional[RetrieverSource] = None,
+        embed_model: Optional[BaseEmbedding] = None,
+        **kwargs: Any,
+    ) -> None:
+        loaded = model if isinstance(model, LoadedLM) else None
+        super().__init__(model=loaded.name if loaded is not None else model, **kwargs)
+        self._lm = loaded
+        self._embed_model = embed_model
+        if isinstance(retriever, BaseIndex):
+            store = retriever.vector_store if isinstance(retriever, VectorStoreIndex) else None
+            self._store = store if isinstance(store, NestVectorStore) else None
+            retriever = (
+                retriever.as_retriever(similarity_top_k=self.config.passage_k)
+                if isinstance(retriever, VectorStoreIndex)
+                else retriever.as_retriever()
+            )
+        elif retriever is not None and not isinstance(retriever, BaseRetriever):
+            raise TypeError(f"retriever must be a LlamaIndex retriever or index, got {type(retriever).__name__}")
+        self._retriever = LlamaIndexPassageRetriever(retriever) if retriever is not None else None
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "NestLLM"
+
+    # ------------------------------------------------------------------ resources
+    @property
+    def lm(self) -> LoadedLM:
+        """The loaded LM (loaded on first access)."""
+        with self._lock:
+            if self._lm is None:
+                logger.info("loading LM %r", self.model)
+                self._lm = load_lm(self.model, device=self.device, dtype=self.dtype)
+            return self._lm
+
+    @property
+    def retriever(self) -> Optional[BaseRetriever]:
+        """The LlamaIndex retriever of the passage stage (None: the LM alone)."""
+        return self._retriever.retriever if self._retriever is not None else None
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        """Context window from the model config (or ``context_window``); ``num_output`` is ``config.max_new_tokens``."""
+        context = self.context_window or getattr(self.lm.model.config, "max_position_embeddings", None)
+        return LLMMetadata(
+            context_window=int(context or DEFAULT_CONTEXT_WINDOW),
+            num_output=self.config.max_new_tokens,
+            is_chat_model=True,
+            model_name=self.model,
+        )
+
+    def _token_datastore(self, lm: LoadedLM) -> TokenDatastore:
+        if self._store is not None:
+            return self._store.token_datastore(lm)
+        with self._lock:
+            if self._datastore is None:
+                encoder = PassageEncoder(lm, self.key_layer, self.encoding_prefix)
+                self._datastore = TokenDatastore([], encoder, cache_mb=self.cache_mb)
+            return self._datastore
+
+    def _relevance(self, query: str, passages: Sequence[Passage]) -> list[float]:
+        """Cosine similarity of each passage to ``query`` under ``embed_model``."""
+        assert self._embed_model is not None
+        if not passages:
+            return []
+        q = unit_rows(np.asarray([self._embed_model.get_query_embedding(query)]))[0]
+        vectors = unit_rows(np.asarray(self._embed_model.get_text_embedding_batch([p.text for p in passages])))
+        return [float(s) for s in vectors @ q]
+
+    def _decoder(self) -> NestDecoder:
+        """A decoder over the current datastore and config (cheap: built per call)."""
+        from ..decoding import NestDecoder
+
+        lm = self.lm
+        relevance = self._relevance if self._embed_model is not None else None
+        return NestDecoder(lm, self._token_datastore(lm), self._retriever, self.config, relevance=relevance)
+
+    def _decoder_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Decoder keyword arguments from call kwargs (``nodes`` become ``passages``)."""
+        from ..decoding import NestFallbackWarning
+
+        kwargs = dict(kwargs)
+        nodes = kwargs.pop("nodes", None)
+        if nodes is not None:
+            kwargs["passages"] = nodes_to_scored_passages(nodes)
+        elif self._retriever is None and kwargs.get("mode", self.config.mode) != "base":
+            if not self._warned_no_retriever:
+                self._warned_no_retriever = True
+                warnings.warn(
+                    "NestLLM has no retriever, so it generates with the LM alone (mode 'base'); "
+                    "pass retriever= (an index or a LlamaIndex retriever) for NEST",
+                    NestFallbackWarning,
+                    stacklevel=3,
+                )
+            kwargs["mode"] = "base"
+        return kwargs
+
+    # ------------------------------------------------------------------ NEST entry points
+    def generate(self, prompt: Union[str, Sequence[ChatMessage]], **kwargs: Any) -> NestOutput:
+        """One attributed generation for a prompt or a message list.
+
+        Args:
+            kwargs: ``query``, ``nodes`` and NestConfig overrides (module docstring).
+        """
+        prompt_like = prompt if isinstance(prompt, str) else _message_dicts(prompt)
+        return self._decoder().generate(prompt_like, **self._decoder_kwargs(kwargs))
+
+    def _stream(
+        self, prompt: Union[str, list[dict[str, str]]], kwargs: dict[str, Any]
+    ) -> Iterator[tuple[str, list[Span], StreamChunk]]:
+        """Decoder chunks with the text and merged spans accumulated so far."""
+        text = ""
+        spans: list[Span] = []
+        for chunk in self._decoder().stream(prompt, **self._decoder_kwargs(kwargs)):
+            text += chunk.text
+            spans = spans[:-1] + merge_spans([*spans[-1:], *chunk.spans])
+            yield text, spans, chunk
+
+    @staticmethod
+    def _completion_kwargs(formatted: bool, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A ``formatted`` prompt is already templated: it is fed to the LM as is."""
+        return {"use_chat_template": False, **kwargs} if formatted else kwargs
+
+    def _complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
+        output = self.generate(prompt, **self._completion_kwargs(formatted, kwargs))
+        return CompletionResponse(text=output.text, additional_kwargs={"nest": output.to_dict()})
+
+    def _stream_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponseGen:
+        for text, _, chunk in self._stream(prompt, self._completion_kwargs(formatted, kwargs)):
+            yield CompletionResponse(text=text, delta=chunk.text, additional_kwargs=_chunk_kwargs(chunk))
+
+    def _chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
+        output = self.generate(messages, **kwargs)
+        return ChatResponse(
+            message=_assistant_message(output.text, output.spans), additional_kwargs={"nest": output.to_dict()}
+        )
+
+    def _stream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseGen:
+        for text, spans, chunk in self._stream(_message_dicts(messages), kwargs):
+            yield ChatResponse(
+                message=_assistant_message(text, spans), delta=chunk.text, additional_kwargs=_chunk_kwargs(chunk)
+            )
+
+    # ------------------------------------------------------------------ LLM interface
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        """Generate for ``prompt`` (wrapped in the chat template unless ``formatted``)."""
+        return self._complete(prompt, formatted, kwargs)
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        """Stream a completion; each response's ``additional_kwargs["spans"]`` covers its delta."""
+        return self._stream_complete(prompt, formatted, kwargs)
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        """Answer ``messages`` through the model's chat template, with a ``CitationBlock`` per copied span."""
+        return self._chat(messages, kwargs)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        """Stream a chat answer; each message holds the text and the citations so far."""
+        return self._stream_chat(messages, kwargs)
+
+    @llm_completion_callback()
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return await asyncio.to_thread(self._complete, prompt, formatted, kwargs)
+
+    @llm_completion_callback()
+    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
+        return _in_thread(self._stream_complete(prompt, formatted, kwargs))
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return await asyncio.to_thread(self._chat, messages, kwargs)
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        return _in_thread(self._stream_chat(messages, kwargs))
