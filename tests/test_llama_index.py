@@ -136,6 +136,7 @@ def test_metadata_and_lazy_loading(tiny_lm):
     meta = llm.metadata
     assert (meta.context_window, meta.num_output, meta.is_chat_model) == (512, 7, True)
     assert meta.model_name == tiny_lm.name and NestLLM.class_name() == "NestLLM"
+    assert json.loads(llm.to_json())["config"]["max_new_tokens"] == 7  # serialisable, LM excluded
     assert NestLLM(tiny_lm, context_window=2048).metadata.context_window == 2048
     lazy = NestLLM("/nonexistent/model/folder")  # nothing is loaded before first use
     with pytest.raises(ValueError, match="Cannot load a causal LM"):
@@ -319,9 +320,10 @@ def test_vector_store_add_query_filters_delete(store_nodes):
 
 def test_vector_store_rejects_bad_input(store_nodes):
     store = NestVectorStore()
-    with pytest.raises(ValueError, match="no embedding"):
-        store.add([TextNode(id_="x", text="no vector")])
     store.add(store_nodes)
+    with pytest.raises(ValueError, match="no embedding"):  # all or nothing
+        store.add([make_node("e", "doc4", [1.0, 0.0, 0.0]), TextNode(id_="x", text="no vector")])
+    assert [n.node_id for n in store.get_nodes()] == ["a", "b", "c", "d"]
     with pytest.raises(ValueError, match="3-d"):
         store.add([make_node("e", "doc4", [1.0, 0.0])])
     with pytest.raises(ValueError, match="default"):
@@ -340,6 +342,9 @@ def test_vector_store_keeps_the_token_datastore_in_step(tiny_lm, store_nodes):
     assert datastore.passages[0].metadata["topic"] == "People" and datastore.passages[0].doc_id == "doc1"
     store.delete("doc1")
     assert [p.id for p in store.token_datastore().passages] == ["c", "d"]
+    datastore = store.token_datastore()
+    store.add([store_nodes[2]])  # replacing a node rebuilds the datastore
+    assert store.token_datastore() is not datastore and [p.id for p in store.token_datastore().passages] == ["c", "d"]
     other = make_tiny_lm(tiny_lm.tokenizer, seed=1)
     with pytest.raises(ValueError, match="other weights"):
         store.token_datastore(other)

@@ -41,3 +41,22 @@ __all__ = [
     "year_precision",
     "years",
 ]
+
+_LAZY_EXPORTS = {
+    "perplexity": "runner",
+    "run_eval": "runner",
+    "score_item": "runner",
+    "run_bench": "bench",
+    "run_sweep": "bench",
+}
+__all__ += list(_LAZY_EXPORTS)
+
+
+def __getattr__(name: str):
+    """Import the runner and the benchmark on first use: they load torch and the decoder,
+    which the metrics and tasks above do not need."""
+    if name in _LAZY_EXPORTS:
+        from importlib import import_module
+
+        return getattr(import_module(f"{__name__}.{_LAZY_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -42,7 +42,6 @@ import torch
 from tqdm.auto import tqdm
 
 from nest_integrations.attribution import GenerationStats
-from nest_integrations.config import NestConfig
 from nest_integrations.corpus import Passage
 from nest_integrations.datastore import PrecomputedKeys, TokenDatastore
 from nest_integrations.decoding import NestDecoder, NestFallbackWarning
@@ -305,25 +304,34 @@ def _memory(keys: PrecomputedKeys) -> dict[str, Any]:
 # --------------------------------------------------------------------------- report
 
 
+_MODE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("new_tokens", "tokens"),
+    ("tokens_per_s", "tok/s"),
+    ("tokens_per_forward", "tok/fwd"),
+    ("ttft_s", "TTFT s"),
+    ("retrieval_s", "retrieval s"),
+    ("encode_s", "encode s"),
+    ("decode_s", "decode s"),
+    ("other_s", "other s"),
+    ("wall_s", "wall s"),
+    ("speedup_vs_hf", "speedup vs HF"),
+    ("speedup_vs_base", "speedup vs base"),
+    ("attribution_ratio", "attribution"),
+)
+_KEYS_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("wall_s", "wall s"),
+    ("encode_s", "encode s"),
+    ("encoded_passages", "encoded passages"),
+    ("tokens_per_s", "tok/s"),
+    ("ttft_s", "TTFT s"),
+)
+
+
 def _bench_markdown(bench: Mapping[str, Any]) -> str:
     """``bench.md``: the mode table, HF, keys, build throughput and memory."""
-    mode_headers = [
-        "mode", "tokens", "tok/s", "tok/fwd", "TTFT s", "retrieval s", "encode s", "decode s", "other s",
-        "wall s", "speedup vs HF", "speedup vs base", "attribution",
-    ]
-    mode_rows = [
-        [
-            mode, m["new_tokens"], m["tokens_per_s"], m["tokens_per_forward"], m["ttft_s"], m["retrieval_s"],
-            m["encode_s"], m["decode_s"], m["other_s"], m["wall_s"], m["speedup_vs_hf"], m["speedup_vs_base"],
-            m["attribution_ratio"],
-        ]
-        for mode, m in bench["modes"].items()
-    ]
+    mode_rows = [[mode] + [m[key] for key, _ in _MODE_COLUMNS] for mode, m in bench["modes"].items()]
     keys = bench["keys"]
-    key_rows = [
-        [name, k["wall_s"], k["encode_s"], k["encoded_passages"], k["tokens_per_s"], k["ttft_s"]]
-        for name, k in (("lazy (cold)", keys["lazy"]), ("precomputed", keys["precomputed"]))
-    ]
+    key_rows = [[name] + [keys[name][key] for key, _ in _KEYS_COLUMNS] for name in ("lazy", "precomputed")]
     hf, build, memory = bench["hf_generate"], bench["datastore_build"], bench["memory"]
     return "\n".join(
         [
@@ -335,14 +343,16 @@ def _bench_markdown(bench: Mapping[str, Any]) -> str:
             "",
             "## Modes",
             "",
-            markdown_table(mode_headers, mode_rows),
+            markdown_table(["mode"] + [header for _, header in _MODE_COLUMNS], mode_rows),
+            "",
+            "Times are sums over the prompts; speedup = reference wall time / mode wall time (> 1: faster).",
             "",
             f"HF `generate` (greedy, same prompts, same token counts): {hf['new_tokens']} tokens in "
             f"{format_cell(hf['wall_s'])} s = {format_cell(hf['tokens_per_s'])} tok/s over {hf['runs']} runs.",
             "",
             "## Lazy vs precomputed keys (nest)",
             "",
-            markdown_table(["keys", "wall s", "encode s", "encoded passages", "tok/s", "TTFT s"], key_rows),
+            markdown_table(["keys"] + [header for _, header in _KEYS_COLUMNS], key_rows),
             "",
             f"Precomputed speedup over lazy: {format_cell(keys['speedup_precomputed_vs_lazy'])}",
             "",
@@ -430,7 +440,7 @@ def run_bench(
             "lazy": [timed(decoder_over(index, fresh_lazy_datastore(index), config), r, "nest") for r in requests],
             "precomputed": [timed(decoder, r, "nest") for r in requests],
         }
-    hf_seconds, hf = _hf_section(decoder, requests, {**runs, **keys_runs})
+    hf_seconds, hf = _hf_section(decoder, requests, runs)
     mode_rows = {mode: _summarize_runs(mode_runs) for mode, mode_runs in runs.items()}
     base_wall = mode_rows["base"]["wall_s"] if "base" in mode_rows else None
     for mode, row in mode_rows.items():
@@ -481,7 +491,9 @@ def _plot_sweep(rows: Sequence[Mapping[str, Any]], param: str, path: Path) -> No
     if param == "gamma" and min(values) > 0:
         by_value.set_xscale("log")
     per_forward = by_value.twinx()
-    per_forward.plot(values, [r["tokens_per_forward"] for r in rows], "s--", color="tab:orange", label="tokens / forward")
+    per_forward.plot(
+        values, [r["tokens_per_forward"] for r in rows], "s--", color="tab:orange", label="tokens / forward"
+    )
     per_forward.set_ylabel("tokens / forward")
     figure.legend(loc="outside lower center", ncols=2)
     figure.savefig(path, dpi=120)
@@ -537,8 +549,8 @@ def run_sweep(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     passages_by_id = {p.id: p.text for p in index.passages}
+    warm_up(index, config, items[0])
     retrieved = {item.id: first_stage(index, item, "present", config.passage_k) for item in items}
-    warm_up(decoder_over(index, fresh_lazy_datastore(index), config), items[0], retrieved[items[0].id][0])
 
     keys = ("rouge1", "rougeL", "attribution_ratio", "mean_copied_span_tokens", "tokens_per_forward",
             "new_tokens", "wall_s", "decode_s")

@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 from nest_integrations.config import MODES, NestConfig
 from nest_integrations.corpus import Passage
 from nest_integrations.datastore import TokenDatastore
-from nest_integrations.decoding import NestDecoder, NestFallbackWarning
+from nest_integrations.decoding import NestDecoder, NestFallbackWarning, ScoredPassages
 from nest_integrations.evaluation.metrics import (
     aggregate,
     answer_recall,
@@ -67,8 +67,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-ScoredPassages = list[tuple[Passage, float]]
-
 CONDITIONS: tuple[str, ...] = ("present", "absent")
 
 RUNNER_KEYS = frozenset({"mode", "max_new_tokens", "use_chat_template"})
@@ -93,7 +91,8 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
     "completion": ("rouge1", "rougeL"),
     "qa": ("answer_recall",),
 }
-"""Task-specific per-item metrics (every task also gets :data:`COMMON_METRICS`)."""
+"""Task-specific per-item metrics (every task also gets :data:`COMMON_METRICS`; all but
+``datastore_fallback``, added by :func:`evaluate_item`, come from :func:`score_item`)."""
 
 _TABLE_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "bio": (
@@ -110,6 +109,7 @@ _SHARED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("attribution_ratio", "attribution"),
     ("mean_copied_span_tokens", "mean span (tok)"),
     ("span_integrity", "span integrity"),
+    ("datastore_fallback", "LM fallback"),
     ("tokens_per_forward", "tok/fwd"),
     ("wall_s", "wall s"),
     ("speedup_vs_base", "speed vs base"),
@@ -153,9 +153,9 @@ def _check_conditions(
         ValueError: empty, repeated or unknown conditions, or ``absent`` for items
             without ``meta["passage_id"]``.
     """
-    conditions = tuple(conditions) if conditions is not None else (
-        CONDITIONS if task == "bio" else ("present",)
-    )
+    if conditions is None:
+        conditions = CONDITIONS if task == "bio" else ("present",)
+    conditions = tuple(conditions)
     if not conditions:
         raise ValueError("at least one condition is needed")
     unknown = [c for c in conditions if c not in CONDITIONS]
@@ -410,9 +410,11 @@ def evaluate_item(
     return output, metrics
 
 
-def warm_up(decoder: NestDecoder, item: EvalItem, hits: ScoredPassages) -> None:
-    """One short, untimed nest generation: loads lazily initialised kernels and models."""
-    generate_item(decoder, item, "nest", hits, max_new_tokens=2)
+def warm_up(index: NestIndex, config: NestConfig, item: EvalItem) -> None:
+    """An untimed first-stage retrieval and short nest generation for ``item``,
+    so lazily initialised models and kernels load before anything is timed."""
+    hits = index.retrieve(item.query, config.passage_k)
+    generate_item(eval_decoder(index, config), item, "nest", hits, max_new_tokens=2)
 
 
 # --------------------------------------------------------------------------- perplexity
@@ -618,12 +620,12 @@ def run_eval(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     passages_by_id = {p.id: p.text for p in index.passages}
+    warm_up(index, config, items[0])
     retrieved = {
         (item.id, condition): first_stage(index, item, condition, config.passage_k)
         for item in items
         for condition in conditions
     }
-    warm_up(eval_decoder(index, config), items[0], retrieved[(items[0].id, conditions[0])][0])
 
     records = []
     total = len(items) * len(conditions) * len(modes)
@@ -654,7 +656,7 @@ def run_eval(
 
     results = summarize_records(records, task, modes, conditions)
     if task == "completion":
-        scorer = decoder_over(index, index.datastore, config)
+        scorer = eval_decoder(index, config)  # one decoder: its keys are reused across items and modes
         for row in results:
             row["perplexity"] = perplexity(
                 scorer,

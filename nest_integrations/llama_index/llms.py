@@ -127,9 +127,10 @@ class NestLLM(CustomLLM):
             response = llm.complete("Tell me a bio of Marie Curie.")
             response.additional_kwargs["nest"]["spans"]
 
-    Without a retriever the LLM generates with the LM alone (a
-    ``NestFallbackWarning`` once), which is what LlamaIndex's own RAG pipelines
-    (``index.as_query_engine(llm=...)``) want with ``config={"mode": "base"}``.
+    Without a retriever (and without ``nodes=``) it generates with the LM alone
+    and warns once (``NestFallbackWarning``). As the llm of LlamaIndex's own
+    engines (``index.as_query_engine(llm=...)``, ``CitationQueryEngine``) use
+    ``config={"mode": "base"}``: their prompts already hold the context.
 
     Args:
         model: ``"default"`` (the embedded SmolLM2-135M-Instruct), a hub id, a
@@ -182,14 +183,12 @@ class NestLLM(CustomLLM):
         super().__init__(model=loaded.name if loaded is not None else model, **kwargs)
         self._lm = loaded
         self._embed_model = embed_model
-        if isinstance(retriever, BaseIndex):
-            store = retriever.vector_store if isinstance(retriever, VectorStoreIndex) else None
+        if isinstance(retriever, VectorStoreIndex):
+            store = retriever.vector_store
             self._store = store if isinstance(store, NestVectorStore) else None
-            retriever = (
-                retriever.as_retriever(similarity_top_k=self.config.passage_k)
-                if isinstance(retriever, VectorStoreIndex)
-                else retriever.as_retriever()
-            )
+            retriever = retriever.as_retriever(similarity_top_k=self.config.passage_k)
+        elif isinstance(retriever, BaseIndex):
+            retriever = retriever.as_retriever()
         elif retriever is not None and not isinstance(retriever, BaseRetriever):
             raise TypeError(f"retriever must be a LlamaIndex retriever or index, got {type(retriever).__name__}")
         self._retriever = LlamaIndexPassageRetriever(retriever) if retriever is not None else None
@@ -216,12 +215,13 @@ class NestLLM(CustomLLM):
     @property
     def metadata(self) -> LLMMetadata:
         """Context window from the model config (or ``context_window``); ``num_output`` is ``config.max_new_tokens``."""
-        context = self.context_window or getattr(self.lm.model.config, "max_position_embeddings", None)
+        lm = self.lm
+        context = self.context_window or getattr(lm.model.config, "max_position_embeddings", None)
         return LLMMetadata(
             context_window=int(context or DEFAULT_CONTEXT_WINDOW),
             num_output=self.config.max_new_tokens,
             is_chat_model=True,
-            model_name=self.model,
+            model_name=lm.name,
         )
 
     def _token_datastore(self, lm: LoadedLM) -> TokenDatastore:

@@ -91,8 +91,8 @@ class NestVectorStore(BasePydanticVectorStore):
 
     The token datastore (:meth:`token_datastore`) is created for an LM on first
     use; nodes added later enter it at once (their keys are computed lazily, on
-    first retrieval), and deleting nodes rebuilds it without them (cached keys
-    are recomputed on demand).
+    first retrieval), and deleting or replacing nodes rebuilds it from the
+    current nodes (cached keys are then recomputed on demand).
 
     Args:
         lm: the LM whose hidden states are the datastore keys; optional, a
@@ -174,13 +174,14 @@ class NestVectorStore(BasePydanticVectorStore):
 
     # ------------------------------------------------------------------ writes
     def add(self, nodes: Sequence[BaseNode], **add_kwargs: Any) -> List[str]:
-        """Store nodes with their embeddings (a known id is replaced).
+        """Store nodes with their embeddings (a known id is replaced); all or nothing.
 
         Raises:
             ValueError: a node has no embedding, or its dimension differs from the store's.
         """
         with self._lock:
             dim = next(iter(self._vectors.values())).shape[0] if self._vectors else None
+            vectors = []
             for node in nodes:
                 if node.embedding is None:
                     raise ValueError(
@@ -194,6 +195,10 @@ class NestVectorStore(BasePydanticVectorStore):
                         f"the store holds {dim}-d vectors"
                     )
                 dim = vector.shape[0]
+                vectors.append(vector)
+            for node, vector in zip(nodes, vectors, strict=True):
+                if node.node_id in self._records:
+                    self._datastore = None  # rebuilt without the replaced version on next use
                 self._records[node.node_id] = node_to_metadata_dict(node, remove_text=False, flat_metadata=False)
                 self._vectors[node.node_id] = vector
                 if self._datastore is not None:
