@@ -21,11 +21,13 @@ app.add_typer(index_app, name="index")
 console = Console()
 err_console = Console(stderr=True)
 
-DEMO_INDEX_NAME = "wiki-summaries-default"
+DEMO_INDEX_NAME = "wiki-people-default"
+DEMO_TOPIC = "People"
 
 
 def default_index_path() -> Path:
-    """Where ``nest demo`` / ``nest eval`` keep the default index over the Wikipedia summaries."""
+    """Where ``nest demo`` / ``nest eval`` keep the default index: the 1,828 Wikipedia
+    summaries of the topic People (the biography task's corpus)."""
     from .lm import cache_dir
 
     return cache_dir() / "indexes" / DEMO_INDEX_NAME
@@ -58,8 +60,8 @@ def _build_default_index(folder: Path) -> None:
     from .index import NestIndex
     from .lm import load_lm
 
-    console.print(f"Building the default index over the Wikipedia summaries in {folder} (once, about 2 minutes)...")
-    index = NestIndex.build(load_wikipedia_summaries(), load_lm())
+    console.print(f"Building the default index over the Wikipedia summaries about people in {folder} (once)...")
+    index = NestIndex.build(load_wikipedia_summaries(topic=DEMO_TOPIC), load_lm())
     index.save(folder)
 
 
@@ -149,12 +151,13 @@ def _print_output(output: Any, title: str) -> None:
     from .attribution import render_terminal
 
     s = output.stats
-    subtitle = (
-        f"attribution {output.attribution_ratio:.0%} · mean span {output.mean_copied_span_tokens:.1f} tok · "
-        f"{s.new_tokens} tokens / {s.forward_passes} forwards · {s.wall_s:.2f} s "
-        f"(retrieval {s.retrieval_s:.2f}, encode {s.encode_s:.2f}, decode {s.decode_s:.2f})"
+    console.print(Panel(render_terminal(output), title=title))
+    console.print(
+        f"  attribution {output.attribution_ratio:.0%} · mean copied span {output.mean_copied_span_tokens:.1f} tokens · "
+        f"{s.new_tokens} tokens in {s.forward_passes} forward passes · {s.wall_s:.2f} s "
+        f"(retrieval {s.retrieval_s:.2f}, encoding {s.encode_s:.2f}, decoding {s.decode_s:.2f})",
+        style="dim",
     )
-    console.print(Panel(render_terminal(output), title=title, subtitle=subtitle))
 
 
 @app.command()
@@ -227,8 +230,8 @@ def _read_items(path: Path) -> list[dict[str, Any]]:
 
 @app.command()
 def demo(
-    prompt: str = typer.Option("Tell me a bio of Marie Curie.", help="The prompt."),
-    query: str = typer.Option("Marie Curie", help="First-stage retrieval query."),
+    prompt: str = typer.Option("Tell me a bio of Ada Lovelace.", help="The prompt."),
+    query: str = typer.Option("Ada Lovelace", help="First-stage retrieval query."),
     max_new_tokens: int = typer.Option(96, help="Tokens to generate."),
 ) -> None:
     """Build (once) the default index over the Wikipedia summaries and compare NEST with the base LM."""

@@ -131,8 +131,9 @@ class PassageEncoder:
         encoding_prefix: see :func:`resolve_encoding_prefix`.
         max_passage_tokens: longer passages are truncated (their tail gets no
             entries); bounds memory and the attention cost per passage.
-        batch_tokens: padded tokens per forward batch; larger is faster up to
-            the point where activations stop fitting in cache/memory.
+        batch_tokens: padded tokens per forward batch. Larger is faster only
+            while activations fit in the CPU caches: SmolLM2 on 2 cores runs
+            ~2x faster at 8 x 128 tokens than at 64 x 128.
     """
 
     def __init__(
@@ -142,7 +143,7 @@ class PassageEncoder:
         encoding_prefix: str | None = "auto",
         *,
         max_passage_tokens: int = 512,
-        batch_tokens: int = 8192,
+        batch_tokens: int = 1024,
     ):
         if max_passage_tokens < 2:
             raise ValueError("max_passage_tokens must be at least 2")
