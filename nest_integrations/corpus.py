@@ -218,16 +218,49 @@ def _check_limit(limit: int | None) -> None:
         raise ValueError(f"limit must be None or >= 0, got {limit}")
 
 
+PEOPLE_TOPIC = "People"
+_LIFESPAN = re.compile(
+    r"\((?:c\.\s*)?\d{1,4}(?:\s*(?:BC|BCE|AD|CE))?\s*[–-]\s*(?:c\.\s*)?\d{1,4}(?:\s*(?:BC|BCE|AD|CE))?\)\s*$"
+)
+_GROUP_WORDS = re.compile(
+    r"\b(dynasty|band|empire|group|kingdom|duo|family|team|company|party|movement|era|period|war|state|"
+    r"republic|league|orchestra|caliphate|sultanate|civilization|culture|series|film|program|programme|"
+    r"revolution|depression|crisis|pandemic|epidemic|economic|emergence|conflict)\b",
+    re.IGNORECASE,
+)
+
+
+def is_unlabelled_person(article: dict[str, Any]) -> bool:
+    """An "Uncategorized" article whose description ends in a lifespan, e.g.
+    "Polish-French physicist and chemist (1867–1934)", and names no group.
+
+    The bundled data files many of the best-known people (Marie Curie, Albert
+    Einstein, Isaac Newton, Charles Darwin, ~70 in all) under "Uncategorized";
+    the topic filter "People" includes them.
+    """
+    description = str(article.get("description") or "")
+    return (
+        str(article.get("topic", "")) == "Uncategorized"
+        and bool(_LIFESPAN.search(description))
+        and not _GROUP_WORDS.search(description)
+    )
+
+
+def _article_topic(article: dict[str, Any]) -> str:
+    return PEOPLE_TOPIC if is_unlabelled_person(article) else str(article.get("topic", ""))
+
+
 def load_wikipedia_summaries(topic: str | None = None, limit: int | None = None) -> list[Passage]:
     """Load the bundled English Wikipedia summaries (10,033 articles, 12 topics).
 
     Passage id and title = article title, text = the summary ("extract"),
     metadata = ``{"description", "topic", "source": "wikipedia"}``. File order
-    is kept; articles with an empty extract are skipped.
+    is kept; articles with an empty extract are skipped. Unlabelled people
+    (:func:`is_unlabelled_person`) get the topic "People".
 
     Args:
         topic: keep only this topic (case-insensitive exact match, e.g.
-            ``"People"`` = 1828 articles); None keeps all.
+            ``"People"`` = 1,828 labelled plus the unlabelled people); None keeps all.
         limit: keep at most this many passages (after the topic filter).
 
     Raises:
@@ -241,7 +274,7 @@ def load_wikipedia_summaries(topic: str | None = None, limit: int | None = None)
         wanted = topic.casefold()
         if wanted not in {t.casefold() for t in available}:
             raise ValueError(f"unknown Wikipedia topic {topic!r}; available topics: {available}")
-        articles = {t: a for t, a in articles.items() if str(a.get("topic", "")).casefold() == wanted}
+        articles = {t: a for t, a in articles.items() if _article_topic(a).casefold() == wanted}
     passages = []
     for title, article in articles.items():
         if limit is not None and len(passages) >= limit:
@@ -249,7 +282,7 @@ def load_wikipedia_summaries(topic: str | None = None, limit: int | None = None)
         extract = article.get("extract") or ""
         if not extract.strip():
             continue
-        metadata = {"description": article.get("description", ""), "topic": article.get("topic", ""), "source": "wikipedia"}
+        metadata = {"description": article.get("description", ""), "topic": _article_topic(article), "source": "wikipedia"}
         passages.append(Passage(id=title, text=extract, title=title, metadata=metadata))
     return passages
 

@@ -173,7 +173,10 @@ def test_load_text_folder(tmp_path):
 def test_wikipedia_summaries_topic_filter_and_limit():
     assert wikipedia_summaries_path().name == "summaries_en-us.json"
     people = load_wikipedia_summaries("People")
-    assert len(people) == 1828
+    assert len(people) == 1828 + 66, "labelled people plus the unlabelled ones (lifespan in the description)"
+    ids = {p.id for p in people}
+    assert {"Marie Curie", "Albert Einstein", "Ada Lovelace"} <= ids
+    assert not {"World War II", "The Beatles", "Tang dynasty", "Great Depression"} & ids
     assert load_wikipedia_summaries("people") == people, "topic match is case-insensitive"
     first = people[0]
     assert first.id == first.title and first.text
