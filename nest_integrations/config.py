@@ -7,7 +7,7 @@ paper's values (Llama-2-Chat 7B on Wikipedia) are noted beside each.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -100,3 +100,23 @@ class NestConfig(BaseModel):
     def updated(self, **overrides: object) -> "NestConfig":
         """A validated copy with ``overrides`` applied (unknown names raise)."""
         return NestConfig.model_validate({**self.model_dump(), **overrides})
+
+
+def fold_config_fields(values: Any, field: str, *, skip: tuple[str, ...] = ()) -> Any:
+    """Move :class:`NestConfig` knobs given as constructor keywords into ``values[field]``.
+
+    Lets integration classes accept ``NestLLM(mode="base", gamma=1e-3)`` while
+    keeping one validated ``NestConfig``. ``skip`` lists names the host class
+    owns itself (e.g. LlamaIndex's ``system_prompt``). Use in a pydantic
+    ``model_validator(mode="before")``.
+    """
+    if not isinstance(values, dict):
+        return values
+    knobs = {name: values[name] for name in NestConfig.model_fields if name in values and name not in skip}
+    if not knobs:
+        return values
+    rest = {key: value for key, value in values.items() if key not in knobs}
+    base = rest.get(field) or NestConfig()
+    base = base if isinstance(base, NestConfig) else NestConfig.model_validate(base)
+    rest[field] = base.updated(**knobs)
+    return rest

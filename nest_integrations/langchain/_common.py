@@ -28,7 +28,7 @@ from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from typing_extensions import Self
 
-from ..config import NestConfig
+from ..config import NestConfig, fold_config_fields
 from ..corpus import Passage
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -211,16 +211,7 @@ class NestModelBase(BaseModel):
     @classmethod
     def _fold_config_fields(cls, values: Any) -> Any:
         """Move NestConfig field names given to the constructor into ``nest_config``."""
-        if not isinstance(values, dict):
-            return values
-        knobs = {name: values[name] for name in NestConfig.model_fields if name in values}
-        if not knobs:
-            return values
-        rest = {key: value for key, value in values.items() if key not in knobs}
-        base = rest.get("nest_config") or NestConfig()
-        base = base if isinstance(base, NestConfig) else NestConfig.model_validate(base)
-        rest["nest_config"] = base.updated(**knobs)
-        return rest
+        return fold_config_fields(values, "nest_config")
 
     # ------------------------------------------------------------------ construction
     @classmethod

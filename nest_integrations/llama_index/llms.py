@@ -43,7 +43,7 @@ from llama_index.core.base.llms.types import (
     MessageRole,
     TextBlock,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, model_validator
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.indices.vector_store.base import VectorStoreIndex
@@ -51,7 +51,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 
 from ..attribution import NestOutput, Span, merge_spans
-from ..config import NestConfig
+from ..config import NestConfig, fold_config_fields
 from ..corpus import Passage
 from ..datastore import PassageEncoder, TokenDatastore
 from ..lm import DEFAULT_MODEL, LoadedLM, load_lm
@@ -130,7 +130,8 @@ class NestLLM(CustomLLM):
     Without a retriever (and without ``nodes=``) it generates with the LM alone
     and warns once (``NestFallbackWarning``). As the llm of LlamaIndex's own
     engines (``index.as_query_engine(llm=...)``, ``CitationQueryEngine``) use
-    ``config={"mode": "base"}``: their prompts already hold the context.
+    ``mode="base"``: their prompts already hold the context. Any NestConfig
+    knob is a constructor keyword (or pass ``config=``).
 
     Args:
         model: ``"default"`` (the embedded SmolLM2-135M-Instruct), a hub id, a
@@ -162,6 +163,13 @@ class NestLLM(CustomLLM):
     )
     encoding_prefix: Optional[str] = Field(default="auto", description="Passage encoding prefix of that datastore.")
     cache_mb: float = Field(default=1024.0, gt=0, description="Bound of that datastore's key cache in megabytes.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_config_fields(cls, values: Any) -> Any:
+        """``NestLLM(mode="base", max_new_tokens=64)``: NestConfig knobs as keywords go into ``config``
+        (``system_prompt`` stays LlamaIndex's own field)."""
+        return fold_config_fields(values, "config", skip=("system_prompt",))
 
     _lm: Optional[LoadedLM] = PrivateAttr(default=None)
     _retriever: Optional[LlamaIndexPassageRetriever] = PrivateAttr(default=None)
