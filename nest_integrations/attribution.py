@@ -59,8 +59,18 @@ class GenerationStats(BaseModel):
 
     @property
     def tokens_per_forward(self) -> float:
-        decode_passes = max(self.forward_passes - 1, 1)  # prefill excluded
-        return self.new_tokens / decode_passes
+        return tokens_per_decoding_forward(self.new_tokens, self.forward_passes)
+
+
+def tokens_per_decoding_forward(new_tokens: int, forward_passes: int, generations: int = 1) -> float:
+    """Generated tokens per *decoding* forward pass.
+
+    Each generation's first forward (the prefill) reads the prompt and is not
+    counted, so plain greedy decoding of n tokens gives n / (n - 1) ~ 1.0 and
+    a span-copying step that accepts k tokens counts k. ``generations`` is the
+    number of generations summed in ``new_tokens`` and ``forward_passes``.
+    """
+    return new_tokens / max(forward_passes - generations, 1)
 
 
 class NestOutput(BaseModel):

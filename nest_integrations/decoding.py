@@ -252,6 +252,8 @@ class NestDecoder:
         target = self.lm.tokenizer(continuation, add_special_tokens=False)["input_ids"]
         if not target:
             raise ValueError("continuation is empty")
+        # Scored tokens are those that fit the context after the prompt (``token_ids`` says which).
+        target = target[: max(self.context_length() - len(prompt_ids), 1)]
         from transformers import DynamicCache
 
         logits, queries = self._forward(prompt_ids + target[:-1], DynamicCache(), gen.stats, keep=len(target))
@@ -297,6 +299,10 @@ class NestDecoder:
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return "\n\n".join(m["content"] for m in messages)
 
+    def context_length(self) -> int:
+        """The model's maximum sequence length (``max_position_embeddings``; 2048 when unset)."""
+        return int(getattr(self.lm.model.config, "max_position_embeddings", None) or 2048)
+
     def _prompt_ids(self, text: str, config: NestConfig, stats: GenerationStats) -> list[int]:
         ids = self.lm.tokenizer(text, add_special_tokens=not text.startswith(self.lm.tokenizer.bos_token or "\0"))[
             "input_ids"
@@ -304,8 +310,7 @@ class NestDecoder:
         if not ids:  # empty plain-text prompt: start from BOS (or EOS when there is none)
             start = self.lm.tokenizer.bos_token_id
             ids = [start if start is not None else next(iter(self._eos_ids), 0)]
-        context = int(getattr(self.lm.model.config, "max_position_embeddings", 2048))
-        limit = config.max_prompt_tokens or max(1, context - config.max_new_tokens)
+        limit = config.max_prompt_tokens or max(1, self.context_length() - config.max_new_tokens)
         if len(ids) > limit:
             logger.warning("prompt has %d tokens; keeping its last %d", len(ids), limit)
             ids = ids[-limit:]

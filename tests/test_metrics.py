@@ -271,7 +271,9 @@ def test_spans_tile_text() -> None:
 
 
 def test_tokens_per_forward() -> None:
-    assert tokens_per_forward({"new_tokens": 96, "forward_passes": 9}) == pytest.approx(96 / 9)
+    assert tokens_per_forward({"new_tokens": 96, "forward_passes": 9}) == pytest.approx(96 / 8), "prefill excluded"
+    assert tokens_per_forward({"new_tokens": 20, "forward_passes": 20}) == pytest.approx(20 / 19)
+    assert tokens_per_forward({"new_tokens": 40, "forward_passes": 12}, generations=2) == pytest.approx(4.0)
     with pytest.raises(ValueError):
         tokens_per_forward({"new_tokens": 10, "forward_passes": 0})
     with pytest.raises(ValueError):

@@ -23,6 +23,9 @@ chat-formatted prompts (what is compared is recorded in ``bench.json``):
   the goal is a ratio >= 0.9;
 * memory: peak resident set size and bytes per stored key and per entry.
 
+All runs of one prompt (modes, lazy, precomputed, HF) run back to back, so load
+drift on a shared machine hits every contender alike.
+
 :func:`run_sweep` records quality and speed of nest for several values of one
 hyperparameter and plots the trade-off.
 """
@@ -168,7 +171,7 @@ def _summarize_runs(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "encoded_passages": sum(s["encoded_passages"] for s in stats),
         "tokens_per_s": ratio(tokens, totals["wall_s"]),
         "tokens_per_forward": (
-            tokens_per_forward({"new_tokens": tokens, "forward_passes": forwards}) if forwards else None
+            tokens_per_forward({"new_tokens": tokens, "forward_passes": forwards}, len(runs)) if forwards else None
         ),
         "ttft_s": means["ttft_s"],
         "attribution_ratio": means["attribution_ratio"],
@@ -208,31 +211,40 @@ def _prompt_ids(decoder: NestDecoder, prompt: str) -> list[int]:
     return decoder._prompt_ids(decoder.format_prompt(prompt, config), config, GenerationStats())
 
 
-def _hf_section(
-    decoder: NestDecoder,
-    requests: Sequence[Request],
-    runs: Mapping[str, Sequence[Mapping[str, Any]]],
-) -> tuple[dict[tuple[int, int], float], dict[str, Any]]:
-    """Time HF ``generate`` once per (prompt, token count) that any run produced.
+def _time_prompt(
+    index: NestIndex, decoder: NestDecoder, request: Request, prompt_ids: Sequence[int], modes: Sequence[str]
+) -> dict[str, Any]:
+    """Every timed run of one prompt, back to back, so that load drift on a shared
+    machine hits all contenders alike: each mode, nest over a fresh lazy datastore,
+    nest over the precomputed keys, then HF ``generate`` once per distinct token
+    count the modes produced.
 
     Returns:
-        seconds by ``(prompt index, count)``, and the HF summary: runs,
-        new_tokens, wall_s, tokens_per_s.
+        ``{"modes": {mode: run}, "keys": {"lazy": run, "precomputed": run},
+        "hf": {count: seconds}}`` (runs as in :func:`_stream_run`).
     """
-    counts = sorted(
-        {(i, run["output"]["stats"]["new_tokens"]) for mode_runs in runs.values() for i, run in enumerate(mode_runs)}
-    )
-    ids = [_prompt_ids(decoder, prompt) for prompt, _ in requests]
-    _hf_generate_seconds(decoder.lm, ids[0], 2)  # untimed warm-up
-    seconds = {(i, count): _hf_generate_seconds(decoder.lm, ids[i], count) for i, count in counts}
-    tokens = sum(count for _, count in counts)
-    wall = math.fsum(seconds.values())
-    return seconds, {"runs": len(counts), "new_tokens": tokens, "wall_s": wall, "tokens_per_s": ratio(tokens, wall)}
+    runs = {mode: _stream_run(decoder, request, mode) for mode in modes}
+    lazy_decoder = decoder_over(index, fresh_lazy_datastore(index), decoder.config)
+    keys = {"lazy": _stream_run(lazy_decoder, request, "nest"), "precomputed": _stream_run(decoder, request, "nest")}
+    counts = sorted({run["output"]["stats"]["new_tokens"] for run in runs.values()})
+    return {"modes": runs, "keys": keys, "hf": {c: _hf_generate_seconds(decoder.lm, prompt_ids, c) for c in counts}}
 
 
-def _hf_wall_for(runs: Sequence[Mapping[str, Any]], hf_seconds: Mapping[tuple[int, int], float]) -> float:
-    """HF generate seconds for the same prompts and token counts as ``runs``."""
-    return math.fsum(hf_seconds[(i, run["output"]["stats"]["new_tokens"])] for i, run in enumerate(runs))
+def _hf_seconds_for(timings: Sequence[Mapping[str, Any]], mode: str) -> float:
+    """HF generate seconds for the same prompts and token counts as ``mode``'s runs."""
+    return math.fsum(t["hf"][t["modes"][mode]["output"]["stats"]["new_tokens"]] for t in timings)
+
+
+def _hf_summary(timings: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """HF generate totals over every timed (prompt, count): runs, new_tokens, wall_s, tokens_per_s."""
+    tokens = sum(count for t in timings for count in t["hf"])
+    wall = math.fsum(seconds for t in timings for seconds in t["hf"].values())
+    return {
+        "runs": sum(len(t["hf"]) for t in timings),
+        "new_tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": ratio(tokens, wall),
+    }
 
 
 # --------------------------------------------------------------------------- datastore build
@@ -402,7 +414,7 @@ def run_bench(
             for the datastore build measurement.
         config_overrides: :class:`NestConfig` fields (not mode,
             max_new_tokens, use_chat_template).
-        show_progress: tqdm bar over the timed generations.
+        show_progress: tqdm bar over the prompts.
 
     Returns:
         The benchmark (as written to ``bench.json``): run metadata, prompts,
@@ -424,30 +436,20 @@ def run_bench(
     out.mkdir(parents=True, exist_ok=True)
     datastore, precomputed_source = _precomputed_datastore(index, requests, config.passage_k)
     decoder = decoder_over(index, datastore, config)
+    prompt_ids = [_prompt_ids(decoder, prompt) for prompt, _ in requests]
     warm_decoder = decoder_over(index, fresh_lazy_datastore(index), config.updated(max_new_tokens=2))
-    _stream_run(warm_decoder, requests[0], "nest")  # untimed warm-up
+    _stream_run(warm_decoder, requests[0], "nest")  # untimed warm-ups
+    _hf_generate_seconds(index.lm, prompt_ids[0], 2)
+    bar = tqdm(requests, desc="bench", unit="prompt", disable=not show_progress)
+    timings = [_time_prompt(index, decoder, request, ids, modes) for request, ids in zip(bar, prompt_ids)]
 
-    total = len(requests) * (len(modes) + 2)
-    with tqdm(total=total, desc="bench", unit="gen", disable=not show_progress) as bar:
-
-        def timed(run_decoder: NestDecoder, request: Request, mode: str) -> dict[str, Any]:
-            result = _stream_run(run_decoder, request, mode)
-            bar.update()
-            return result
-
-        runs = {mode: [timed(decoder, r, mode) for r in requests] for mode in modes}
-        keys_runs = {
-            "lazy": [timed(decoder_over(index, fresh_lazy_datastore(index), config), r, "nest") for r in requests],
-            "precomputed": [timed(decoder, r, "nest") for r in requests],
-        }
-    hf_seconds, hf = _hf_section(decoder, requests, runs)
-    mode_rows = {mode: _summarize_runs(mode_runs) for mode, mode_runs in runs.items()}
+    mode_rows = {mode: _summarize_runs([t["modes"][mode] for t in timings]) for mode in modes}
     base_wall = mode_rows["base"]["wall_s"] if "base" in mode_rows else None
     for mode, row in mode_rows.items():
-        row["hf_wall_s"] = _hf_wall_for(runs[mode], hf_seconds)
+        row["hf_wall_s"] = _hf_seconds_for(timings, mode)
         row["speedup_vs_hf"] = ratio(row["hf_wall_s"], row["wall_s"])
         row["speedup_vs_base"] = ratio(base_wall, row["wall_s"])
-    keys = {name: _summarize_runs(key_runs) for name, key_runs in keys_runs.items()}
+    keys = {name: _summarize_runs([t["keys"][name] for t in timings]) for name in ("lazy", "precomputed")}
     keys["speedup_precomputed_vs_lazy"] = ratio(keys["lazy"]["wall_s"], keys["precomputed"]["wall_s"])
     build, build_keys = _datastore_build(index, index.passages[:build_passages])
 
@@ -458,7 +460,7 @@ def run_bench(
         "max_new_tokens": max_new_tokens,
         "precomputed_source": precomputed_source,
         "modes": mode_rows,
-        "hf_generate": hf,
+        "hf_generate": _hf_summary(timings),
         "keys": keys,
         "datastore_build": build,
         "memory": _memory(build_keys),

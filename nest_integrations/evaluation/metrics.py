@@ -23,6 +23,8 @@ from typing import Any
 
 from rouge_score import rouge_scorer
 
+from ..attribution import tokens_per_decoding_forward
+
 __all__ = [
     "aggregate",
     "answer_recall",
@@ -470,8 +472,10 @@ def spans_tile_text(output: Mapping[str, Any]) -> bool:
 # --------------------------------------------------------------------------- speed / aggregation
 
 
-def tokens_per_forward(stats: Mapping[str, Any]) -> float:
-    """Generated tokens per target-model forward pass (``new_tokens / forward_passes``).
+def tokens_per_forward(stats: Mapping[str, Any], generations: int = 1) -> float:
+    """Generated tokens per decoding forward pass, the prefill of each of
+    ``generations`` generations excluded (see
+    :func:`nest_integrations.attribution.tokens_per_decoding_forward`).
 
     Plain autoregressive decoding gives about 1.0; speculative decoding more.
 
@@ -488,7 +492,7 @@ def tokens_per_forward(stats: Mapping[str, Any]) -> float:
         )
     if passes == 0:
         raise ValueError("forward_passes is 0; tokens per forward pass is undefined")
-    return new_tokens / passes
+    return tokens_per_decoding_forward(new_tokens, passes, generations)
 
 
 def _is_number(value: Any) -> bool:

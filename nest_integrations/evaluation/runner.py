@@ -290,7 +290,7 @@ def _speed_scores(stats: Mapping[str, Any], first_stage_s: float) -> dict[str, A
     """Latency split (seconds) and token counts from a ``stats`` dict.
 
     ``first_stage_s`` is added to ``wall_s`` and ``retrieval_s``.
-    ``tokens_per_forward`` is ``new_tokens / forward_passes`` (prefill included),
+    ``tokens_per_forward`` is ``new_tokens`` per decoding forward (prefill excluded),
     None when no forward ran.
 
     Raises:
