@@ -38,10 +38,16 @@ class NestConfig(BaseModel):
     rag_passages: int = Field(3, ge=1, description="Passages put in the prompt in rag / ra_nest modes (paper: 3).")
     token_k: int = Field(1024, ge=1, description="Neighbours r kept per kNN search (paper: 1024).")
     min_passage_relevance: float = Field(
-        0.58, ge=-1.0, le=1.0,
-        description="Relevance gate (beyond the paper): passages whose dense cosine similarity to the "
-        "retrieval query is below this are dropped from the token datastore, so NEST falls back to the LM "
-        "when the corpus does not cover the prompt. -1 disables the gate.",
+        0.45, ge=-1.0, le=1.0,
+        description="Relevance gate (beyond the paper, see nest_integrations.relevance): a retrieved passage "
+        "enters the token datastore when its dense cosine similarity to the retrieval query reaches this and the "
+        "query names its title, so NEST falls back to the LM when the corpus does not cover the prompt. "
+        "-1 disables the gate.",
+    )
+    min_passage_relevance_unnamed: float = Field(
+        0.75, ge=-1.0, le=1.0,
+        description="Cosine similarity at which a passage passes the gate even when the query does not name its "
+        "title (SmolLM2 biographies: another person's passage reaches 0.68, e.g. Pierre Curie for 'Marie Curie').",
     )
     # --- mixture ---------------------------------------------------------
     alpha: float = Field(

@@ -50,6 +50,7 @@ from .corpus import Passage
 from .datastore import CandidateSet, EncodeStats, TokenDatastore
 from .lm import KeyReader, cache_argument
 from .mixture import accepted_prefix_length, distance_ratio, knn_distribution, mix, relaxed_accept_ratio, rrc_lambda
+from .relevance import gate
 
 if TYPE_CHECKING:  # pragma: no cover
     from .lm import LoadedLM
@@ -341,8 +342,11 @@ class NestDecoder:
         """Passages allowed into the token datastore: those relevant to the query."""
         if config.min_passage_relevance <= -1.0 or self.relevance is None or not hits or not query.strip():
             return [p for p, _ in hits]
-        scores = self.relevance(query, [p for p, _ in hits])
-        kept = [p for (p, _), s in zip(hits, scores) if s >= config.min_passage_relevance]
+        passages = [p for p, _ in hits]
+        kept = gate(
+            query, passages, self.relevance(query, passages),
+            config.min_passage_relevance, config.min_passage_relevance_unnamed,
+        )
         if len(kept) < len(hits):
             logger.info("relevance gate kept %d of %d passages", len(kept), len(hits))
         return kept
