@@ -14,12 +14,9 @@ crash never leaves a half-written index behind.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -28,6 +25,7 @@ import numpy as np
 
 from .corpus import Passage, load_passages_jsonl, save_passages_jsonl
 from .datastore import PassageEncoder, PrecomputedKeys, TokenDatastore
+from .safe_io import atomic_folder, sha256_file
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import NestConfig
@@ -39,14 +37,6 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _KEY_ARRAYS = ("token_ids", "char_spans", "keys", "valid", "offsets")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class NestIndex:
@@ -185,9 +175,7 @@ class NestIndex:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the index folder atomically (temporary folder, then rename)."""
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
+        with atomic_folder(target) as tmp:
             save_passages_jsonl(self.passages, tmp / "passages.jsonl")
             self.dense.save(tmp)
             pre = self.datastore.precomputed
@@ -215,19 +203,9 @@ class NestIndex:
                     "entries": int(pre.valid.sum()) if pre is not None else 0,
                 },
                 "precomputed_keys": pre is not None,
-                "checksums": {str(p.relative_to(tmp)): _sha256(p) for p in files},
+                "checksums": {str(p.relative_to(tmp)): sha256_file(p) for p in files},
             }
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
-            if target.exists():
-                old = target.with_name(f".{target.name}-old-{os.getpid()}")
-                target.rename(old)
-                tmp.rename(target)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return target
 
     @classmethod
@@ -273,7 +251,7 @@ class NestIndex:
                 file = folder / rel
                 if not file.is_file():
                     raise ValueError(f"{folder} is incomplete: {rel} is missing")
-                if _sha256(file) != expected:
+                if sha256_file(file) != expected:
                     raise ValueError(f"{folder} is corrupted: {rel} does not match its checksum")
         if lm is None:
             lm = load_lm(manifest["lm"]["name"])

@@ -14,12 +14,9 @@ Saved folders hold no pickle: ``documents.json`` (ids, texts, metadata),
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -33,6 +30,7 @@ from langchain_core.vectorstores.utils import maximal_marginal_relevance
 from typing_extensions import Self
 
 from ..corpus import Passage
+from ..safe_io import atomic_folder, sha256_file
 from ._common import cosine_to, document_to_passage
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,13 +48,6 @@ _MANIFEST_FILE = "manifest.json"
 MetadataFilter = Union[Callable[[Document], bool], dict[str, Any]]
 """A document predicate, or metadata values that must all match exactly."""
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _matches(document: Document, filter: Optional[MetadataFilter]) -> bool:
@@ -360,9 +351,7 @@ class NestVectorStore(VectorStore):
             payload = json.dumps({"documents": records}, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as err:
             raise ValueError(f"cannot save the store: document metadata must be JSON-serialisable ({err})") from err
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
+        with atomic_folder(target) as tmp:
             (tmp / _DOCUMENTS_FILE).write_text(payload, encoding="utf-8")
             np.save(tmp / _VECTORS_FILE, np.ascontiguousarray(matrix, dtype=np.float32), allow_pickle=False)
             manifest = {
@@ -373,19 +362,9 @@ class NestVectorStore(VectorStore):
                 "embeddings": type(self.embedding).__name__,
                 "key_layer": self.key_layer,
                 "encoding_prefix": self.encoding_prefix,
-                "checksums": {name: _sha256(tmp / name) for name in (_DOCUMENTS_FILE, _VECTORS_FILE)},
+                "checksums": {name: sha256_file(tmp / name) for name in (_DOCUMENTS_FILE, _VECTORS_FILE)},
             }
             (tmp / _MANIFEST_FILE).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-            if target.exists():
-                old = target.with_name(f".{target.name}-old-{os.getpid()}")
-                target.rename(old)
-                tmp.rename(target)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return target
 
     @classmethod
@@ -415,7 +394,7 @@ class NestVectorStore(VectorStore):
             path = base / name
             if not path.is_file():
                 raise ValueError(f"{base} is incomplete: {name} is missing")
-            if _sha256(path) != manifest["checksums"].get(name):
+            if sha256_file(path) != manifest["checksums"].get(name):
                 raise ValueError(f"{base} has been modified or corrupted: {name} does not match its sha256 in {_MANIFEST_FILE}")
         try:
             records = json.loads((base / _DOCUMENTS_FILE).read_text(encoding="utf-8"))["documents"]
