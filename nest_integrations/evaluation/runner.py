@@ -133,15 +133,20 @@ def check_modes(modes: Iterable[str]) -> tuple[str, ...]:
     Raises:
         ValueError: if ``modes`` is empty, repeats a mode, or names an unknown one.
     """
-    modes = tuple(modes)
-    if not modes:
-        raise ValueError("at least one mode is needed")
-    unknown = [m for m in modes if m not in MODES]
+    return _checked_choices(modes, MODES, "mode")
+
+
+def _checked_choices(values: Iterable[str], allowed: Sequence[str], what: str) -> tuple[str, ...]:
+    """``values`` as a tuple: non-empty, without repeats, each one of ``allowed`` (else ValueError)."""
+    values = tuple(values)
+    if not values:
+        raise ValueError(f"at least one {what} is needed")
+    unknown = [v for v in values if v not in allowed]
     if unknown:
-        raise ValueError(f"unknown modes {unknown}; choose from {MODES}")
-    if len(set(modes)) != len(modes):
-        raise ValueError(f"modes repeat: {list(modes)}")
-    return modes
+        raise ValueError(f"unknown {what}s {unknown}; choose from {tuple(allowed)}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{what}s repeat: {list(values)}")
+    return values
 
 
 def _check_conditions(
@@ -155,14 +160,7 @@ def _check_conditions(
     """
     if conditions is None:
         conditions = CONDITIONS if task == "bio" else ("present",)
-    conditions = tuple(conditions)
-    if not conditions:
-        raise ValueError("at least one condition is needed")
-    unknown = [c for c in conditions if c not in CONDITIONS]
-    if unknown:
-        raise ValueError(f"unknown conditions {unknown}; choose from {CONDITIONS}")
-    if len(set(conditions)) != len(conditions):
-        raise ValueError(f"conditions repeat: {list(conditions)}")
+    conditions = _checked_choices(conditions, CONDITIONS, "condition")
     if "absent" in conditions and any("passage_id" not in item.meta for item in items):
         raise ValueError(f"the absent condition needs items with a source passage; {task!r} items have none")
     return conditions
