@@ -127,12 +127,17 @@ def retrieve(
     query: str = typer.Argument(..., help="Query text."),
     k: int = typer.Option(5, help="Passages to return."),
     tokens: bool = typer.Option(True, help="Also show each passage's token-datastore statistics."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per passage instead of a table."),
 ) -> None:
     """First-stage retrieval: the top passages for a query."""
     index = _load_index(path)
     if k < 1:
         _fail("--k must be at least 1")
     hits = index.retrieve(query, k)
+    if as_json:
+        for rank, (passage, score) in enumerate(hits, 1):
+            sys.stdout.write(json.dumps({"rank": rank, "score": score, **passage.to_dict()}, ensure_ascii=False) + "\n")
+        return
     if not hits:
         console.print("No passage matches.")
         return
