@@ -327,16 +327,12 @@ class NestDecoder:
         return users[-1] if users else (prompt[-1]["content"] if prompt else "")
 
     # ------------------------------------------------------------------ retrieval
-    def _retrieve(self, gen: _Generation, prompt: PromptLike, query: Optional[str], passages: Optional[ScoredPassages]) -> list[tuple[Passage, float]]:
-        config = gen.config
+    def _retrieve(self, query: str, passages: Optional[ScoredPassages], config: NestConfig) -> list[tuple[Passage, float]]:
         if passages is not None:
             return list(passages)[: config.passage_k]
-        if self.retriever is None:
+        if self.retriever is None or not query.strip():
             return []
-        q = query if query is not None else self._default_query(prompt)
-        if not q.strip():
-            return []
-        return list(self.retriever.retrieve(q, config.passage_k))
+        return list(self.retriever.retrieve(query, config.passage_k))
 
     def _gate(self, query: str, hits: list[tuple[Passage, float]], config: NestConfig) -> list[Passage]:
         """Passages allowed into the token datastore: those relevant to the query."""
@@ -359,12 +355,12 @@ class NestDecoder:
         context: list[Passage] = []
         if config.mode != "base":
             t0 = time.perf_counter()
-            hits = self._retrieve(gen, prompt, query, passages)
+            q = query if query is not None else self._default_query(prompt)
+            hits = self._retrieve(q, passages, config)
             stats.retrieval_s = time.perf_counter() - t0
             if config.uses_prompt_passages:
                 context = [p for p, _ in hits[: config.rag_passages]]
             if config.uses_datastore:
-                q = query if query is not None else self._default_query(prompt)
                 gated = self._gate(q, hits, config)
                 stats.retrieval_s = time.perf_counter() - t0
                 gen.candidates = self._candidates(gated, config, stats)

@@ -78,6 +78,8 @@ class NestIndex:
             sparse = BM25Retriever(self.passages)
             self.retriever = sparse if retriever_kind == "bm25" else HybridRetriever(dense, sparse)
         self.encoding_prefix = encoding_prefix
+        self.precompute_rate: Optional[float] = None
+        """Tokens per second of the last key precomputation (None when keys are lazy)."""
         self._label_of = {p.id: i for i, p in enumerate(self.passages)}
         self._vector_cache: dict[tuple[str, str], np.ndarray] = {}
         self.datastore = TokenDatastore(self.passages, PassageEncoder(lm, key_layer, encoding_prefix), cache_mb=cache_mb)
@@ -107,9 +109,6 @@ class NestIndex:
         if precompute_keys:
             index.precompute_rate = index.datastore.precompute(show_progress=show_progress)
         return index
-
-    precompute_rate: Optional[float] = None
-    """Tokens per second of the last key precomputation (None when keys are lazy)."""
 
     # ------------------------------------------------------------------ use
     def relevance(self, query: str, passages: Sequence[Passage]) -> list[float]:
