@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Literal, Optional, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -56,6 +56,11 @@ class GenerationStats(BaseModel):
     decode_s: float = 0.0
     prompt_tokens: int = 0
     prompt_truncated: bool = False
+    finish_reason: Optional[Literal["eos", "stop", "length", "source_end"]] = Field(
+        None,
+        description="Why the generation ended: the LM's end-of-sequence token, a stop string, max_new_tokens, "
+        "or copying reached the end of its source (NestConfig.stop_at_source_end).",
+    )
 
     @property
     def tokens_per_forward(self) -> float:

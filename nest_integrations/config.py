@@ -69,6 +69,13 @@ class NestConfig(BaseModel):
     span_length: int = Field(64, ge=1, le=512, description="Span proposal length n in tokens (paper: 64).")
     gamma: float = Field(5e-4, gt=0, le=1.0, description="Relaxed acceptance leniency; smaller accepts more (paper: 5e-4 for 7B).")
     ra_gamma: float = Field(0.5, gt=0, le=1.0, description="gamma in ra_nest mode, passages also in the prompt (paper: 0.5).")
+    stop_at_source_end: bool = Field(
+        True,
+        description="End the generation when copying reaches the last token of its source passage and no "
+        "retrieved passage continues it (a later chunk of the same document). Beyond the paper, which goes on "
+        "with the LM: after a fully copied source the LM writes alone, and a small LM mostly invents (README: "
+        "Knowing when to stop). Applies to nest and ra_nest.",
+    )
     accept_threshold: float = Field(0.5, gt=0.0, lt=1.0, description="Deterministic acceptance when the ratio exceeds this.")
     # --- generation ------------------------------------------------------
     max_new_tokens: int = Field(128, ge=0, description="Tokens to generate at most.")
@@ -78,7 +85,13 @@ class NestConfig(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling mass (do_sample only).")
     seed: Optional[int] = Field(None, description="Seed of the sampler; None draws from torch's global state.")
     use_chat_template: bool = Field(True, description="Wrap prompts in the model's chat template when it has one.")
-    system_prompt: Optional[str] = Field(None, description="System message for the chat template (None: the template's default).")
+    system_prompt: Optional[str] = Field(
+        "",
+        description="System message for the chat template; None keeps the template's default. The default is an "
+        "empty system turn: SmolLM2's built-in one ('You are a helpful AI assistant named SmolLM...') makes the LM, "
+        "writing alone, garble the subject's name more often (300 biographies: 8.7% of outputs open with another "
+        "name, 6.0% with the empty turn).",
+    )
     max_prompt_tokens: Optional[int] = Field(
         None, ge=1,
         description="Longer prompts keep their last tokens (documented truncation); None: the model's context "

@@ -19,6 +19,10 @@ Then (section 3-4), in ``nest`` / ``ra_nest``:
 * A fully accepted span is continued from the same passage without a new
   span selection; copied entries are masked so a span is not copied twice.
 
+Beyond the paper, generation ends when copying reaches the last token of its
+passage and no retrieved passage continues it (``stop_at_source_end``): what a
+small LM writes after a fully copied source is its own, and mostly invented.
+
 Batched generation is sequential (one prompt after another, each advancing by
 its own accepted length); on a CPU the forward of one sequence already keeps
 the cores busy, and sequences of very different accepted lengths would waste
@@ -118,8 +122,11 @@ class _Generation:
     text: str = ""
     stats: GenerationStats = field(default_factory=GenerationStats)
     candidates: Optional[CandidateSet] = None
-    passages: list[Passage] = field(default_factory=list)
     finished: bool = False
+
+    def finish(self, reason: str) -> None:
+        self.finished = True
+        self.stats.finish_reason = reason  # type: ignore[assignment]
 
 
 class NestDecoder:
@@ -380,6 +387,7 @@ class NestDecoder:
         stats = gen.stats
         prompt_ids = self._prompt_ids(self.format_prompt(prompt, config, context), config, stats)
         if config.max_new_tokens == 0:
+            gen.finish("length")
             return
         t_decode = time.perf_counter()
         generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
@@ -525,11 +533,11 @@ class NestDecoder:
         return int(torch.multinomial(probs, 1, generator=generator))
 
     def _commit(self, gen: _Generation, records: Sequence[TokenRecord]) -> None:
-        """Append accepted tokens; stop at EOS, a stop string or max_new_tokens."""
+        """Append accepted tokens; stop at EOS, a stop string, max_new_tokens or the end of the source."""
         tokenizer = self.lm.tokenizer
         for record in records:
             if record.token_id in self._eos_ids:
-                gen.finished = True
+                gen.finish("eos")
                 return
             gen.records.append(record)
             gen.ids.append(record.token_id)
@@ -539,11 +547,30 @@ class NestDecoder:
             partial = text.endswith("\ufffd")
             gen.boundaries.append((gen.boundaries[-1] if gen.boundaries else 0) if partial else len(text))
             gen.text = text
-            if record.passage_index is not None and gen.candidates is not None:
-                gen.candidates.mark_used(record.passage_index, record.position, record.position)  # type: ignore[arg-type]
-            if any(s in gen.text for s in gen.config.stop) or len(gen.records) >= gen.config.max_new_tokens:
-                gen.finished = True
+            copied = record.passage_index is not None and gen.candidates is not None
+            if copied:
+                gen.candidates.mark_used(record.passage_index, record.position, record.position)  # type: ignore[union-attr, arg-type]
+            if any(s in gen.text for s in gen.config.stop):
+                gen.finish("stop")
+            elif len(gen.records) >= gen.config.max_new_tokens:
+                gen.finish("length")
+            elif copied and gen.config.stop_at_source_end and self._source_exhausted(gen.candidates, record):  # type: ignore[arg-type]
+                gen.finish("source_end")
+            if gen.finished:
                 return
+
+    def _source_exhausted(self, candidates: CandidateSet, record: TokenRecord) -> bool:
+        """Whether ``record`` copied the last token of its passage and no candidate
+        passage continues it (a later chunk of the same document)."""
+        pidx = int(record.passage_index)  # type: ignore[arg-type]
+        if record.position != len(candidates.passage(pidx).token_ids) - 1:
+            return False
+        passages = self.datastore.passages  # type: ignore[union-attr]
+        here = passages[pidx]
+        return not here.doc_id or not any(
+            passages[q].doc_id == here.doc_id and passages[q].doc_char_start > here.doc_char_start
+            for q in candidates.passage_indices
+        )
 
     # ------------------------------------------------------------------ output
     def _final_text(self, gen: _Generation) -> str:

@@ -17,6 +17,8 @@ from nest_integrations.mixture import knn_distribution, mix, rrc_lambda
 PROMPT = "Tell me about the comet catalogue."
 # Retrieval dominates: lambda ~ 0 at every step, and acceptance is lenient.
 COPY = dict(alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6)
+UNIQUE = "Quixotic zebras juggle seventeen luminous marmalade jars beneath Harrogate."
+KEEPER = " Their keeper, Ottoline Frump, counts every jar at dawn."
 
 
 class ListRetriever:
@@ -94,13 +96,34 @@ def test_copied_spans_are_verbatim_and_tile_the_output(decoder, small_passages):
 
 
 def test_unique_sentence_is_copied_verbatim_and_cited(tiny_lm):
-    unique = Passage(id="u1", title="Unique", text="Quixotic zebras juggle seventeen luminous marmalade jars beneath Harrogate.")
+    unique = Passage(id="u1", title="Unique", text=UNIQUE)
     other = Passage(id="o1", title="Other", text="Rain fell on the quiet town for most of the afternoon.")
     store = TokenDatastore([unique, other], PassageEncoder(tiny_lm))
     dec = NestDecoder(tiny_lm, store, ListRetriever([unique, other]))
     out = dec.generate("Quixotic zebras", max_new_tokens=20, use_chat_template=False, **COPY)
     copied = "".join(s.text for s in out.copied_spans if s.source.id == "u1")
     assert "juggle seventeen luminous marmalade jars" in copied
+
+
+def test_generation_stops_where_its_source_ends(tiny_lm):
+    unique = Passage(id="u1", title="Unique", text=UNIQUE)
+    dec = NestDecoder(tiny_lm, TokenDatastore([unique], PassageEncoder(tiny_lm)), ListRetriever([unique]))
+    out = dec.generate("Quixotic zebras", max_new_tokens=40, use_chat_template=False, **COPY)
+    assert out.text.endswith("beneath Harrogate.") and out.stats.finish_reason == "source_end"
+    assert out.stats.new_tokens < 40
+    longer = dec.generate("Quixotic zebras", max_new_tokens=40, use_chat_template=False, stop_at_source_end=False, **COPY)
+    assert longer.stats.new_tokens == 40 and longer.stats.finish_reason == "length"
+    assert longer.text.startswith(out.text)
+
+
+def test_a_later_chunk_of_the_same_document_keeps_copying_going(tiny_lm):
+    first = Passage(id="d#0", title="Zebras", text=UNIQUE, doc_id="d")
+    second = Passage(id="d#1", title="Zebras", text=KEEPER, doc_id="d", doc_char_start=len(UNIQUE))
+    dec = NestDecoder(tiny_lm, TokenDatastore([first, second], PassageEncoder(tiny_lm)), ListRetriever([first, second]))
+    out = dec.generate("Quixotic zebras", max_new_tokens=40, use_chat_template=False, **COPY)
+    assert "beneath Harrogate." in out.text and not out.text.endswith("beneath Harrogate.")
+    alone = NestDecoder(tiny_lm, dec.datastore, ListRetriever([first]))
+    assert alone.generate("Quixotic zebras", max_new_tokens=40, use_chat_template=False, **COPY).stats.finish_reason == "source_end"
 
 
 def test_speculation_saves_forward_passes(decoder):

@@ -125,7 +125,12 @@ class ChatNest(NestModelBase, BaseChatModel):
             yield chunk
 
     def _response_metadata(self, output: "NestOutput") -> dict[str, Any]:
-        return {**output.to_dict(), "model_name": self.model, "model_provider": "nest"}
+        return {
+            **output.to_dict(),
+            "finish_reason": output.stats.finish_reason,
+            "model_name": self.model,
+            "model_provider": "nest",
+        }
 
 
 def _to_prompt(messages: list[BaseMessage]) -> tuple[list[dict[str, str]], str]:

@@ -72,7 +72,8 @@ class NestLLM(NestModelBase, BaseLLM):
         generations = []
         for prompt in prompts:
             output = self._nest_generate(prompt, prompt, stop, kwargs)
-            generations.append([Generation(text=output.text, generation_info=output.to_dict())])
+            info = {**output.to_dict(), "finish_reason": output.stats.finish_reason}
+            generations.append([Generation(text=output.text, generation_info=info)])
         return LLMResult(generations=generations, llm_output={"model_name": self.model})
 
     def _chunks(self, prompt: str, stop: Optional[list[str]], kwargs: dict[str, Any]) -> Iterator[GenerationChunk]:
