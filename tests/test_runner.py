@@ -11,7 +11,7 @@ import pytest
 from nest_integrations.config import MODES
 from nest_integrations.corpus import load_wikipedia_summaries
 from nest_integrations.evaluation.bench import BENCH_MODES, run_bench, run_sweep
-from nest_integrations.evaluation.runner import TASK_METRICS, run_eval, score_item
+from nest_integrations.evaluation.runner import TASK_METRICS, run_eval, score_item, summarize_records
 from nest_integrations.evaluation.tasks import EvalItem
 from nest_integrations.index import NestIndex
 
@@ -143,6 +143,16 @@ def test_bio_metrics_are_in_range(bio_run):
         assert row["count"] == 3 and 0.0 <= row["attribution_ratio"] <= 1.0 and row["speedup_vs_base"] > 0
         if row["mode"] == "base":
             assert row["speedup_vs_base"] == pytest.approx(1.0)
+
+
+def test_speedup_vs_base_is_per_generated_token():
+    # nest stops after 5 tokens in 0.5 s; base writes 10 in 2 s: twice base's tokens/s, not 4x its wall time.
+    records = [
+        {"mode": "base", "condition": "present", "metrics": {"wall_s": 2.0, "new_tokens": 10}},
+        {"mode": "nest", "condition": "present", "metrics": {"wall_s": 0.5, "new_tokens": 5}},
+    ]
+    rows = summarize_records(records, "bio", ["base", "nest"], ["present"])
+    assert [row["speedup_vs_base"] for row in rows] == [pytest.approx(1.0), pytest.approx(2.0)]
 
 
 def test_absent_condition_never_retrieves_the_own_passage(bio_run):

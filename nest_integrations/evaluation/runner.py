@@ -111,6 +111,7 @@ _SHARED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("span_integrity", "span integrity"),
     ("datastore_fallback", "LM fallback"),
     ("tokens_per_forward", "tok/fwd"),
+    ("new_tokens", "new tok"),
     ("wall_s", "wall s"),
     ("speedup_vs_base", "speed vs base"),
 )
@@ -120,7 +121,8 @@ PROTOCOL = (
     "hits are retrieved once per item and condition and shared by all modes, their time added to "
     "wall_s and retrieval_s of every non-base mode; lazy-key indexes give each generation a fresh "
     "datastore (encode_s is paid per generation), precomputed ones are read as they are; "
-    "one untimed warm-up generation; speedup_vs_base = base wall_s / mode wall_s (means, same condition)."
+    "one untimed warm-up generation; speedup_vs_base = mode tokens/s / base tokens/s (new_tokens / wall_s, "
+    "same condition), so a mode that stops earlier gains nothing from writing less."
 )
 
 
@@ -495,15 +497,16 @@ def summarize_records(
 ) -> list[dict[str, Any]]:
     """One row per mode x condition (mode-major): ``mode``, ``condition`` and the
     :func:`aggregate` means of :func:`metric_keys`, plus ``speedup_vs_base``
-    (base mean wall_s / mode mean wall_s in the same condition; None without base)."""
+    (mode tokens per wall second / base tokens per wall second in the same
+    condition, so per generated token; None without base)."""
     rows = []
     for mode in modes:
         for condition in conditions:
             metrics = [r["metrics"] for r in records if r["mode"] == mode and r["condition"] == condition]
             rows.append({"mode": mode, "condition": condition, **aggregate(metrics, metric_keys(task))})
-    base_wall = {row["condition"]: row["wall_s"] for row in rows if row["mode"] == "base"}
+    base_rate = {row["condition"]: ratio(row["new_tokens"], row["wall_s"]) for row in rows if row["mode"] == "base"}
     for row in rows:
-        row["speedup_vs_base"] = ratio(base_wall.get(row["condition"]), row["wall_s"])
+        row["speedup_vs_base"] = ratio(ratio(row["new_tokens"], row["wall_s"]), base_rate.get(row["condition"]))
     return rows
 
 
