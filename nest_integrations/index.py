@@ -80,7 +80,6 @@ class NestIndex:
         self.encoding_prefix = encoding_prefix
         self.precompute_rate: Optional[float] = None
         """Tokens per second of the last key precomputation (None when keys are lazy)."""
-        self._label_of = {p.id: i for i, p in enumerate(self.passages)}
         self._vector_cache: dict[tuple[str, str], np.ndarray] = {}
         self.datastore = TokenDatastore(self.passages, PassageEncoder(lm, key_layer, encoding_prefix), cache_mb=cache_mb)
 
@@ -114,8 +113,8 @@ class NestIndex:
     def relevance(self, query: str, passages: Sequence[Passage]) -> list[float]:
         """Cosine similarity of each passage to ``query`` under the dense embedder.
 
-        Passage vectors come from the dense index when it stores them exactly
-        (``Flat``), else they are embedded once and cached: the gate runs on
+        Passage vectors come from :meth:`DenseRetriever.passage_vectors` (read
+        back from a flat index, else embedded) and are cached: the gate runs on
         every generation, and re-embedding 8 passages costs ~0.5 s on 2 cores.
         """
         if not passages:
@@ -124,22 +123,12 @@ class NestIndex:
         return [float(v) for v in self._passage_vectors(passages) @ q]
 
     def _passage_vectors(self, passages: Sequence[Passage]) -> np.ndarray:
-        """float32 (n, d) L2-normalised embeddings of ``passages``."""
-        from .retrieval.base import index_text
-        from .retrieval.dense import embed_texts
-
-        missing = [p for p in passages if (p.id, p.text) not in self._vector_cache]
+        """float32 (n, d) L2-normalised embeddings of ``passages``, cached by (id, text)."""
+        missing = list({(p.id, p.text): p for p in passages if (p.id, p.text) not in self._vector_cache}.values())
         if missing:
-            exact = "Flat" in self.dense.index_factory and "PQ" not in self.dense.index_factory
-            for p in missing:
-                label = self._label_of.get(p.id)
-                if exact and label is not None and self.passages[label].text == p.text:
-                    self._vector_cache[(p.id, p.text)] = self.dense._index.reconstruct(label)
-            rest = [p for p in missing if (p.id, p.text) not in self._vector_cache]
-            if rest:
-                vectors = embed_texts(self.dense._embedder, [index_text(p) for p in rest])
-                self._vector_cache.update({(p.id, p.text): v for p, v in zip(rest, vectors)})
-        return np.stack([self._vector_cache[(p.id, p.text)] for p in passages]).astype(np.float32)
+            vectors = self.dense.passage_vectors(missing)
+            self._vector_cache.update({(p.id, p.text): v for p, v in zip(missing, vectors)})
+        return np.stack([self._vector_cache[(p.id, p.text)] for p in passages])
 
     def retrieve(self, query: str, k: int, *, exclude_ids: Sequence[str] = ()) -> list[tuple[Passage, float]]:
         """Top-k passages for ``query``, skipping ``exclude_ids`` (for source-absent evaluation)."""

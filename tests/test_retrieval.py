@@ -120,6 +120,21 @@ def test_dense_scores_are_cosine_similarities(dense, embedder, passages):
     assert score == pytest.approx(float(q[0] @ doc / np.linalg.norm(doc)), abs=1e-5)
 
 
+def test_passage_vectors_read_back_indexed_passages_and_embed_the_rest(dense, embedder, passages):
+    indexed = passages[3]
+    edited = Passage(id=indexed.id, title=indexed.title, text=indexed.text + " Edited.")
+    unseen = Passage(id="unseen", title="Unseen", text="A passage that is not in the index.")
+    calls_before = len(embedder.cache)
+    vectors = dense.passage_vectors([indexed, edited, unseen])
+    assert vectors.dtype == np.float32 and vectors.shape == (3, 384) and vectors.flags.c_contiguous
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+    assert len(embedder.cache) == calls_before + 2, "only the edited and the unseen passage are embedded"
+    for row, passage in enumerate([indexed, edited, unseen]):
+        doc = embedder.encode([f"{passage.title}: {passage.text}"])[0]
+        np.testing.assert_allclose(vectors[row], doc / np.linalg.norm(doc), atol=1e-5)
+    assert dense.passage_vectors([]).shape == (0, 384)
+
+
 def test_bm25_tiny_corpus():
     tiny = BM25Retriever([Passage("a", "the and of"), Passage("b", "Cats sat on mats.")])
     assert _ids(tiny.retrieve("cats", 10)) == ["b"]

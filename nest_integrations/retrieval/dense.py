@@ -242,12 +242,17 @@ class DenseRetriever(BatchRetrieverMixin):
         """Set every attribute except the FAISS index (shared by __init__ and load)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self._passages = check_passages(passages)
+        self._set_passages(check_passages(passages))
         self._embedder, self.embedder_name, self._embedder_kind = _resolve_embedder(embedder)
         self.index_factory = index_factory
         self.batch_size = batch_size
         self.show_progress = show_progress
         self.nprobe = nprobe
+
+    def _set_passages(self, passages: list[Passage]) -> None:
+        """Set the passages in FAISS label order and the id -> label map."""
+        self._passages = passages
+        self._label_of = {p.id: label for label, p in enumerate(passages)}
 
     def _build(self, passages: Sequence[Passage]) -> "faiss.Index":
         vectors = embed_texts(
@@ -281,6 +286,31 @@ class DenseRetriever(BatchRetrieverMixin):
             raise ValueError(f"embedder dimension {vectors.shape[1]} does not match the index dimension {self.dim}")
         return vectors
 
+    def passage_vectors(self, passages: Sequence[Passage]) -> np.ndarray:
+        """L2-normalised embeddings of ``passages``: float32, C-contiguous, shape (len(passages), dim).
+
+        An indexed passage (same id and text) is read back from a flat FAISS
+        index, which stores its vectors exactly, without an embedder call; any
+        other passage (not indexed, edited, or under a compressing or graph
+        index) is embedded.
+        """
+        import faiss
+
+        passages = list(passages)
+        vectors = np.zeros((len(passages), self.dim), dtype=np.float32)
+        stored = isinstance(faiss.downcast_index(self._index), faiss.IndexFlat)
+        to_embed = []
+        for row, passage in enumerate(passages):
+            label = self._label_of.get(passage.id) if stored else None
+            if label is not None and self._passages[label].text == passage.text:
+                vectors[row] = self._index.reconstruct(label)
+            else:
+                to_embed.append(row)
+        if to_embed:
+            texts = [index_text(passages[row]) for row in to_embed]
+            vectors[to_embed] = embed_texts(self._embedder, texts, batch_size=self.batch_size)
+        return vectors
+
     def _retrieve_nonempty(self, queries: list[str], k: int) -> list[list[ScoredPassage]]:
         scores, labels = self._index.search(self.embed_queries(queries), min(k, len(self._passages)))
         return [
@@ -300,7 +330,7 @@ class DenseRetriever(BatchRetrieverMixin):
         if vectors.shape[1] != self.dim:
             raise ValueError(f"embedder dimension {vectors.shape[1]} does not match the index dimension {self.dim}")
         self._index.add(vectors)
-        self._passages = combined
+        self._set_passages(combined)
 
     def remove(self, ids: Sequence[str]) -> None:
         """Remove passages by id by re-embedding the rest and rebuilding the index.
@@ -310,7 +340,7 @@ class DenseRetriever(BatchRetrieverMixin):
         """
         kept = without_ids(self._passages, ids)
         self._index = self._build(kept)
-        self._passages = kept
+        self._set_passages(kept)
 
     # -- persistence --------------------------------------------------------
 
