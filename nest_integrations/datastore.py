@@ -33,7 +33,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
@@ -288,6 +288,33 @@ class TokenDatastore:
             self.passages.append(passage)
             self._index_by_id[passage.id] = len(self.passages) - 1
             return len(self.passages) - 1
+
+    def remove(self, passage_ids: Iterable[str]) -> int:
+        """Forget passages by id; unknown ids are ignored. Returns how many were removed.
+
+        Indices are never reused: a removed passage's slot stays (so generations
+        already running over it finish undisturbed, and every other passage keeps
+        its cached or precomputed keys), but its id no longer resolves and its
+        lazily cached keys are freed. Adding the id again gives a fresh index.
+        Precomputed rows of removed passages stay in the arrays.
+        """
+        removed = 0
+        with self._lock:
+            for passage_id in passage_ids:
+                index = self._index_by_id.pop(passage_id, None)
+                if index is None:
+                    continue
+                removed += 1
+                encoded = self._cache.pop(index, None)
+                if encoded is not None:
+                    self._cached_bytes -= encoded.nbytes
+        return removed
+
+    def live_passages(self) -> list[Passage]:
+        """The passages their ids resolve to, in index order (removed passages and
+        replaced versions left out)."""
+        with self._lock:
+            return [self.passages[i] for i in sorted(self._index_by_id.values())]
 
     def index_of(self, passage_id: str) -> int | None:
         return self._index_by_id.get(passage_id)

@@ -119,6 +119,18 @@ def test_dynamic_passages_enter_lazily(tiny_datastore):
     assert changed == 4 and len(tiny_datastore.candidates([changed])) > 0
 
 
+def test_removing_a_passage_keeps_the_others_keys(tiny_datastore):
+    tiny_datastore.fetch([0, 1, 2])
+    turing_keys = tiny_datastore.fetch([1])[0]
+    assert tiny_datastore.remove(["curie", "no-such-id"]) == 1
+    assert tiny_datastore.index_of("curie") is None and tiny_datastore.index_of("turing") == 1
+    assert [p.id for p in tiny_datastore.live_passages()] == ["turing", "zoe"]
+    stats = EncodeStats()
+    assert tiny_datastore.fetch([1], stats)[0] is turing_keys and stats.encoded_passages == 0
+    assert 0 not in tiny_datastore._cache
+    assert tiny_datastore.add(Passage(id="curie", text="Marie Curie, again.")) == 3, "a removed id comes back on a fresh index"
+
+
 def test_empty_and_unicode_passages(tiny_lm):
     store = TokenDatastore([Passage(id="e", text="x"), Passage(id="u", text="Ωμέγα ☃ 東京 — naïve café")], PassageEncoder(tiny_lm))
     assert len(store.candidates([0])) == 1  # its single token, after the chat prefix

@@ -35,5 +35,5 @@ class TestNestVectorStoreWithDatastore(VectorStoreIntegrationTests):
             yield store
         finally:
             live = {doc.id: doc.page_content for doc in store.similarity_search("any", k=len(store))}
-            assert {p.id: p.text for p in store.token_datastore().passages} == live
+            assert {p.id: p.text for p in store.token_datastore().live_passages()} == live
             store.delete()

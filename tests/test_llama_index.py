@@ -341,10 +341,13 @@ def test_vector_store_keeps_the_token_datastore_in_step(tiny_lm, store_nodes):
     assert store.token_datastore() is datastore and [p.id for p in datastore.passages] == ["a", "b", "c", "d"]
     assert datastore.passages[0].metadata["topic"] == "People" and datastore.passages[0].doc_id == "doc1"
     store.delete("doc1")
-    assert [p.id for p in store.token_datastore().passages] == ["c", "d"]
-    datastore = store.token_datastore()
-    store.add([store_nodes[2]])  # replacing a node rebuilds the datastore
-    assert store.token_datastore() is not datastore and [p.id for p in store.token_datastore().passages] == ["c", "d"]
+    assert store.token_datastore() is datastore and [p.id for p in datastore.live_passages()] == ["c", "d"]
+    assert [datastore.index_of(i) for i in ("c", "d")] == [2, 3], "the remaining nodes keep their slots and keys"
+    replaced = store_nodes[2].model_copy()
+    replaced.set_content("Replaced text.")
+    store.add([replaced])
+    assert store.token_datastore() is datastore and [p.id for p in datastore.live_passages()] == ["d", "c"]
+    assert datastore.passages[datastore.index_of("c")].text == "Replaced text."
     other = make_tiny_lm(tiny_lm.tokenizer, seed=1)
     with pytest.raises(ValueError, match="other weights"):
         store.token_datastore(other)
@@ -356,7 +359,7 @@ def test_nest_index_shares_the_store_datastore(llm, nest_index):
     llm.complete(PROMPT)
     store = nest_index.vector_store
     assert store.lm is llm.lm
-    assert {p.id for p in store.token_datastore().passages} == set(node_texts(store))
+    assert {p.id for p in store.token_datastore().live_passages()} == set(node_texts(store))
 
 
 def test_persist_round_trip_through_storage_context(tmp_path, nest_index):

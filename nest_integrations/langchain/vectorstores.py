@@ -83,10 +83,9 @@ class NestVectorStore(VectorStore):
     map them to ``[0, 1]``. Searches accept ``filter=``: a ``Document -> bool``
     predicate or a dict of metadata values that must match.
 
-    Adding a new id registers its passage in the token datastore; replacing a
-    document's content or metadata, or deleting documents, drops the datastore,
-    which is rebuilt from the live documents on next use (cached keys of the
-    remaining documents are recomputed lazily).
+    The token datastore follows every change: an added or replaced document
+    enters it (new text is encoded lazily, on first retrieval), a deleted one
+    leaves it, and the other documents keep their cached keys.
     """
 
     def __init__(
@@ -167,15 +166,11 @@ class NestVectorStore(VectorStore):
 
     def _upsert(self, document: Document, vector: np.ndarray) -> None:
         assert document.id is not None
-        old = self._documents.get(document.id)
         self._documents[document.id] = document
         self._vectors[document.id] = vector.copy()  # not a view that keeps the whole batch alive
-        if self._datastore is None:
-            return
-        if old is None:
+        if self._datastore is not None:
+            # New text gets a fresh datastore slot; same text keeps its keys and takes the new metadata.
             self._datastore.add(document_to_passage(document))
-        elif (old.page_content, old.metadata) != (document.page_content, document.metadata):
-            self._datastore = None  # rebuilt from the live documents on next use
 
     def delete(self, ids: Optional[list[str]] = None, **kwargs: Any) -> bool:
         """Delete documents by id (all when ``ids`` is None); unknown ids are ignored."""
@@ -186,7 +181,8 @@ class NestVectorStore(VectorStore):
                 del self._vectors[doc_id]
             if doomed:
                 self._matrix = None
-                self._datastore = None
+                if self._datastore is not None:
+                    self._datastore.remove(doomed)
         return True
 
     # ------------------------------------------------------------------ reads

@@ -90,9 +90,9 @@ class NestVectorStore(BasePydanticVectorStore):
         llm = NestLLM("default", retriever=index)  # shares the store's token datastore
 
     The token datastore (:meth:`token_datastore`) is created for an LM on first
-    use; nodes added later enter it at once (their keys are computed lazily, on
-    first retrieval), and deleting or replacing nodes rebuilds it from the
-    current nodes (cached keys are then recomputed on demand).
+    use and follows every change: added or replaced nodes enter it at once
+    (new text is encoded lazily, on first retrieval), deleted ones leave it,
+    and the other nodes keep their cached keys.
 
     Args:
         lm: the LM whose hidden states are the datastore keys; optional, a
@@ -197,8 +197,6 @@ class NestVectorStore(BasePydanticVectorStore):
                 dim = vector.shape[0]
                 vectors.append(vector)
             for node, vector in zip(nodes, vectors, strict=True):
-                if node.node_id in self._records:
-                    self._datastore = None  # rebuilt without the replaced version on next use
                 self._records[node.node_id] = node_to_metadata_dict(node, remove_text=False, flat_metadata=False)
                 self._vectors[node.node_id] = vector
                 if self._datastore is not None:
@@ -232,7 +230,8 @@ class NestVectorStore(BasePydanticVectorStore):
             del self._vectors[node_id]
         if node_ids:
             self._table = None
-            self._datastore = None  # rebuilt without the deleted passages on next use
+            if self._datastore is not None:
+                self._datastore.remove(node_ids)
             logger.debug("deleted %d node(s)", len(node_ids))
 
     # ------------------------------------------------------------------ reads
