@@ -225,6 +225,9 @@ def test_bench_writes_json_and_markdown(index, tmp_path):
     keys = bench["keys"]
     assert keys["lazy"]["encoded_passages"] > 0 and keys["precomputed"]["encoded_passages"] == 0
     assert keys["speedup_precomputed_vs_lazy"] > 0
+    batching = bench["batching"]
+    assert batching["prompts"] == 2 and batching["new_tokens"] == 8 and batching["batch_speedup"] > 0
+    assert "## Batching" in (tmp_path / "bench.md").read_text()
     build = bench["datastore_build"]
     assert build["passages"] == 6 and build["tokens"] > 0 and build["batches"] >= 1
     assert build["ratio"] == pytest.approx(build["precompute_tokens_per_s"] / build["raw_forward_tokens_per_s"])

@@ -22,6 +22,9 @@ chat-formatted prompts (what is compared is recorded in ``bench.json``):
   next to a plain forward of the same LM over the very same padded batches
   (recorded during the precompute and replayed), both per passage token;
   the goal is a ratio >= 0.9;
+* batching: the LM alone, every prompt in one left-padded HF ``generate``
+  batch vs one prompt at a time (the decoder's ``generate_batch`` runs
+  prompts one after another);
 * memory: peak resident set size and bytes per stored key and per entry.
 
 All runs of one prompt (modes, lazy, precomputed, HF) run back to back, so load
@@ -180,30 +183,53 @@ def _summarize_runs(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _hf_generate_seconds(lm: LoadedLM, prompt_ids: Sequence[int], count: int) -> float:
-    """Seconds of a greedy Hugging Face ``generate`` producing exactly ``count`` tokens.
+def _hf_generate_seconds(lm: LoadedLM, batch: Sequence[Sequence[int]], count: int) -> float:
+    """Seconds of one greedy Hugging Face ``generate`` over ``batch`` (prompt ids,
+    left-padded into one batch), every row producing exactly ``count`` tokens.
 
     Raises:
         RuntimeError: if ``generate`` returned another number of tokens.
     """
     if count == 0:
         return 0.0
-    input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=lm.device)
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.tokenizer.eos_token_id
+    width = max(len(ids) for ids in batch)
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + list(ids) for ids in batch], dtype=torch.long, device=lm.device)
+    attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=lm.device)
     with torch.inference_mode():
         start = time.perf_counter()
         out = lm.model.generate(
             input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
+            attention_mask=attention_mask,
             do_sample=False,
             max_new_tokens=count,
             min_new_tokens=count,
-            pad_token_id=lm.tokenizer.pad_token_id,
+            pad_token_id=pad,
         )
         seconds = time.perf_counter() - start
     produced = out.shape[1] - input_ids.shape[1]
     if produced != count:
         raise RuntimeError(f"Hugging Face generate produced {produced} tokens instead of {count}")
     return seconds
+
+
+def _batching(lm: LoadedLM, prompt_ids: Sequence[Sequence[int]], count: int) -> dict[str, Any]:
+    """The LM alone (HF greedy ``generate``, ``count`` tokens per prompt): every
+    prompt in one left-padded batch vs one prompt at a time.
+
+    Returns:
+        ``prompts``, ``new_tokens``, ``sequential_s``, ``batch_s`` (seconds) and
+        ``batch_speedup`` = sequential / batch.
+    """
+    sequential = math.fsum(_hf_generate_seconds(lm, [ids], count) for ids in prompt_ids)
+    batched = _hf_generate_seconds(lm, prompt_ids, count)
+    return {
+        "prompts": len(prompt_ids),
+        "new_tokens": count * len(prompt_ids),
+        "sequential_s": sequential,
+        "batch_s": batched,
+        "batch_speedup": ratio(sequential, batched),
+    }
 
 
 def _prompt_ids(decoder: NestDecoder, prompt: str) -> list[int]:
@@ -228,7 +254,7 @@ def _time_prompt(
     lazy_decoder = decoder_over(index, fresh_lazy_datastore(index), decoder.config)
     keys = {"lazy": _stream_run(lazy_decoder, request, "nest"), "precomputed": _stream_run(decoder, request, "nest")}
     counts = sorted({run["output"]["stats"]["new_tokens"] for run in runs.values()})
-    return {"modes": runs, "keys": keys, "hf": {c: _hf_generate_seconds(decoder.lm, prompt_ids, c) for c in counts}}
+    return {"modes": runs, "keys": keys, "hf": {c: _hf_generate_seconds(decoder.lm, [prompt_ids], c) for c in counts}}
 
 
 def _hf_seconds_for(timings: Sequence[Mapping[str, Any]], mode: str) -> float:
@@ -346,6 +372,7 @@ def _bench_markdown(bench: Mapping[str, Any]) -> str:
     keys = bench["keys"]
     key_rows = [[name] + [keys[name][key] for key, _ in _KEYS_COLUMNS] for name in ("lazy", "precomputed")]
     hf, build, memory = bench["hf_generate"], bench["datastore_build"], bench["memory"]
+    batching, max_new = bench["batching"], bench["max_new_tokens"]
     return "\n".join(
         [
             "# NEST speed benchmark",
@@ -369,6 +396,12 @@ def _bench_markdown(bench: Mapping[str, Any]) -> str:
             markdown_table(["keys"] + [header for _, header in _KEYS_COLUMNS], key_rows),
             "",
             f"Precomputed speedup over lazy: {format_cell(keys['speedup_precomputed_vs_lazy'])}",
+            "",
+            "## Batching (the LM alone)",
+            "",
+            f"HF greedy `generate`, {batching['prompts']} prompts x {max_new} tokens: one left-padded batch "
+            f"{format_cell(batching['batch_s'])} s vs one prompt at a time {format_cell(batching['sequential_s'])} s "
+            f"(batch speedup {format_cell(batching['batch_speedup'])}).",
             "",
             "## Datastore build",
             "",
@@ -424,7 +457,7 @@ def run_bench(
         ``speedup_vs_hf`` = HF seconds / mode seconds for the same counts and
         ``speedup_vs_base`` = mode tokens/s / base tokens/s), ``hf_generate``,
         ``keys`` (``lazy``, ``precomputed``, ``speedup_precomputed_vs_lazy``),
-        ``datastore_build`` and ``memory``.
+        ``batching`` (:func:`_batching`), ``datastore_build`` and ``memory``.
 
     Raises:
         ValueError: invalid modes, prompts, n, build_passages or overrides.
@@ -441,7 +474,7 @@ def run_bench(
     prompt_ids = [_prompt_ids(decoder, prompt) for prompt, _ in requests]
     warm_decoder = decoder_over(index, fresh_lazy_datastore(index), config.updated(max_new_tokens=2))
     _stream_run(warm_decoder, requests[0], "nest")  # untimed warm-ups
-    _hf_generate_seconds(index.lm, prompt_ids[0], 2)
+    _hf_generate_seconds(index.lm, [prompt_ids[0]], 2)
     bar = tqdm(requests, desc="bench", unit="prompt", disable=not show_progress)
     timings = [_time_prompt(index, decoder, request, ids, modes) for request, ids in zip(bar, prompt_ids)]
 
@@ -453,6 +486,7 @@ def run_bench(
         row["speedup_vs_base"] = ratio(row["tokens_per_s"], base_rate)
     keys = {name: _summarize_runs([t["keys"][name] for t in timings]) for name in ("lazy", "precomputed")}
     keys["speedup_precomputed_vs_lazy"] = ratio(keys["lazy"]["wall_s"], keys["precomputed"]["wall_s"])
+    batching = _batching(index.lm, prompt_ids, max_new_tokens)
     build, build_keys = _datastore_build(index, index.passages[:build_passages])
 
     bench = {
@@ -464,6 +498,7 @@ def run_bench(
         "modes": mode_rows,
         "hf_generate": _hf_summary(timings),
         "keys": keys,
+        "batching": batching,
         "datastore_build": build,
         "memory": _memory(build_keys),
     }
