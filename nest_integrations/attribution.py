@@ -42,6 +42,9 @@ class Span(BaseModel):
     source: Optional[SpanSource] = None
 
 
+FinishReason = Literal["eos", "stop", "length", "source_end"]
+
+
 class GenerationStats(BaseModel):
     """What a generation cost. ``forward_passes`` counts decoder LM calls (prefill included);
     datastore encoding is counted apart (``encode_passes``, zero when keys were cached)."""
@@ -56,7 +59,7 @@ class GenerationStats(BaseModel):
     decode_s: float = 0.0
     prompt_tokens: int = 0
     prompt_truncated: bool = False
-    finish_reason: Optional[Literal["eos", "stop", "length", "source_end"]] = Field(
+    finish_reason: Optional[FinishReason] = Field(
         None,
         description="Why the generation ended: the LM's end-of-sequence token, a stop string, max_new_tokens, "
         "or copying reached the end of its source (NestConfig.stop_at_source_end).",

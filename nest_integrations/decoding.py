@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence, Un
 import torch
 
 from .attribution import (
+    FinishReason,
     GenerationStats,
     NestOutput,
     Span,
@@ -124,9 +125,9 @@ class _Generation:
     candidates: Optional[CandidateSet] = None
     finished: bool = False
 
-    def finish(self, reason: str) -> None:
+    def finish(self, reason: FinishReason) -> None:
         self.finished = True
-        self.stats.finish_reason = reason  # type: ignore[assignment]
+        self.stats.finish_reason = reason
 
 
 class NestDecoder:
@@ -261,7 +262,7 @@ class NestDecoder:
         if not target:
             raise ValueError("continuation is empty")
         # Scored tokens are those that fit the context after the prompt (``token_ids`` says which).
-        target = target[: max(self.context_length() - len(prompt_ids), 1)]
+        target = target[: max(self.lm.context_length - len(prompt_ids), 1)]
         from transformers import DynamicCache
 
         logits, queries = self._forward(prompt_ids + target[:-1], DynamicCache(), gen.stats, keep=len(target))
@@ -307,10 +308,6 @@ class NestDecoder:
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return "\n\n".join(m["content"] for m in messages)
 
-    def context_length(self) -> int:
-        """The model's maximum sequence length (``max_position_embeddings``; 2048 when unset)."""
-        return int(getattr(self.lm.model.config, "max_position_embeddings", None) or 2048)
-
     def _prompt_ids(self, text: str, config: NestConfig, stats: GenerationStats) -> list[int]:
         ids = self.lm.tokenizer(text, add_special_tokens=not text.startswith(self.lm.tokenizer.bos_token or "\0"))[
             "input_ids"
@@ -318,7 +315,7 @@ class NestDecoder:
         if not ids:  # empty plain-text prompt: start from BOS (or EOS when there is none)
             start = self.lm.tokenizer.bos_token_id
             ids = [start if start is not None else next(iter(self._eos_ids), 0)]
-        limit = config.max_prompt_tokens or max(1, self.context_length() - config.max_new_tokens)
+        limit = config.max_prompt_tokens or max(1, self.lm.context_length - config.max_new_tokens)
         if len(ids) > limit:
             logger.warning("prompt has %d tokens; keeping its last %d", len(ids), limit)
             ids = ids[-limit:]
@@ -563,7 +560,7 @@ class NestDecoder:
         """Whether ``record`` copied the last token of its passage and no candidate
         passage continues it (a later chunk of the same document)."""
         pidx = int(record.passage_index)  # type: ignore[arg-type]
-        if record.position != len(candidates.passage(pidx).token_ids) - 1:
+        if self._passage_has(candidates, pidx, record.position + 1):  # type: ignore[operator]
             return False
         passages = self.datastore.passages  # type: ignore[union-attr]
         here = passages[pidx]

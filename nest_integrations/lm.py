@@ -130,6 +130,11 @@ class LoadedLM:
     def hidden_size(self) -> int:
         return int(self.model.config.hidden_size)
 
+    @property
+    def context_length(self) -> int:
+        """The model's maximum sequence length in tokens (``max_position_embeddings``; 2048 when unset)."""
+        return int(getattr(self.model.config, "max_position_embeddings", None) or 2048)
+
     def fingerprint(self) -> str:
         """Digest of the model's weights and config; see :func:`model_fingerprint`."""
         return model_fingerprint(self.model)

@@ -44,7 +44,6 @@ from llama_index.core.base.llms.types import (
     TextBlock,
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr, model_validator
-from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.indices.vector_store.base import VectorStoreIndex
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
@@ -154,8 +153,8 @@ class NestLLM(CustomLLM):
     context_window: Optional[int] = Field(
         default=None,
         gt=0,
-        description="Context window reported to LlamaIndex's prompt packing; None: the model config's "
-        "max_position_embeddings. Longer prompts are cut to their last tokens by the decoder.",
+        description="Context window reported to LlamaIndex's prompt packing; None: the model's context length "
+        "(max_position_embeddings). Longer prompts are cut to their last tokens by the decoder.",
     )
     key_layer: str = Field(
         default="ffn_input",
@@ -224,9 +223,8 @@ class NestLLM(CustomLLM):
     def metadata(self) -> LLMMetadata:
         """Context window from the model config (or ``context_window``); ``num_output`` is ``config.max_new_tokens``."""
         lm = self.lm
-        context = self.context_window or getattr(lm.model.config, "max_position_embeddings", None)
         return LLMMetadata(
-            context_window=int(context or DEFAULT_CONTEXT_WINDOW),
+            context_window=self.context_window or lm.context_length,
             num_output=self.config.max_new_tokens,
             is_chat_model=True,
             model_name=lm.name,
