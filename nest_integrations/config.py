@@ -81,7 +81,9 @@ class NestConfig(BaseModel):
     max_new_tokens: int = Field(128, ge=0, description="Tokens to generate at most.")
     stop: list[str] = Field(default_factory=list, description="Stop strings; the text ends before the first one.")
     do_sample: bool = Field(False, description="Sample from p_M instead of taking its argmax.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature on p_M (do_sample only).")
+    temperature: float = Field(
+        1.0, ge=0, description="Sampling temperature on p_M (do_sample only); 0 means greedy (the argmax)."
+    )
     top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling mass (do_sample only).")
     seed: Optional[int] = Field(None, description="Seed of the sampler; None draws from torch's global state.")
     use_chat_template: bool = Field(True, description="Wrap prompts in the model's chat template when it has one.")

@@ -519,7 +519,7 @@ class NestDecoder:
 
     @staticmethod
     def _pick(p_m: torch.Tensor, config: NestConfig, generator: Optional[torch.Generator]) -> int:
-        if not config.do_sample:
+        if not config.do_sample or config.temperature == 0:
             return int(p_m.argmax())
         probs = p_m.pow(1.0 / config.temperature)
         probs = probs / probs.sum()
