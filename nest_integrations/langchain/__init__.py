@@ -16,7 +16,7 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
         "nest_integrations.langchain needs langchain-core: pip install nest-integrations[langchain]"
     ) from err
 
-from ._common import document_to_passage
+from ._common import default_embeddings, document_to_passage
 from .chains import attributed_chain, cite, cite_text, format_docs, nest_output_of, rag_chain
 from .chat_models import ChatNest
 from .llms import NestLLM
@@ -29,6 +29,7 @@ __all__ = [
     "attributed_chain",
     "cite",
     "cite_text",
+    "default_embeddings",
     "document_to_passage",
     "format_docs",
     "nest_output_of",

