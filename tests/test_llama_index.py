@@ -396,3 +396,56 @@ def test_tampered_or_incomplete_persist_folder_raises(tmp_path, store_nodes):
     path.write_text(json.dumps({"embedding_dict": {}}))  # e.g. a SimpleVectorStore file
     with pytest.raises(ValueError, match="not a NestVectorStore manifest"):
         NestVectorStore.from_persist_dir(str(tmp_path))
+
+
+# --------------------------------------------------------------------------- standard parameters and limits
+def test_standard_max_tokens_and_temperature_zero(tiny_lm, nest_index):
+    knobs = {**COPY, "max_tokens": 5, "temperature": 0}
+    knobs.pop("max_new_tokens")
+    llm = NestLLM(tiny_lm, retriever=nest_index, **knobs)
+    assert llm.config.max_new_tokens == llm.metadata.num_output == 5
+    assert llm.config.temperature == 0
+    output = NestOutput.model_validate(llm.complete(PROMPT, max_tokens=3).additional_kwargs["nest"])
+    assert output.stats.new_tokens <= 3
+
+
+def test_index_embed_model_serves_the_relevance_gate(tiny_lm, nest_index):
+    assert isinstance(NestLLM(tiny_lm, retriever=nest_index).embed_model, HashEmbedding)
+
+
+def test_structured_output_and_tool_calling_raise_clearly(llm):
+    from pydantic import BaseModel
+
+    class Answer(BaseModel):
+        text: str
+
+    for call in (
+        lambda: llm.structured_predict(Answer, PromptTemplate("{q}"), q=PROMPT),
+        lambda: llm.as_structured_llm(Answer),
+        lambda: llm.predict_and_call([], PROMPT),
+    ):
+        with pytest.raises(NotImplementedError, match="structured output or tool calling"):
+            call()
+
+
+# --------------------------------------------------------------------------- streaming query engine
+def test_streaming_query_engine_ends_with_the_citations_of_a_plain_query(llm, nest_index):
+    from llama_index.core.base.response.schema import StreamingResponse
+
+    plain = NestQueryEngine.from_index(nest_index, llm, similarity_top_k=3).query(PROMPT)
+    streamed = NestQueryEngine.from_index(nest_index, llm, similarity_top_k=3, streaming=True).query(PROMPT)
+    assert isinstance(streamed, StreamingResponse)
+    assert "".join(streamed.response_gen) == plain.response
+    assert streamed.metadata["citations"] == plain.metadata["citations"]
+    assert [n.node_id for n in streamed.source_nodes] == [n.node_id for n in plain.source_nodes]
+
+
+async def test_async_streaming_query_engine(llm, nest_index):
+    from llama_index.core.base.response.schema import AsyncStreamingResponse
+
+    engine = NestQueryEngine.from_index(nest_index, llm, similarity_top_k=3, streaming=True)
+    streamed = await engine.aquery(PROMPT)
+    assert isinstance(streamed, AsyncStreamingResponse)
+    text = "".join([piece async for piece in streamed.response_gen])
+    assert text == streamed.metadata["nest"]["text"]
+    assert {n.node_id for n in streamed.source_nodes} == {c["node_id"] for c in streamed.metadata["citations"]}

