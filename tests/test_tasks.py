@@ -7,16 +7,30 @@ from pathlib import Path
 
 import pytest
 
-from nest_integrations.corpus import Passage
+from nest_integrations.corpus import Passage, load_wikipedia_summaries
+from nest_integrations.evaluation.docs_corpus import (
+    DOCS_CHUNKINGS,
+    DOCS_MODULES,
+    docs_corpus,
+    docs_passages,
+    docs_splitter_chunks,
+)
+from nest_integrations.evaluation.metrics import answer_recall
 from nest_integrations.evaluation.tasks import (
+    QA_TASKS,
+    TASK_MAX_NEW_TOKENS,
     TASKS,
+    WIKI_QA_KINDS,
     EvalItem,
     bio_items,
     completion_items,
+    docs_items,
     get_task,
     is_person_title,
     qa_items,
     split_sentences,
+    wiki_qa_items,
+    wiki_questions,
 )
 
 LONG_TAIL = "Then " + " ".join(f"word{i}" for i in range(20)) + "."
@@ -202,12 +216,113 @@ def test_qa_items_duplicate_ids_and_empty_file(tmp_path: Path) -> None:
         qa_items(tmp_path / "missing.jsonl")
 
 
+# --------------------------------------------------------------------------- wiki-qa
+
+
+def _summary(title: str, text: str, description: str, topic: str = "People") -> Passage:
+    return Passage(id=title, title=title, text=text, metadata={"topic": topic, "description": description})
+
+
+def test_wiki_questions_people() -> None:
+    weber = _summary("Max Weber", "Maximilian Carl Emil Weber was a German sociologist, historian, jurist, "
+                     "and political economist. He lived (1864–1920) in Erfurt.",
+                     "German sociologist, jurist, and political economist (1864–1920)")
+    questions = {kind: (q, a) for kind, q, a in wiki_questions(weber)}
+    assert questions["nationality"] == ("What nationality was Max Weber?", ["German"])
+    assert questions["profession"] == ("What was Max Weber's profession?", ["sociologist", "jurist", "political economist"])
+    assert questions["born"] == ("In what year was Max Weber born?", ["1864"])
+    assert questions["died"] == ("In what year did Max Weber die?", ["1920"])
+    # a year the text does not state as a lifespan is never asked; a title word is not a nationality
+    austen = _summary("Jane Austen", "Jane Austen was an English writer of novels. In 1811 she published.",
+                      "English novelist (1775–1817)")
+    assert [k for k, _, _ in wiki_questions(austen)] == ["nationality"]
+    sultan = _summary("Sher Shah Suri", "Sher Shah Suri was the Sultan of Hindustan.", "Sultan of Hindustan")
+    assert wiki_questions(sultan) == []
+
+
+def test_wiki_questions_other_topics() -> None:
+    timbuktu = _summary("Timbuktu", "Timbuktu is an ancient city in Mali, north of the Niger River.",
+                        "City in Tombouctou Region, Mali", "Geography")
+    assert wiki_questions(timbuktu) == [("location", "Where is Timbuktu?", ["Mali"])]
+    tomato = _summary("Tomato", "The tomato is a plant whose fruit is an edible berry.", "Edible berry",
+                      "Biology and health sciences")
+    assert wiki_questions(tomato) == [("definition", "What is the tomato?", ["edible berry"])]
+    kingston = _summary("Kingston, Jamaica", "Kingston is the capital of Jamaica.", "Capital city of Jamaica", "Geography")
+    assert wiki_questions(kingston) == []  # the answer is in the question
+
+
+def test_wiki_qa_items_from_the_summaries() -> None:
+    pool = load_wikipedia_summaries()
+    by_id = {p.id: p for p in pool}
+    items = wiki_qa_items(60, seed=1, passages=pool)
+    assert [i.id for i in items] == [i.id for i in wiki_qa_items(60, seed=1, passages=pool)]
+    assert [i.prompt for i in items] != [i.prompt for i in wiki_qa_items(60, seed=2, passages=pool)]
+    for item in items:
+        gold = by_id[item.meta["passage_id"]].text
+        assert item.prompt == item.query and item.prompt.endswith("?") and item.meta["chat"] is True
+        assert item.meta["kind"] in WIKI_QA_KINDS and item.meta["answers"]
+        for answer in item.meta["answers"]:
+            assert answer in gold and len(answer.split()) <= 4
+    assert {i.meta["kind"] for i in items} >= {"nationality", "profession", "location", "definition"}
+    with pytest.raises(ValueError, match="wiki-qa"):
+        wiki_qa_items(5, passages=pool[:3])
+
+
+# --------------------------------------------------------------------------- docs
+
+
+def test_docs_corpus_documents_and_chunks() -> None:
+    docs = docs_corpus()
+    assert [d.id for d in docs] == list(DOCS_MODULES) and all(d.title == d.id for d in docs)
+    json_doc = docs[DOCS_MODULES.index("json")].text
+    assert "\ndumps(obj, *, skipkeys=False" in json_doc and "Serialize ``obj``" in json_doc
+    assert " at 0x" not in "".join(d.text for d in docs)  # no memory addresses: the same text in every process
+    by_id = {d.id: d.text for d in docs}
+    for chunking in DOCS_CHUNKINGS:
+        chunks = docs_passages(chunking)
+        assert {c.doc_id or c.id for c in chunks} == set(DOCS_MODULES)
+        for chunk in chunks:
+            assert by_id[chunk.doc_id or chunk.id][chunk.doc_char_start : chunk.doc_char_end] == chunk.text
+    splitter = docs_splitter_chunks(docs)
+    assert len(splitter) > len(docs) and max(len(c.text) for c in splitter) <= 4000
+    with pytest.raises(ValueError, match="chunking"):
+        docs_passages("sentences")
+    with pytest.raises(ValueError, match="cannot import"):
+        docs_corpus(("no_such_module_here",))
+
+
+def test_docs_items_answers_occur_in_their_document() -> None:
+    items = docs_items()
+    assert len(items) >= 40 and len({i.id for i in items}) == len(items)
+    by_id = {d.id: d.text for d in docs_corpus()}
+    for item in items:
+        assert item.prompt.endswith("?") and item.meta["passage_id"] in by_id
+        for answer in item.meta["answers"]:
+            assert answer_recall(by_id[item.meta["passage_id"]], [answer]) == 1.0, (item.id, answer)
+    sample = docs_items(5, seed=3)
+    assert [i.id for i in sample] == [i.id for i in docs_items(5, seed=3)] and len(sample) == 5
+    with pytest.raises(ValueError, match="docs"):
+        docs_items(len(items) + 1)
+
+
+def test_qa_items_keep_a_gold_passage(tmp_path: Path) -> None:
+    path = _write(tmp_path, [json.dumps({"question": "q?", "answers": ["a"], "doc_id": "json"}),
+                             json.dumps({"question": "r?", "answers": ["b"]})])
+    first, second = qa_items(path)
+    assert first.meta["passage_id"] == "json" and "passage_id" not in second.meta
+    with pytest.raises(ValueError, match="doc_id"):
+        qa_items(_write(tmp_path, [json.dumps({"question": "q?", "answers": ["a"], "doc_id": 3})]))
+
+
 # --------------------------------------------------------------------------- registry
 
 
 def test_registry() -> None:
-    assert set(TASKS) == {"bio", "completion", "qa"}
+    assert set(TASKS) == {"bio", "completion", "qa", "wiki-qa", "docs"}
+    assert QA_TASKS <= set(TASKS) and set(TASK_MAX_NEW_TOKENS) == set(TASKS)
+    assert all(TASK_MAX_NEW_TOKENS[t] == 64 for t in QA_TASKS)
     assert get_task("bio") is bio_items
     assert get_task("qa") is qa_items
-    with pytest.raises(ValueError, match="bio, completion, qa"):
+    assert get_task("wiki-qa") is wiki_qa_items and get_task("docs") is docs_items
+    with pytest.raises(ValueError, match="bio, completion, docs, qa, wiki-qa"):
         get_task("summarise")

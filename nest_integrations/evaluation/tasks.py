@@ -1,15 +1,31 @@
 """Evaluation tasks: build lists of :class:`EvalItem` from offline data.
 
-Three tasks are registered in :data:`TASKS`:
+Five tasks are registered in :data:`TASKS` (``nest eval --task NAME``):
 
 * ``"bio"`` (:func:`bio_items`): "Tell me a bio of X." for people sampled from
   the bundled Wikipedia lead summaries; the summary is the reference.
+  ``nest eval --task bio --n 100`` (present and absent conditions).
 * ``"completion"`` (:func:`completion_items`): continue a summary from its
   first sentence(s); the rest of the summary is the reference.
+  ``nest eval --task completion --n 20``.
 * ``"qa"`` (:func:`qa_items`): open questions from a JSONL file, scored by
-  answer recall.
+  answer recall. ``nest eval --task qa --qa questions.jsonl``.
+* ``"wiki-qa"`` (:func:`wiki_qa_items`): questions built from the summaries
+  themselves (a person's nationality, profession, birth or death year; where a
+  place lies; what a thing is), gold answers verbatim in the gold summary.
+  ``nest eval --task wiki-qa --n 100`` (people, the default index);
+  ``nest eval --task wiki-qa -d idx/wiki`` over an index of all summaries
+  (``nest index build wiki --out idx/wiki``) adds the other topics.
+* ``"docs"`` (:func:`docs_items`): hand-written questions about the
+  standard-library docstrings of :mod:`.docs_corpus`.
+  ``nest eval --task docs`` (whole documents, as ``nest index build`` keeps
+  them) or ``nest eval --task docs --docs-chunking splitter`` (LangChain's
+  default splitter chunks).
 
-Sampling is deterministic: candidates are sorted by passage id and drawn with
+The question tasks (qa, wiki-qa, docs) are scored by answer recall with a
+short answer budget by default (:data:`TASK_MAX_NEW_TOKENS`).
+
+Sampling is deterministic: candidates are sorted by id and drawn with
 ``random.Random(seed)``, so the same seed and pool give the same items.
 """
 
@@ -22,22 +38,31 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nest_integrations.corpus import Passage, load_wikipedia_summaries
 
 __all__ = [
+    "DOCS_QA_PATH",
     "EvalItem",
+    "QA_TASKS",
     "TASKS",
+    "TASK_MAX_NEW_TOKENS",
+    "WIKI_QA_KINDS",
     "bio_items",
     "completion_items",
+    "docs_items",
     "get_task",
     "is_person_title",
     "qa_items",
     "split_sentences",
+    "wiki_qa_items",
+    "wiki_questions",
 ]
 
 logger = logging.getLogger(__name__)
+
+_WithId = TypeVar("_WithId", Passage, "EvalItem")
 
 BIO_TOPIC = "People"
 BIO_PROMPT = "Tell me a bio of {name}."
@@ -85,8 +110,8 @@ def _check_n(n: int) -> None:
         raise ValueError(f"n must be >= 0, got {n}")
 
 
-def _sample(candidates: Sequence[Passage], n: int, seed: int, what: str) -> list[Passage]:
-    """Deterministically draw ``n`` passages (sorted by id, then ``Random(seed).sample``).
+def _sample(candidates: Sequence[_WithId], n: int, seed: int, what: str) -> list[_WithId]:
+    """Deterministically draw ``n`` passages or items (sorted by ``id``, then ``Random(seed).sample``).
 
     Raises:
         ValueError: if fewer than ``n`` candidates are available.
@@ -282,13 +307,178 @@ def completion_items(
     return items
 
 
-def _parse_qa_line(line: str, where: str) -> tuple[str | None, str, list[str]]:
-    """Parse one JSONL record into ``(id or None, question, answers)``.
+# --------------------------------------------------------------------------- wiki-qa
+
+WIKI_QA_KINDS: tuple[str, ...] = ("born", "died", "nationality", "profession", "location", "definition")
+"""Question kinds of :func:`wiki_qa_items`, each documented in :func:`wiki_questions`."""
+
+_DESCRIPTION_LIFESPAN_RE = re.compile(
+    r"\((?:c\.\s*)?(?P<born>\d{3,4})\s*[–-]\s*(?:c\.\s*)?(?P<died>\d{3,4})\)\s*$"
+)
+# "was an English writer", "is a French-American mathematician": the text's own nationality.
+# (not "was the Sultan of Hindustan": a title, not a nationality)
+_NATIONALITY_RE = re.compile(r"\b(?P<verb>was|is) an? (?P<nat>[A-Z][a-z]+(?:-[A-Z][a-z]+)*) (?!of\b)[a-z]")
+# Capitalised words in that slot that name a faith, not a nationality.
+_FAITHS = frozenset({"Buddhist", "Catholic", "Christian", "Hindu", "Jewish", "Muslim", "Protestant", "Shia", "Sunni"})
+_TERM_SPLIT_RE = re.compile(r",\s*(?:and\s+)?|\s+and\s+")
+# "City in Tombouctou Region, Mali", "Capital of Hubei, China", "Country in West Asia":
+# the place is the description's last comma-separated part.
+_PLACE_RE = re.compile(
+    r"^(?:Capital|City|Town|Village|Municipality|Metropolis|Port|Commune|Country|State|Island|"
+    r"Region|Province|Peninsula|Lake|River|Sea|Mountain range|Desert)\b[^,()]*?\b(?:in|of) "
+    r"(?:[^,()]+,\s*)*(?P<place>[A-Z][^,()]*?)\s*$"
+)
+_MAX_ANSWER_WORDS = 4
+
+
+def _verbatim(text: str, phrase: str) -> str | None:
+    """``phrase`` as spelled in ``text`` (case-insensitive, whole words), or None when absent."""
+    if not phrase.strip():
+        return None
+    match = re.search(rf"(?<!\w){re.escape(phrase.strip())}(?!\w)", text, re.IGNORECASE)
+    return match.group(0) if match else None
+
+
+def _subject(passage: Passage) -> str:
+    """How a question names a summary's subject: its title, lower-cased when the text
+    writes it so ("worship"), after the article the text opens with ("the Sahel",
+    "a hat")."""
+    title = passage.title or passage.id
+    lowered = title[0].lower() + title[1:]
+    if lowered != title and re.search(rf"(?<!\w){re.escape(lowered)}(?!\w)", passage.text):
+        article = re.search(rf"\b(the|a|an) {re.escape(lowered)}(?!\w)", passage.text, re.IGNORECASE)
+        return f"{article.group(1).lower()} {lowered}" if article else lowered
+    match = re.match(rf"(The|A|An) {re.escape(title)}(?!\w)", passage.text, re.IGNORECASE)
+    return f"{match.group(1).lower()} {title}" if match else title
+
+
+def _possessive(name: str) -> str:
+    """``"Max Weber's"``, ``"Charles Dickens'"``."""
+    return f"{name}'" if name.endswith("s") else f"{name}'s"
+
+
+def _person_questions(passage: Passage, description: str) -> list[tuple[str, str, list[str]]]:
+    """Questions about a person: birth/death year (when the description's
+    lifespan year is stated in the text as a lifespan or next to born/died),
+    nationality (the text's "was a(n) <Nationality> ..." agreeing with the
+    description's first word) and profession (the description's terms after
+    the nationality that occur in the text)."""
+    name, text = passage.title or passage.id, passage.text
+    questions: list[tuple[str, str, list[str]]] = []
+    lifespan = _DESCRIPTION_LIFESPAN_RE.search(description)
+    if lifespan:
+        born, died = lifespan.group("born"), lifespan.group("died")
+        if re.search(rf"\(\s*(?:born\s+)?{born}\s*[–-]|\bborn\b[^.]{{0,40}}\b{born}\b", text):
+            questions.append(("born", f"In what year was {name} born?", [born]))
+        if re.search(rf"[–-]\s*{died}\s*\)|\bdied\b[^.]{{0,40}}\b{died}\b", text):
+            questions.append(("died", f"In what year did {name} die?", [died]))
+    nationality = _NATIONALITY_RE.search(text)
+    described = description.split(" ", 1)
+    parts = set(nationality.group("nat").split("-")) if nationality else set()
+    if parts & set(described[0].split("-")) and not parts & _FAITHS:
+        verb, phrase = nationality.group("verb"), nationality.group("nat")
+        answers = list(dict.fromkeys([phrase, *phrase.split("-")]))
+        questions.append(("nationality", f"What nationality {verb} {name}?", answers))
+        if len(described) > 1:
+            terms = _TERM_SPLIT_RE.split(_DESCRIPTION_LIFESPAN_RE.sub("", described[1]).strip())
+            found = [_verbatim(text, t) for t in terms if 0 < len(t.split()) <= _MAX_ANSWER_WORDS]
+            found = [t for t in found if t]
+            if found:
+                questions.append(("profession", f"What {verb} {_possessive(name)} profession?", found))
+    return questions
+
+
+def _topic_questions(passage: Passage, description: str) -> list[tuple[str, str, list[str]]]:
+    """Questions about anything else: where a place lies (the description's last
+    part: "City in Tombouctou Region, Mali" -> "Mali", "Country in West Asia" ->
+    "West Asia") and what it is (the description, when the text says it
+    verbatim in at most four words)."""
+    subject, text = _subject(passage), passage.text
+    questions: list[tuple[str, str, list[str]]] = []
+    place = _PLACE_RE.match(description)
+    if place and (where := _verbatim(text, place.group("place"))):
+        questions.append(("location", f"Where is {subject}?", [where]))
+    if len(description.split()) <= _MAX_ANSWER_WORDS and (what := _verbatim(text, description)):
+        questions.append(("definition", f"What is {subject}?", [what]))
+    return questions
+
+
+def wiki_questions(passage: Passage) -> list[tuple[str, str, list[str]]]:
+    """Every question the summary ``passage`` answers, as ``(kind, question, answers)``.
+
+    People (``metadata["topic"] == "People"``) get the kinds born, died,
+    nationality and profession; other articles location and definition (see
+    the two helpers' rules). ``metadata["description"]`` (the Wikipedia short
+    description) drives every kind. Every answer is a short string (at most
+    four words, or a year) that occurs verbatim in ``passage.text`` and not in
+    the question ("Where is Kingston, Jamaica?" is dropped).
+    """
+    description = str(passage.metadata.get("description") or "").strip()
+    if str(passage.metadata.get("topic") or "").casefold() == BIO_TOPIC.casefold():
+        candidates = _person_questions(passage, description)
+    else:
+        candidates = _topic_questions(passage, description)
+    questions = []
+    for kind, question, answers in candidates:
+        kept = [a for a in answers if not _verbatim(question, a)]
+        if kept:
+            questions.append((kind, question, kept))
+    return questions
+
+
+def wiki_qa_items(n: int, seed: int = 0, passages: list[Passage] | None = None) -> list[EvalItem]:
+    """Questions built from the Wikipedia lead summaries themselves.
+
+    Each summary with at least one question (:func:`wiki_questions`) is a
+    candidate; ``n`` candidates are drawn as in :func:`bio_items` and each gets
+    one of its questions, chosen with ``Random(f"{seed}:{passage id}")`` (the
+    same seed gives the same question). The question is the prompt and the
+    retrieval query.
+
+    Args:
+        n: number of items (``0`` gives ``[]``).
+        seed: sampling seed.
+        passages: candidate pool; defaults to ``load_wikipedia_summaries()``
+            (the runner passes the index's corpus: with the default index over
+            the people, every question is about a person).
+
+    Returns:
+        Items ``"wiki-qa/{passage id}"`` with reference ``""`` and meta
+        ``{"answers", "passage_id" (the gold summary), "kind", "chat": True}``.
+
+    Raises:
+        ValueError: if ``n < 0`` or fewer than ``n`` summaries yield a question.
+    """
+    _check_n(n)
+    pool = load_wikipedia_summaries() if passages is None else passages
+    questions = {p.id: q for p in pool if (q := wiki_questions(p))}
+    candidates = [p for p in pool if p.id in questions]
+    logger.debug("wiki_qa_items: %d of %d passages yield a question", len(candidates), len(pool))
+    items = []
+    for passage in _sample(candidates, n, seed, "wiki-qa"):
+        kind, question, answers = random.Random(f"{seed}:{passage.id}").choice(questions[passage.id])
+        items.append(
+            EvalItem(
+                id=f"wiki-qa/{passage.id}",
+                prompt=question,
+                query=question,
+                reference="",
+                meta={"answers": answers, "passage_id": passage.id, "kind": kind, "chat": True},
+            )
+        )
+    return items
+
+
+def _parse_qa_line(line: str, where: str) -> tuple[str | None, str, list[str], str | None]:
+    """Parse one JSONL record into ``(id or None, question, answers, gold passage id or None)``.
+
+    The gold passage id is the record's ``passage_id``, else its ``doc_id``.
 
     Raises:
         ValueError: naming ``where`` (path:line) for invalid JSON, a non-object,
-            a missing/empty ``question`` string, or ``answers`` that is not a
-            non-empty list of non-empty strings.
+            a missing/empty ``question`` string, ``answers`` that is not a
+            non-empty list of non-empty strings, or a gold id that is not a
+            non-empty string.
     """
     try:
         record = json.loads(line)
@@ -306,17 +496,22 @@ def _parse_qa_line(line: str, where: str) -> tuple[str | None, str, list[str]]:
         or not all(isinstance(a, str) and a.strip() for a in answers)
     ):
         raise ValueError(f"{where}: 'answers' must be a non-empty list of non-empty strings")
+    gold = record.get("passage_id", record.get("doc_id"))
+    if gold is not None and (not isinstance(gold, str) or not gold):
+        raise ValueError(f"{where}: 'passage_id'/'doc_id' must be a non-empty string")
     raw_id = record.get("id")
-    return (None if raw_id is None else str(raw_id)), question.strip(), answers
+    return (None if raw_id is None else str(raw_id)), question.strip(), answers, gold
 
 
 def qa_items(path: str | Path) -> list[EvalItem]:
     """Question-answering items from a JSONL file.
 
-    Each non-blank line is ``{"question": str, "answers": [str, ...], "id"?: any}``.
-    The prompt and query are the question, the reference is ``""`` and meta is
-    ``{"answers": [...], "chat": True}``. Missing ids become ``"qa/{line}"``
-    (1-based line number).
+    Each non-blank line is ``{"question": str, "answers": [str, ...], "id"?: any,
+    "passage_id"? or "doc_id"?: str}``. The prompt and query are the question,
+    the reference is ``""`` and meta is ``{"answers": [...], "chat": True}``,
+    plus ``"passage_id"`` (the gold passage or document id) when the record
+    names one, which lets the runner's absent condition remove it. Missing ids
+    become ``"qa/{line}"`` (1-based line number).
 
     Raises:
         FileNotFoundError: if ``path`` does not exist.
@@ -331,30 +526,68 @@ def qa_items(path: str | Path) -> list[EvalItem]:
             if not line.strip():
                 continue
             where = f"{path}:{line_number}"
-            raw_id, question, answers = _parse_qa_line(line, where)
+            raw_id, question, answers, gold = _parse_qa_line(line, where)
             item_id = raw_id if raw_id is not None else f"qa/{line_number}"
             if item_id in seen:
                 raise ValueError(f"{where}: duplicate id {item_id!r}")
             seen.add(item_id)
-            items.append(
-                EvalItem(
-                    id=item_id,
-                    prompt=question,
-                    query=question,
-                    reference="",
-                    meta={"answers": answers, "chat": True},
-                )
-            )
+            meta: dict[str, Any] = {"answers": answers, "chat": True}
+            if gold is not None:
+                meta["passage_id"] = gold
+            items.append(EvalItem(id=item_id, prompt=question, query=question, reference="", meta=meta))
     if not items:
         raise ValueError(f"{path}: no QA records found")
     return items
+
+
+# --------------------------------------------------------------------------- docs
+
+
+DOCS_QA_PATH = Path(__file__).with_name("data") / "docs_qa.jsonl"
+"""The docs task's hand-written questions: ``{"id", "question", "answers", "doc_id"}``
+a line, ``doc_id`` a module of :data:`~.docs_corpus.DOCS_MODULES`; every answer is a
+word or identifier of that module's document (tested)."""
+
+
+def docs_items(n: int | None = None, seed: int = 0) -> list[EvalItem]:
+    """Natural questions about the standard-library documentation corpus.
+
+    The questions (:data:`DOCS_QA_PATH`) are answered by the docstrings of
+    :func:`~nest_integrations.evaluation.docs_corpus.docs_corpus`; the gold
+    answers are short strings a good answer must contain (a function,
+    parameter or constant name, a default value).
+
+    Args:
+        n: number of items; None gives all of them in file order.
+        seed: with ``n``, the items are ``Random(seed).sample`` of the questions
+            sorted by id (deterministic).
+
+    Returns:
+        Items with meta ``{"answers", "passage_id": module name, "chat": True}``.
+
+    Raises:
+        ValueError: if ``n < 0`` or larger than the number of questions.
+    """
+    items = qa_items(DOCS_QA_PATH)
+    if n is None:
+        return items
+    _check_n(n)
+    return _sample(items, n, seed, "docs")
 
 
 TASKS: dict[str, Callable[..., list[EvalItem]]] = {
     "bio": bio_items,
     "completion": completion_items,
     "qa": qa_items,
+    "wiki-qa": wiki_qa_items,
+    "docs": docs_items,
 }
+
+QA_TASKS: frozenset[str] = frozenset({"qa", "wiki-qa", "docs"})
+"""Tasks whose items carry gold ``answers`` (scored by answer recall)."""
+
+TASK_MAX_NEW_TOKENS: dict[str, int] = {"bio": 128, "completion": 128, "qa": 64, "wiki-qa": 64, "docs": 64}
+"""Default generation budget per task: questions get short answers."""
 
 
 def get_task(name: str) -> Callable[..., list[EvalItem]]:
