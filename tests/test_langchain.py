@@ -139,6 +139,59 @@ def test_document_to_passage_keeps_id_title_metadata_and_hashes_stably():
     assert document_to_passage(Document(page_content="Text.", metadata={"k": 2})).id != first.id
 
 
+def test_splitter_chunks_of_one_source_chain_into_one_document():
+    from langchain_text_splitters import RecursiveCharacterTextSplitter
+
+    text = "First sentence of the notes. Second sentence of the notes. Third one."
+    splitter = RecursiveCharacterTextSplitter(chunk_size=30, chunk_overlap=0, add_start_index=True)
+    chunks = splitter.split_documents([Document(page_content=text, metadata={"source": "notes.txt"})])
+    passages = [document_to_passage(chunk) for chunk in chunks]
+    assert len(passages) > 1 and {p.doc_id for p in passages} == {"notes.txt"}
+    assert all(text[p.doc_char_start : p.doc_char_end] == p.text for p in passages)
+    unsourced = document_to_passage(Document(page_content="x", metadata={"start_index": 4}))
+    assert (unsourced.doc_id, unsourced.doc_char_start) == ("", 0)
+
+
+def test_copy_reaching_a_chunk_end_goes_on_when_the_next_chunk_was_retrieved(tiny_lm):
+    from langchain_text_splitters import RecursiveCharacterTextSplitter
+
+    text = (
+        "The lighthouse keeper logged every ship that passed the northern cape. "
+        "Her notebooks record storms, fog banks and the slow return of the seals. "
+        "In spring she repainted the lamp room and counted the gulls on the rocks. "
+        "Visitors came by boat on Sundays to hear her stories of the winter gales."
+    )
+    splitter = RecursiveCharacterTextSplitter(chunk_size=60, chunk_overlap=0, add_start_index=True)
+
+    def answer(metadata: dict[str, Any]) -> AIMessage:
+        chunks = splitter.split_documents([Document(page_content=text, metadata=metadata)])
+        for n, chunk in enumerate(chunks):
+            chunk.id = f"chunk-{n}"
+        store = NestVectorStore.from_documents(chunks, DeterministicFakeEmbedding(size=16), lm=tiny_lm)
+        chat = ChatNest.from_lm(tiny_lm, retriever=store, **{**KNOBS, "max_new_tokens": 40}, passage_k=8)
+        return chat.invoke("Tell me about the lighthouse keeper.")
+
+    alone = answer({})  # chunks of no named document: each one ends a copy
+    assert alone.response_metadata["finish_reason"] == "source_end"
+    last = alone.response_metadata["spans"][-1]
+    assert last["source"]["id"] == "chunk-0" and last["source"]["char_end"] == len(splitter.split_text(text)[0])
+    chained = answer({"source": "keeper.txt"})
+    assert chained.text.startswith(alone.text) and len(chained.text) > len(alone.text)
+
+
+def test_standard_parameters_and_unsupported_features(chat):
+    assert chat.nest_config.max_new_tokens == KNOBS["max_new_tokens"]
+    assert ChatNest(max_tokens=7, temperature=0).nest_config.max_new_tokens == 7
+    assert chat._get_ls_params(max_tokens=3)["ls_max_tokens"] == 3
+    assert chat.invoke(QUESTION, max_tokens=3).response_metadata["stats"]["new_tokens"] <= 3
+    with pytest.raises(ValueError, match="disagree"):
+        chat.invoke(QUESTION, max_tokens=3, max_new_tokens=4)
+    with pytest.raises(NotImplementedError, match="structured output"):
+        chat.with_structured_output({"title": "Answer", "type": "object"})
+    with pytest.raises(NotImplementedError, match="tool calling"):
+        chat.bind_tools([])
+
+
 def test_config_fields_fold_into_nest_config_and_bad_options_raise(tiny_lm):
     llm = NestLLM.from_lm(tiny_lm, mode="rag", max_new_tokens=5, nest_config=NestConfig(gamma=0.1))
     assert (llm.nest_config.mode, llm.nest_config.max_new_tokens, llm.nest_config.gamma) == ("rag", 5, 0.1)

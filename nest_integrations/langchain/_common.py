@@ -68,13 +68,26 @@ def document_id(document: Document) -> str:
 
 def document_to_passage(document: Document) -> Passage:
     """A :class:`Passage` for ``document``: id from :func:`document_id`, the text
-    verbatim, the metadata copied and the title taken from ``metadata["title"]``."""
-    title = document.metadata.get("title")
+    verbatim, the metadata copied and the title taken from ``metadata["title"]``.
+
+    A chunk from a text splitter with ``add_start_index=True`` (metadata
+    ``start_index``) of a document named by its ``source`` (else ``doc_id``)
+    metadata gets that name as ``doc_id`` and the start index as
+    ``doc_char_start``: chunks of one document chain, so a copy that reaches the
+    end of one goes on into the next when that one was retrieved too.
+    """
+    metadata = document.metadata
+    title = metadata.get("title")
+    start = metadata.get("start_index")
+    parent = metadata.get("source", metadata.get("doc_id"))
+    chained = isinstance(start, int) and start >= 0 and parent is not None
     return Passage(
         id=document_id(document),
         text=document.page_content,
         title="" if title is None else str(title),
-        metadata=dict(document.metadata),
+        metadata=dict(metadata),
+        doc_id=str(parent) if chained else "",
+        doc_char_start=start if chained else 0,
     )
 
 
