@@ -42,7 +42,8 @@ class Span(BaseModel):
     source: Optional[SpanSource] = None
 
 
-FinishReason = Literal["eos", "stop", "length", "source_end"]
+FinishReason = Literal["eos", "stop", "length", "source_end", "answered"]
+FallbackReason = Literal["no_retriever", "nothing_retrieved", "nothing_relevant", "empty_datastore"]
 
 
 class GenerationStats(BaseModel):
@@ -62,8 +63,20 @@ class GenerationStats(BaseModel):
     finish_reason: Optional[FinishReason] = Field(
         None,
         description="Why the generation ended: the LM's end-of-sequence token, a stop string, max_new_tokens, "
-        "or copying reached the end of its source (NestConfig.stop_at_source_end).",
+        "copying reached the end of its source (NestConfig.stop_at_source_end), or the copied sentence "
+        "answered a question and the source goes on to something else (NestConfig.answer_focus).",
     )
+    copied_from_datastore: bool = Field(
+        False, description="Whether the decoder had datastore entries to copy from (False: the LM wrote alone)."
+    )
+    fallback_reason: Optional[FallbackReason] = Field(
+        None,
+        description="Why a datastore mode generated with the LM alone: no retriever and no passages given, "
+        "the first stage returned nothing, the relevance gate kept nothing, or the kept passages hold no "
+        "datastore entries. None when the decoder could copy (or the mode uses no datastore).",
+    )
+    gate_kept: int = Field(0, description="Retrieved passages the relevance gate let into the token datastore.")
+    gate_retrieved: int = Field(0, description="Passages the first stage returned to the gate.")
 
     @property
     def tokens_per_forward(self) -> float:

@@ -38,16 +38,19 @@ class NestConfig(BaseModel):
     rag_passages: int = Field(3, ge=1, description="Passages put in the prompt in rag / ra_nest modes (paper: 3).")
     token_k: int = Field(1024, ge=1, description="Neighbours r kept per kNN search (paper: 1024).")
     min_passage_relevance: float = Field(
-        0.45, ge=-1.0, le=1.0,
-        description="Relevance gate (beyond the paper, see nest_integrations.relevance): a retrieved passage "
-        "enters the token datastore when its dense cosine similarity to the retrieval query reaches this and the "
-        "query names its title, so NEST falls back to the LM when the corpus does not cover the prompt. "
-        "-1 disables the gate.",
+        0.3, ge=-1.0, le=1.0,
+        description="Relevance gate (beyond the paper, see nest_integrations.relevance): the dense cosine similarity "
+        "to the retrieval query a passage needs to enter the token datastore, so NEST falls back to the LM when the "
+        "corpus does not cover the prompt. -1 disables the gate.",
     )
-    min_passage_relevance_unnamed: float = Field(
-        0.75, ge=-1.0, le=1.0,
-        description="Cosine similarity at which a passage passes the gate even when the query does not name its "
-        "title (SmolLM2 biographies: another person's passage reaches 0.68, e.g. Pierre Curie for 'Marie Curie').",
+    relevance_margin: float = Field(
+        0.2, ge=0.0,
+        description="Relevance gate: a passage also needs a cosine within this of the best retrieved passage's.",
+    )
+    min_query_coverage: float = Field(
+        0.5, ge=0.0, le=1.0,
+        description="Relevance gate: share of the query's content words the passage text must contain (a query "
+        "that is a bare name instead needs the passage to open with that name).",
     )
     # --- mixture ---------------------------------------------------------
     alpha: float = Field(
@@ -75,6 +78,17 @@ class NestConfig(BaseModel):
         "retrieved passage continues it (a later chunk of the same document). Beyond the paper, which goes on "
         "with the LM: after a fully copied source the LM writes alone, and a small LM mostly invents (README: "
         "Knowing when to stop). Applies to nest and ra_nest.",
+    )
+    seams: bool = Field(
+        True,
+        description="Start a copy only where a reader accepts it: at a sentence start of the source when the text so "
+        "far ends a sentence, else where the source continues the text so far (nest_integrations.copy_policy).",
+    )
+    answer_focus: bool = Field(
+        True,
+        description="For a question, copy from the sentence of the kept passages that best answers it and end the "
+        "answer when that window is copied (finish_reason 'answered'), instead of copying a passage to its end. "
+        "Applies to chat prompts in nest and ra_nest.",
     )
     accept_threshold: float = Field(0.5, gt=0.0, lt=1.0, description="Deterministic acceptance when the ratio exceeds this.")
     # --- generation ------------------------------------------------------

@@ -329,7 +329,7 @@ def _trimmed(text: str, start: int, end: int) -> list[tuple[int, int]]:
     return [(new_start, new_start + len(stripped.rstrip()))]
 
 
-def _sentence_spans(text: str) -> list[tuple[int, int]]:
+def sentence_spans(text: str) -> list[tuple[int, int]]:
     """Character ranges of the sentences of ``text``, whitespace-trimmed, in order."""
     spans: list[tuple[int, int]] = []
     start = 0
@@ -427,7 +427,7 @@ def chunk_text(
     """
     cost, budget = _budget(max_words, max_tokens, tokenizer)
     pieces: list[tuple[int, int]] = []
-    for span in _sentence_spans(text):
+    for span in sentence_spans(text):
         if cost(text[span[0] : span[1]]) <= budget:
             pieces.append(span)
         else:

@@ -34,10 +34,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence, Union
 
+import numpy as np
 import torch
 
 from .attribution import (
@@ -51,11 +51,13 @@ from .attribution import (
     summarize,
 )
 from .config import MODES, NestConfig
+from .conversation import retrieval_query
+from .copy_policy import acceptable_start, focus_window, sentence_starts, wants_focus
 from .corpus import Passage
-from .datastore import CandidateSet, EncodeStats, TokenDatastore
+from .datastore import CandidateSet, EncodedPassage, EncodeStats, TokenDatastore
 from .lm import KeyReader, cache_argument
 from .mixture import accepted_prefix_length, distance_ratio, knn_distribution, mix, relaxed_accept_ratio, rrc_lambda
-from .relevance import gate
+from .relevance import RelevanceGate, subject_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from .lm import LoadedLM
@@ -63,13 +65,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
+_SEAM_TRIES = 32
+"""Neighbours tried, best p_M first, for one where a copy may start; beyond, the LM writes a token."""
+
 Message = Mapping[str, str]
 PromptLike = Union[str, Sequence[Message]]
 ScoredPassages = Sequence[tuple[Passage, float]]
-
-
-class NestFallbackWarning(UserWarning):
-    """NEST had no datastore entries for a prompt and generated with the LM alone."""
 
 
 @dataclass
@@ -124,10 +125,26 @@ class _Generation:
     stats: GenerationStats = field(default_factory=GenerationStats)
     candidates: Optional[CandidateSet] = None
     finished: bool = False
+    opening: Optional[tuple[int, int]] = None
+    """(passage index, token position) proposed first: the answer window's start, or a name's passage start."""
+    window_end: Optional[tuple[int, int]] = None
+    """(passage index, last token position) of the answer window; copying it ends the answer."""
+    starts: dict[int, list[int]] = field(default_factory=dict)
+    """Sentence starts (characters) of each candidate passage, computed when first needed."""
+    lead_in: str = ""
+    """Text the output continues: a plain-text prompt (a chat answer starts afresh)."""
 
     def finish(self, reason: FinishReason) -> None:
         self.finished = True
         self.stats.finish_reason = reason
+
+
+def _token_range(passage: EncodedPassage, char_start: int, char_end: int) -> tuple[int, int]:
+    """First and last token positions of ``passage`` overlapping characters ``[char_start, char_end)``."""
+    spans = passage.char_spans
+    first = int(np.searchsorted(spans[:, 1], char_start, side="right"))
+    last = int(np.searchsorted(spans[:, 0], char_end, side="left")) - 1
+    return min(first, len(spans) - 1), max(last, first)
 
 
 class NestDecoder:
@@ -325,10 +342,13 @@ class NestDecoder:
 
     @staticmethod
     def _default_query(prompt: PromptLike) -> str:
+        """The prompt itself, or for messages the conversation's query (:func:`retrieval_query`)."""
         if isinstance(prompt, str):
             return prompt
-        users = [m["content"] for m in prompt if m.get("role") == "user"]
-        return users[-1] if users else (prompt[-1]["content"] if prompt else "")
+        return retrieval_query(prompt) or (str(prompt[-1].get("content") or "") if prompt else "")
+
+    def _is_chat(self, prompt: PromptLike, config: NestConfig) -> bool:
+        return not isinstance(prompt, str) or (config.use_chat_template and bool(getattr(self.lm.tokenizer, "chat_template", None)))
 
     # ------------------------------------------------------------------ retrieval
     def _retrieve(self, query: str, passages: Optional[ScoredPassages], config: NestConfig) -> list[tuple[Passage, float]]:
@@ -339,44 +359,91 @@ class NestDecoder:
         return list(self.retriever.retrieve(query, config.passage_k))
 
     def _gate(self, query: str, hits: list[tuple[Passage, float]], config: NestConfig) -> list[Passage]:
-        """Passages allowed into the token datastore: those relevant to the query."""
-        if config.min_passage_relevance <= -1.0 or self.relevance is None or not hits or not query.strip():
-            return [p for p, _ in hits]
+        """Passages allowed into the token datastore: those relevant to the query (:class:`RelevanceGate`)."""
         passages = [p for p, _ in hits]
-        kept = gate(
-            query, passages, self.relevance(query, passages),
-            config.min_passage_relevance, config.min_passage_relevance_unnamed,
-        )
-        if len(kept) < len(hits):
-            logger.info("relevance gate kept %d of %d passages", len(kept), len(hits))
-        return kept
+        if config.min_passage_relevance <= -1.0 or self.relevance is None or not hits or not query.strip():
+            return passages
+        gate = RelevanceGate(config.min_passage_relevance, config.relevance_margin, config.min_query_coverage)
+        decision = gate(query, passages, self.relevance(query, passages))
+        if len(decision.kept) < len(hits):
+            logger.info("relevance gate kept %d of %d passages", len(decision.kept), len(hits))
+        return decision.kept
 
     # ------------------------------------------------------------------ the loop
     def _prepare(self, gen: _Generation, prompt: PromptLike, query: Optional[str], passages: Optional[ScoredPassages]) -> list[Passage]:
-        """First stage: retrieve, gate, build the candidate set; returns the prompt passages (rag modes)."""
+        """First stage: retrieve, gate, build the candidate set and plan the opening; returns the
+        prompt passages (rag modes). A datastore mode without entries records why in
+        ``stats.fallback_reason`` and generates with the LM alone."""
         config = gen.config
         stats = gen.stats
         context: list[Passage] = []
-        if config.mode != "base":
-            t0 = time.perf_counter()
-            q = query if query is not None else self._default_query(prompt)
-            hits = self._retrieve(q, passages, config)
-            stats.retrieval_s = time.perf_counter() - t0
-            if config.uses_prompt_passages:
-                context = [p for p, _ in hits[: config.rag_passages]]
-            if config.uses_datastore:
-                gated = self._gate(q, hits, config)
-                stats.retrieval_s = time.perf_counter() - t0
-                gen.candidates = self._candidates(gated, config, stats)
-                if gen.candidates is None or len(gen.candidates) == 0:
-                    warnings.warn(
-                        "no datastore entries for this prompt (empty datastore, no retrieved or relevant passage); "
-                        "generating with the LM alone",
-                        NestFallbackWarning,
-                        stacklevel=4,
-                    )
-                    gen.candidates = None
+        if config.mode == "base":
+            return context
+        t0 = time.perf_counter()
+        q = query if query is not None else self._default_query(prompt)
+        hits = self._retrieve(q, passages, config)
+        stats.retrieval_s = time.perf_counter() - t0
+        if config.uses_prompt_passages:
+            context = [p for p, _ in hits[: config.rag_passages]]
+        if not config.uses_datastore:
+            return context
+        gated = self._gate(q, hits, config)
+        stats.retrieval_s = time.perf_counter() - t0
+        stats.gate_retrieved, stats.gate_kept = len(hits), len(gated)
+        gen.candidates = self._candidates(gated, config, stats)
+        if gen.candidates is None or len(gen.candidates) == 0:
+            gen.candidates = None
+            if passages is None and self.retriever is None:
+                stats.fallback_reason = "no_retriever"
+            elif not hits:
+                stats.fallback_reason = "nothing_retrieved"
+            elif not gated:
+                stats.fallback_reason = "nothing_relevant"
+            else:
+                stats.fallback_reason = "empty_datastore"
+            logger.info("no datastore entries for this prompt (%s): generating with the LM alone", stats.fallback_reason)
+            return context
+        stats.copied_from_datastore = True
+        if config.mode not in ("nest", "ra_nest"):
+            return context
+        if self._is_chat(prompt, config):
+            self._plan_opening(gen, q, gated)
+        else:
+            gen.lead_in = str(prompt)
         return context
+
+    def _plan_opening(self, gen: _Generation, query: str, kept: list[Passage]) -> None:
+        """Where the answer's first copy is proposed (checked by the LM like any span).
+
+        A question (:func:`wants_focus`) opens at its answer window
+        (:func:`focus_window`): the other entries are masked, and copying the
+        window's last token ends the answer. A request about someone or
+        something by name (:func:`subject_name`) opens at the start of the best
+        kept passage, so a biography opens with its subject's own first
+        sentence instead of a copy that starts mid-way. Other requests open
+        wherever the kNN search leads (within the seam rules).
+        """
+        assert gen.candidates is not None and self.datastore is not None
+        candidates = gen.candidates
+        if gen.config.answer_focus and wants_focus(query):
+            window = focus_window(query, kept)
+            if window is None:
+                return
+            pidx = self.datastore.index_of(window.passage_id)
+            assert pidx is not None
+            first, last = _token_range(candidates.passage(pidx), window.start, window.end)
+            for other in candidates.passage_indices:
+                length = len(candidates.passage(other).token_ids)
+                if other != pidx:
+                    candidates.mark_used(other, 0, length - 1)
+                else:
+                    candidates.mark_used(other, 0, first - 1)
+                    candidates.mark_used(other, last + 1, length - 1)
+            gen.opening, gen.window_end = (pidx, first), (pidx, last)
+        elif subject_name(query) is not None:
+            pidx = self.datastore.index_of(kept[0].id)
+            if pidx is not None and len(candidates.passage(pidx).token_ids):
+                gen.opening = (pidx, 0)
 
     def _run(self, gen: _Generation, prompt: PromptLike, query: Optional[str], passages: Optional[ScoredPassages]) -> Iterator[None]:
         context = self._prepare(gen, prompt, query, passages)
@@ -489,10 +556,12 @@ class NestDecoder:
         p_m = step.p_m[row]
         proposal = None
         if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
-            if continuation is not None and self._passage_has(gen.candidates, *continuation):
+            if not gen.records and gen.opening is not None:
+                proposal = gen.opening
+            elif continuation is not None and self._passage_has(gen.candidates, *continuation):
                 proposal = continuation
             elif float(step.lam[row]) <= config.delta:
-                proposal = self._select_span(gen.candidates, p_m, step.values[row], step.entries[row])
+                proposal = self._select_span(gen, p_m, step.values[row], step.entries[row])
         if proposal is not None:
             pidx, pos = proposal
             tokens = gen.candidates.passage(pidx).token_ids  # type: ignore[union-attr]
@@ -507,15 +576,30 @@ class NestDecoder:
     def _passage_has(candidates: CandidateSet, pidx: int, pos: int) -> bool:
         return pos < len(candidates.passage(pidx).token_ids)
 
-    @staticmethod
-    def _select_span(candidates: CandidateSet, p_m: torch.Tensor, values: torch.Tensor, entries: torch.Tensor) -> Optional[tuple[int, int]]:
-        """(passage index, start position) of the neighbour whose value has the highest p_M."""
+    def _select_span(self, gen: _Generation, p_m: torch.Tensor, values: torch.Tensor, entries: torch.Tensor) -> Optional[tuple[int, int]]:
+        """(passage index, start position) of the neighbour whose value has the highest p_M
+        among those where a copy may start (:meth:`_seam_ok`; the first ``_SEAM_TRIES``)."""
+        assert gen.candidates is not None
         live = values >= 0
         if not bool(live.any()):
             return None
         probs = torch.where(live, p_m[values.clamp_min(0)], torch.full_like(values, -1.0, dtype=p_m.dtype))
-        best = int(probs.argmax())
-        return candidates.entry_source(int(entries[best]))
+        order = probs.argsort(descending=True)[: int(live.sum())]
+        for best in order[:_SEAM_TRIES].tolist():
+            source = gen.candidates.entry_source(int(entries[best]))
+            if self._seam_ok(gen, *source):
+                return source
+        return None
+
+    def _seam_ok(self, gen: _Generation, pidx: int, pos: int) -> bool:
+        """Whether a copy from token ``pos`` of passage ``pidx`` may follow the text so far
+        (:func:`acceptable_start`; always when ``config.seams`` is off)."""
+        if not gen.config.seams:
+            return True
+        assert gen.candidates is not None and self.datastore is not None
+        text = self.datastore.passages[pidx].text
+        starts = gen.starts.setdefault(pidx, sentence_starts(text))
+        return acceptable_start(gen.lead_in + gen.text, text, int(gen.candidates.passage(pidx).char_spans[pos, 0]), starts)
 
     @staticmethod
     def _pick(p_m: torch.Tensor, config: NestConfig, generator: Optional[torch.Generator]) -> int:
@@ -551,6 +635,8 @@ class NestDecoder:
                 gen.finish("stop")
             elif len(gen.records) >= gen.config.max_new_tokens:
                 gen.finish("length")
+            elif copied and gen.window_end == (record.passage_index, record.position):
+                gen.finish("answered")
             elif copied and gen.config.stop_at_source_end and self._source_exhausted(gen.candidates, record):  # type: ignore[arg-type]
                 gen.finish("source_end")
             if gen.finished:

@@ -1,62 +1,252 @@
 """The relevance gate: which retrieved passages NEST may copy from (beyond the paper).
 
-With a person's own summary missing from the corpus, the paper's method still
-copies: the nearest tokens belong to another person's biography, and relaxed
-speculative decoding accepts them. The gate keeps a retrieved passage only when
+Without a gate the paper's method copies from whatever the first stage
+returns: with a person's own summary missing from the corpus, the nearest
+tokens belong to another person's biography and relaxed speculative decoding
+accepts them; a question the corpus does not cover copies a passage that
+shares one word with it. The gate reads only the query and the passage
+*text* -- never titles or other metadata, which users word in every way
+(file stems, "apt-get.8", "slicings") or do not have at all.
 
-* its dense cosine similarity to the retrieval query reaches
-  ``min_passage_relevance`` **and** the query names the passage's subject
-  (every content word of its title occurs in the query; untitled passages
-  count as named), or
-* its similarity reaches ``min_passage_relevance_unnamed`` (a passage so close
-  to the query that naming does not matter).
+A passage passes when all of these hold:
 
-Measured on SmolLM2 biographies over the Wikipedia summaries: own summaries
-score 0.55-0.74 against the person's name, while passages about somebody else
-reach 0.68 (Pierre Curie for "Marie Curie"), so no single cosine threshold
-separates them; the entity check does.
+* **similarity**: its dense cosine similarity to the query reaches
+  ``min_similarity`` and lies within ``similarity_margin`` of the best
+  retrieved passage (the first stage often returns a clear winner followed by
+  passages that only share the topic);
+* **coverage**: the passage text contains at least ``min_coverage`` of the
+  query's content words (stems, accents folded; question words and stopwords
+  left out). "reverse a string in JavaScript" against a Python sequence
+  document covers 2 of 3;
+* **subject**, for a query that asks about someone or something by name
+  (:func:`subject_name`: the biography task's "Marie Curie", "Tell me a bio of
+  Ada Lovelace.", "Who was Alan Turing?"): instead of the coverage check,
+  the passage's opening sentence must name it.
+  A passage mentions many people but opens with its own subject, so Pierre
+  Curie's summary (cosine 0.68 against "Marie Curie", above several people's
+  own summaries) stays out while Marie Curie's passes.
+
+The thresholds and their measured trade-off are in the README (Relevance gate).
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Literal, Optional, Sequence
 
 from .corpus import Passage
 
 _STOPWORDS = frozenset(
-    "a an and as at by de der di du for from in of on or la le the to van von".split()
+    """a an and as at by de der di du for from in into of on onto or la le the to van von with without within
+    is are was were be been being am do does did done doing have has had having can could would should will shall
+    may might must i you we me my your our us it its this that these those there here what which who whom whose
+    how why when where tell show give explain describe please about use using used get make way ways some any
+    all each other than then so if not no yes one also just like want need know""".split()
 )
 _PARENTHETICAL = re.compile(r"\([^)]*\)")
+_WORD = re.compile(r"\w+")
+# A full stop ends a sentence unless it closes an initial ("Theodor W. Adorno") or a title.
+_SENTENCE_END = re.compile(r"(?<!\s[A-Z])(?<!\bDr|\bMr|\bSt|\bJr|\bSr|\bMs)(?<!\bMrs)[.!?](?=\s+[\"'(\[]?[A-Z0-9])|\n")
+_LEAD_MAX_CHARS = 300
+
+GateReason = Literal["nothing_relevant"]
+
+
+def _fold(text: str) -> str:
+    """Lower-case, accent-free text."""
+    text = unicodedata.normalize("NFKD", text)
+    return "".join(ch for ch in text if not unicodedata.combining(ch)).casefold()
+
+
+def stem(word: str) -> str:
+    """A light English stem, enough to match "slicings" with "slicing" and "sorted" with "sort"."""
+    for suffix in ("ings", "ing", "ies", "es", "ed", "s"):
+        if len(word) > len(suffix) + 2 and word.endswith(suffix):
+            return word[: -len(suffix)] + ("y" if suffix == "ies" else "")
+    return word
 
 
 def content_words(text: str) -> set[str]:
-    """Lower-case, accent-free words of ``text`` without stopwords and parentheticals.
+    """Stems of the words of ``text`` without stopwords, question words and parentheticals.
 
     ``content_words("Constantin Brâncuși (sculptor)") == {"constantin", "brancusi"}``.
     """
-    text = unicodedata.normalize("NFKD", _PARENTHETICAL.sub(" ", text))
-    text = "".join(ch for ch in text if not unicodedata.combining(ch)).casefold()
-    return {w for w in re.findall(r"\w+", text) if w not in _STOPWORDS}
+    words = _WORD.findall(_fold(_PARENTHETICAL.sub(" ", text)))
+    return {stem(w) for w in words if w not in _STOPWORDS and not w.isdigit()}
 
 
-def names_subject(query: str, passage: Passage) -> bool:
-    """Whether ``query`` names the passage's subject (its title); True for untitled passages."""
-    title = content_words(passage.title)
-    return not title or title <= content_words(query)
+def _text_stems(text: str) -> set[str]:
+    return {stem(w) for w in _WORD.findall(_fold(text))}
 
 
-def gate(
-    query: str,
-    passages: Sequence[Passage],
-    similarities: Sequence[float],
-    min_relevance: float,
-    min_relevance_unnamed: float,
-) -> list[Passage]:
-    """The passages that pass the gate, in their original order (see module docstring)."""
-    return [
-        p
-        for p, s in zip(passages, similarities)
-        if s >= min_relevance_unnamed or (s >= min_relevance and names_subject(query, p))
-    ]
+def coverage(query: str, text: str) -> float:
+    """Share of the query's content words that occur in ``text`` (1.0 for a query without any)."""
+    wanted = content_words(query)
+    if not wanted:
+        return 1.0
+    return len(wanted & _text_stems(text)) / len(wanted)
+
+
+_NAME_PARTICLES = frozenset(
+    "of the de de' der den di du da das dos del della van von la le al el ibn bin bint y e zu ter ten".split()
+)
+_ROMAN_NUMERAL = re.compile(r"^(?=[ivxlc])(?:x{0,3}|xl|l|lx{1,3}|xc|c)(?:i{0,3}|iv|v|vi{1,3}|ix)$")
+_SUBJECT_WINDOW = 15
+"""A passage's subject is named among the first words of its opening sentence."""
+
+
+def is_name_query(query: str) -> bool:
+    """Whether ``query`` is a bare name ("Marie Curie", "Pedro I of Brazil", "Lorenzo de' Medici"):
+    1 to 6 words, no question mark, every word but name particles (de, von, ibn, ...) capitalised."""
+    words = query.strip().split()
+    if not 1 <= len(words) <= 6 or "?" in query:
+        return False
+    named = [w for w in words if _fold(w).strip(".,'") not in _NAME_PARTICLES]
+    return bool(named) and all(w[:1].isupper() for w in named)
+
+
+_ASKED_NAME = re.compile(
+    r"\b(?i:bio(?:graphy)?|life|about|who\s+(?:is|was|were))\s+(?:of\s+)?"
+    r"(?P<name>[A-Z][\w'.-]*(?:\s+(?:[A-Z][\w'.-]*|of|de|de'|von|van|da|di|du|del|la|le|al|ibn|bin|the))*)"
+)
+
+
+def subject_name(query: str) -> str | None:
+    """The person or thing a query asks about by name, or None.
+
+    A bare name ("Marie Curie") is its own subject; so is the name in "Tell me
+    a bio of Ada Lovelace.", "the life of Pedro I of Brazil" or "Who was Alan
+    Turing?". Trailing particles ("... of") are dropped.
+    """
+    if is_name_query(query):
+        return query.strip()
+    match = _ASKED_NAME.search(query)
+    if not match:
+        return None
+    words = match.group("name").rstrip(".").split()
+    while words and _fold(words[-1]) in _NAME_PARTICLES:
+        words.pop()
+    return " ".join(words) or None
+
+
+def _name_parts(name: str) -> tuple[list[str], set[str]]:
+    """``(words, numerals)`` of a name: folded words without particles and initials
+    ("Arthur C. Clarke" -> ["arthur", "clarke"]) up to its regnal numeral
+    ("Richard I of England" -> ["richard"], {"i"})."""
+    words, numerals = [], set()
+    for match in re.finditer(r"[\w']+\.?", name):
+        raw = match.group()
+        word = _fold(raw.rstrip("."))
+        if word.strip("'") in _NAME_PARTICLES or not word:
+            continue
+        if _ROMAN_NUMERAL.match(word) and not raw.endswith("."):
+            numerals.add(word)
+            break  # a ruler's territory after the numeral is often left out ("William III and II, ...")
+        if len(word) > 1:
+            words.extend(_WORD.findall(word))
+    return words, numerals
+
+
+def lead(text: str) -> str:
+    """The opening sentence of ``text`` (at most ``_LEAD_MAX_CHARS`` characters, parentheticals removed)."""
+    head = _PARENTHETICAL.sub(" ", text.lstrip()[:_LEAD_MAX_CHARS])
+    match = _SENTENCE_END.search(head)
+    return head[: match.end()] if match else head
+
+
+def _in_order(words: Sequence[str], opening: Sequence[str]) -> int:
+    """Index in ``opening`` just past ``words`` found as an ordered subsequence, or -1."""
+    at = 0
+    for word in words:
+        try:
+            at = opening.index(word, at) + 1
+        except ValueError:
+            return -1
+    return at
+
+
+def names_subject(name: str, text: str) -> bool:
+    """Whether ``text`` opens with ``name`` as its subject.
+
+    Every word of the name (initials and particles aside) must occur, in the
+    name's order, among the first ``_SUBJECT_WINDOW`` words of the opening
+    sentence ("Maria Salomea Skłodowska-Curie, known as Marie Curie, was...");
+    "Alexander Pope" is not "Pope Alexander VI". Regnal numerals must match:
+    "Pedro I of Brazil" is not "Pedro II of Brazil", "Túpac Amaru" not
+    "Túpac Amaru II". Nicknames that share no word with the lead ("Tom Hanks"
+    for "Thomas Jeffrey Hanks") do not pass: the price of keeping other
+    people's summaries out (README: Relevance gate).
+    """
+    words, numerals = _name_parts(name)
+    if not words:
+        return False
+    opening = _WORD.findall(_fold(lead(text)))[:_SUBJECT_WINDOW]
+    end = _in_order(words, opening)
+    if end < 0:
+        return False
+    following = opening[end] if end < len(opening) else ""
+    if _ROMAN_NUMERAL.match(following) and following not in numerals:
+        return False
+    return numerals <= set(opening)
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """The passages a gate lets into the token datastore, and why none when it keeps nothing."""
+
+    kept: list[Passage]
+    reason: Optional[GateReason] = None
+
+
+@dataclass(frozen=True)
+class RelevanceGate:
+    """Decides which retrieved passages NEST may copy from (see the module docstring).
+
+    Args:
+        min_similarity: dense cosine floor (all-MiniLM-L6-v2 over question and
+            passage); -1 turns the similarity checks off.
+        similarity_margin: keep passages whose cosine is within this of the
+            best retrieved one; >= 2 keeps them all.
+        min_coverage: share of the query's content words the passage text must
+            hold; 0 turns the check off.
+    """
+
+    min_similarity: float = 0.3
+    similarity_margin: float = 0.2
+    min_coverage: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not -1.0 <= self.min_similarity <= 1.0:
+            raise ValueError(f"min_similarity must be in [-1, 1], got {self.min_similarity}")
+        if self.similarity_margin < 0:
+            raise ValueError(f"similarity_margin must be >= 0, got {self.similarity_margin}")
+        if not 0.0 <= self.min_coverage <= 1.0:
+            raise ValueError(f"min_coverage must be in [0, 1], got {self.min_coverage}")
+
+    def passes(self, query: str, passage: Passage, similarity: float, best: float) -> bool:
+        """Whether one passage passes, given the best similarity among the retrieved ones."""
+        if self.min_similarity > -1.0 and (similarity < self.min_similarity or similarity < best - self.similarity_margin):
+            return False
+        name = subject_name(query)
+        if name is not None:
+            return names_subject(name, passage.text)
+        return coverage(query, passage.text) >= self.min_coverage
+
+    def __call__(self, query: str, passages: Sequence[Passage], similarities: Sequence[float]) -> GateDecision:
+        """The passages that pass, in their original order.
+
+        Args:
+            query: the first-stage retrieval query.
+            passages: retrieved passages, best first.
+            similarities: cosine similarity of each passage to ``query``
+                (same length as ``passages``).
+        """
+        if len(passages) != len(similarities):
+            raise ValueError(f"{len(passages)} passages but {len(similarities)} similarities")
+        if not passages:
+            return GateDecision([], "nothing_relevant")
+        best = max(similarities)
+        kept = [p for p, s in zip(passages, similarities) if self.passes(query, p, float(s), float(best))]
+        return GateDecision(kept, None if kept else "nothing_relevant")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -11,7 +9,7 @@ from nest_integrations.attribution import merge_spans, render_html, render_markd
 from nest_integrations.config import NestConfig
 from nest_integrations.corpus import Passage
 from nest_integrations.datastore import PassageEncoder, TokenDatastore
-from nest_integrations.decoding import NestDecoder, NestFallbackWarning
+from nest_integrations.decoding import NestDecoder
 from nest_integrations.mixture import knn_distribution, mix, rrc_lambda
 
 PROMPT = "Tell me about the comet catalogue."
@@ -177,20 +175,26 @@ def test_edge_cases(decoder, tiny_lm):
     assert out.stats.new_tokens == 8
 
 
-def test_empty_datastore_falls_back_to_base_with_a_warning(tiny_lm):
-    dec = NestDecoder(tiny_lm, TokenDatastore([], PassageEncoder(tiny_lm)), ListRetriever([]))
-    with pytest.warns(NestFallbackWarning):
-        out = dec.generate(PROMPT, max_new_tokens=6)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert out.text == dec.generate(PROMPT, max_new_tokens=6, mode="base").text
+def test_fallback_to_the_lm_says_why(tiny_lm, tiny_datastore, small_passages):
+    empty = TokenDatastore([], PassageEncoder(tiny_lm))
+    out = NestDecoder(tiny_lm, empty, ListRetriever([])).generate(PROMPT, max_new_tokens=6)
+    assert out.stats.fallback_reason == "nothing_retrieved" and not out.stats.copied_from_datastore
+    assert out.text == NestDecoder(tiny_lm, empty).generate(PROMPT, max_new_tokens=6, mode="base").text
+    assert NestDecoder(tiny_lm, empty).generate(PROMPT, max_new_tokens=2).stats.fallback_reason == "no_retriever"
+    blank = Passage(id="blank", text="<|endoftext|>")  # special tokens only: no datastore entry
+    out = NestDecoder(tiny_lm, empty, ListRetriever([blank])).generate(PROMPT, max_new_tokens=2)
+    assert out.stats.fallback_reason == "empty_datastore"
+    copying = NestDecoder(tiny_lm, tiny_datastore, ListRetriever(small_passages)).generate(PROMPT, max_new_tokens=2)
+    assert copying.stats.fallback_reason is None and copying.stats.copied_from_datastore
+    assert copying.to_dict()["stats"]["fallback_reason"] is None
+    assert NestDecoder(tiny_lm, empty).generate(PROMPT, max_new_tokens=2, mode="base").stats.fallback_reason is None
 
 
 def test_relevance_gate_falls_back_when_nothing_is_relevant(tiny_lm, tiny_datastore, small_passages):
     dec = NestDecoder(tiny_lm, tiny_datastore, ListRetriever(small_passages), relevance=lambda q, ps: [0.0] * len(ps))
-    with pytest.warns(NestFallbackWarning):
-        out = dec.generate(PROMPT, max_new_tokens=8, min_passage_relevance=0.5, **COPY)
-    assert out.attribution_ratio == 0.0
+    out = dec.generate(PROMPT, max_new_tokens=8, min_passage_relevance=0.5, **COPY)
+    assert out.attribution_ratio == 0.0 and out.stats.fallback_reason == "nothing_relevant"
+    assert (out.stats.gate_retrieved, out.stats.gate_kept) == (len(small_passages), 0)
 
 
 def test_renderers_show_sources(decoder):

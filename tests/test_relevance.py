@@ -1,24 +1,53 @@
-"""The relevance gate's entity check and thresholds."""
+"""The relevance gate: similarity, query coverage and the subject check, without titles."""
+
+import pytest
 
 from nest_integrations.corpus import Passage
-from nest_integrations.relevance import content_words, gate, names_subject
+from nest_integrations.relevance import RelevanceGate, content_words, coverage, names_subject, subject_name
+
+MARIE = Passage(id="m", text="Maria Salomea Skłodowska-Curie, known simply as Marie Curie, was a Polish physicist.")
+PIERRE = Passage(id="p", text="Pierre Curie was a French physicist. He shared the Nobel Prize with his wife, Marie Curie.")
 
 
-def test_content_words_fold_accents_and_drop_parentheticals():
+def test_content_words_fold_accents_stem_and_drop_parentheticals():
     assert content_words("Constantin Brâncuși (sculptor)") == {"constantin", "brancusi"}
-    assert content_words("Joan of Arc") == {"joan", "arc"}
+    assert content_words("How do I use slicings?") == {"slic"} == content_words("slicing")
 
 
-def test_query_must_name_the_passage_subject():
-    marie, pierre = Passage(id="m", title="Marie Curie", text="..."), Passage(id="p", title="Pierre Curie", text="...")
-    assert names_subject("Tell me a bio of Marie Curie.", marie)
-    assert not names_subject("Tell me a bio of Marie Curie.", pierre)
-    assert names_subject("anything", Passage(id="u", text="untitled passages count as named"))
+def test_subject_names_come_from_bare_names_and_requests():
+    assert subject_name("Marie Curie") == "Marie Curie"
+    assert subject_name("Tell me a bio of Ada Lovelace.") == "Ada Lovelace"
+    assert subject_name("Who was Pedro I of Brazil?") == "Pedro I of Brazil"
+    assert subject_name("How do I send a value into a generator?") is None
 
 
-def test_gate_combines_similarity_and_naming():
-    marie, pierre = Passage(id="m", title="Marie Curie", text="..."), Passage(id="p", title="Pierre Curie", text="...")
-    query = "Marie Curie"
-    assert gate(query, [marie, pierre], [0.55, 0.68], 0.45, 0.75) == [marie], "another person's passage stays out"
-    assert gate(query, [marie, pierre], [0.40, 0.80], 0.45, 0.75) == [pierre], "very close passages pass unnamed"
-    assert gate(query, [marie], [0.30], 0.45, 0.75) == []
+def test_a_passage_must_open_with_the_subject():
+    assert names_subject("Marie Curie", MARIE.text)
+    assert not names_subject("Marie Curie", PIERRE.text), "named later, not the subject"
+    assert not names_subject("Alexander Pope", "Pope Alexander VI was head of the Catholic Church.")
+    assert not names_subject("Pedro I of Brazil", "Pedro II was the second and last monarch of Brazil.")
+    assert names_subject("Pedro I of Brazil", "Pedro I was the founder of the Empire of Brazil.")
+    assert names_subject("Arthur C. Clarke", "Sir Arthur Charles Clarke was an English writer.")
+    assert names_subject("Theodor W. Adorno", "Theodor W. Adorno was a German philosopher.")
+
+
+def test_titles_play_no_part():
+    titled = Passage(id="t", title="apt-get.8", text="apt-get installs packages: apt-get install installs a package.")
+    gate = RelevanceGate()
+    assert gate("How do I install a package with apt-get?", [titled], [0.6]).kept == [titled]
+    assert gate("Marie Curie", [Passage(id="x", title="Marie Curie", text=PIERRE.text)], [0.7]).kept == []
+
+
+def test_gate_combines_similarity_margin_and_coverage():
+    gate = RelevanceGate(min_similarity=0.3, similarity_margin=0.2, min_coverage=0.5)
+    assert gate("Marie Curie", [MARIE, PIERRE], [0.55, 0.68]).kept == [MARIE]
+    assert gate("Marie Curie", [MARIE], [0.2]).reason == "nothing_relevant"
+    seq = Passage(id="s", text="Sequences support slicing; reversed() returns a reverse iterator over a sequence.")
+    assert coverage("reverse a string in JavaScript", seq.text) < 0.5
+    assert gate("reverse a string in JavaScript", [seq], [0.5]).kept == []
+    far = Passage(id="f", text="A sequence is an ordered collection, and slicing a sequence returns a new one.")
+    assert gate("How does slicing a sequence work?", [seq, far], [0.7, 0.45]).kept == [seq], "outside the margin"
+    with pytest.raises(ValueError):
+        RelevanceGate(min_coverage=2.0)
+    with pytest.raises(ValueError):
+        gate("q", [seq], [])

@@ -40,7 +40,6 @@ import logging
 import math
 import sys
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,7 @@ from tqdm.auto import tqdm
 from nest_integrations.attribution import GenerationStats
 from nest_integrations.corpus import Passage
 from nest_integrations.datastore import PrecomputedKeys, TokenDatastore
-from nest_integrations.decoding import NestDecoder, NestFallbackWarning
+from nest_integrations.decoding import NestDecoder
 from nest_integrations.evaluation.metrics import aggregate, tokens_per_forward
 from nest_integrations.evaluation.runner import (
     check_modes,
@@ -123,17 +122,15 @@ def _precomputed_datastore(index: NestIndex, requests: Sequence[Request], k: int
 
 def _stream_run(decoder: NestDecoder, request: Request, mode: str) -> dict[str, Any]:
     """One streamed generation: ``{"ttft_s": seconds to the first text chunk or
-    None, "output": NestOutput dict}`` (fallback warnings silenced)."""
+    None, "output": NestOutput dict}``."""
     prompt, query = request
     output = None
     ttft = None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NestFallbackWarning)
-        start = time.perf_counter()
-        for chunk in decoder.stream(prompt, query=query, mode=mode):
-            if ttft is None and chunk.text:
-                ttft = time.perf_counter() - start
-            output = chunk.output
+    start = time.perf_counter()
+    for chunk in decoder.stream(prompt, query=query, mode=mode):
+        if ttft is None and chunk.text:
+            ttft = time.perf_counter() - start
+        output = chunk.output
     assert output is not None  # the last chunk always carries it
     return {"ttft_s": ttft, "output": output.to_dict()}
 

@@ -1,0 +1,87 @@
+"""The retrieval query of a conversation: what the first stage searches for.
+
+A chat's last user message is often a follow-up that names nothing ("And how
+do I send a value into it?"): searched alone it retrieves nothing relevant and
+the LM invents. The rule here, used by the decoder and both integrations:
+
+* the query is the last user message;
+* when that message is a *follow-up* -- it has at most
+  ``FOLLOW_UP_MAX_WORDS`` content words, or refers back with a pronoun or an
+  opening connective ("it", "they", "that", "and ...", "what about ...") --
+  the previous user messages are prepended, newest last, until
+  ``HISTORY_MAX_WORDS`` words of history are included.
+
+Assistant turns are left out: they are the LM's own words (possibly invented)
+and would pull retrieval towards what was already said rather than what is
+asked. System turns are instructions, not topics.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping, Sequence
+
+FOLLOW_UP_MAX_WORDS = 3
+"""A last message with this many content words or fewer is read as a follow-up."""
+
+HISTORY_MAX_WORDS = 64
+"""At most this many words of earlier user turns are prepended to a follow-up."""
+
+_WORD = re.compile(r"[\w'-]+")
+_BACK_REFERENCES = frozenset(
+    "it its it's itself they them their theirs this that these those he him his she her hers one ones "
+    "there then such same former latter".split()
+)
+_OPENING_CONNECTIVES = ("and", "also", "but", "so", "then", "what about", "how about", "and what", "and how", "why")
+_FUNCTION_WORDS = frozenset(
+    "a an the of to in on for with by at from as is are was were be been do does did can could would should "
+    "will shall may might must i you we me my your our what which who whom whose how why when where please "
+    "tell show give explain about or and not no yes".split()
+)
+
+
+def _words(text: str) -> list[str]:
+    return [w.casefold() for w in _WORD.findall(text)]
+
+
+def is_follow_up(message: str) -> bool:
+    """Whether a user message leans on earlier turns (see the module docstring)."""
+    words = _words(message)
+    if not words:
+        return True
+    content = [w for w in words if w not in _FUNCTION_WORDS and w not in _BACK_REFERENCES]
+    if len(content) <= FOLLOW_UP_MAX_WORDS:
+        return True
+    opening = " ".join(words[:2])
+    if any(opening == c or opening.startswith(c + " ") or words[0] == c for c in _OPENING_CONNECTIVES):
+        return True
+    return any(w in _BACK_REFERENCES for w in words)
+
+
+def retrieval_query(messages: Sequence[Mapping[str, str]]) -> str:
+    """The first-stage query for a list of ``{"role", "content"}`` messages.
+
+    Returns "" when there is no user message. Examples::
+
+        >>> retrieval_query([{"role": "user", "content": "What is a generator in Python?"},
+        ...                  {"role": "assistant", "content": "A function that yields."},
+        ...                  {"role": "user", "content": "And how do I send a value into it?"}])
+        'What is a generator in Python?\\nAnd how do I send a value into it?'
+    """
+    users = [str(m.get("content") or "") for m in messages if m.get("role") == "user"]
+    users = [u for u in users if u.strip()]
+    if not users:
+        return ""
+    last = users[-1]
+    if len(users) == 1 or not is_follow_up(last):
+        return last
+    history: list[str] = []
+    budget = HISTORY_MAX_WORDS
+    for earlier in reversed(users[:-1]):
+        budget -= len(_words(earlier))
+        if budget < 0 and history:
+            break
+        history.insert(0, earlier)
+        if not is_follow_up(earlier):
+            break  # a self-contained question: the topic starts here
+    return "\n".join([*history, last])

@@ -1,0 +1,152 @@
+"""Where a copy may start and which part of a passage answers the query (beyond the paper).
+
+The paper copies from whichever neighbour the kNN search ranks first. Over a
+user's documents that reads badly: copies start mid-sentence after the LM's
+first words ("Ada Lovelace, was an English..."), inside a parenthesis
+("1912), which gave its name to..."), and a question is answered by copying
+a whole passage from its first word to its last. Two small rules fix that:
+
+* **Seams** (:func:`acceptable_start`): a copy may start at a sentence start
+  of its source when the text so far is empty or ends a sentence, and
+  otherwise only where the source really continues the text so far (its last
+  ``CONTINUATION_WORDS`` words precede the copy in the source too) and not
+  inside a bracket or quotation the text so far never opened.
+* **Answer focus** (:func:`focus_window`): for a question, the sentence of the
+  kept passages that shares the most (rarest) words with it, extended while
+  it is shorter than ``MIN_WINDOW_WORDS``. The decoder copies from there and
+  ends the answer when the copy reaches the window's end
+  (``NestConfig.stop_when_answered``), instead of running on into what the
+  passage says next.
+
+All offsets are character offsets into a passage's text.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from .corpus import Passage, sentence_spans
+from .relevance import content_words, is_name_query, stem
+
+CONTINUATION_WORDS = 2
+"""Words of the text so far that must precede a mid-sentence copy in its source."""
+
+MIN_WINDOW_WORDS = 12
+"""An answer window shorter than this takes in the following sentence too."""
+
+_WORD = re.compile(r"\w+")
+_OPENERS = {"(": ")", "[": "]", "\u201c": "\u201d", "\u2018": "\u2019"}
+_QUESTION_WORDS = frozenset(
+    "how what which who whom whose when where why is are was were do does did can could should would will shall "
+    "may might has have had".split()
+)
+
+
+def _fold_words(text: str) -> list[str]:
+    return [w.casefold() for w in _WORD.findall(text)]
+
+
+def ends_sentence(text: str) -> bool:
+    """Whether ``text`` is empty or ends a sentence, a heading or a list item."""
+    stripped = text.rstrip(" \t\"'\u201d\u2019)]")
+    return not stripped or stripped[-1] in ".!?:\n" or text.endswith("\n")
+
+
+def unclosed_brackets(text: str) -> int:
+    """Brackets and curly quotes opened in ``text`` and not closed, plus 1 for an odd count of ``"``."""
+    depth = 0
+    for ch in text:
+        if ch in _OPENERS:
+            depth += 1
+        elif ch in _OPENERS.values():
+            depth = max(depth - 1, 0)
+    return depth + text.count('"') % 2
+
+
+def _sentence_start_before(source: str, char_pos: int, starts: Sequence[int]) -> int:
+    return max((s for s in starts if s <= char_pos), default=0)
+
+
+def acceptable_start(generated: str, source: str, char_pos: int, starts: Sequence[int]) -> bool:
+    """Whether a copy of ``source[char_pos:]`` may follow ``generated`` (see the module docstring).
+
+    Args:
+        generated: the text generated so far.
+        source: the source passage's text.
+        char_pos: where the copy would start (a token's start: it may point at
+            the whitespace before the token's word).
+        starts: the sentence starts of ``source`` (:func:`sentence_starts`).
+    """
+    begin = char_pos + len(source[char_pos:]) - len(source[char_pos:].lstrip())
+    if ends_sentence(generated):
+        return begin in starts or begin == 0
+    wanted = _fold_words(generated)[-CONTINUATION_WORDS:]
+    before = source[:char_pos]
+    if not wanted or _fold_words(before)[-len(wanted):] != wanted or (before and before[-1].isalnum() and source[char_pos:char_pos + 1].isalnum()):
+        return False
+    sentence = before[_sentence_start_before(source, char_pos, starts):]
+    return unclosed_brackets(sentence) <= unclosed_brackets(generated)
+
+
+def sentence_starts(text: str) -> list[int]:
+    """Character offsets where the sentences of ``text`` start (0 included when text starts one)."""
+    return [start for start, _ in sentence_spans(text)]
+
+
+def is_question(query: str) -> bool:
+    """Whether ``query`` asks a question (a question mark, or a question word first). Requests
+    ("Tell me a bio of...", "Explain...") are not questions: they want more than one sentence."""
+    words = _fold_words(query)
+    return "?" in query or bool(words and words[0] in _QUESTION_WORDS)
+
+
+def wants_focus(query: str) -> bool:
+    """Whether answers to ``query`` should be focused on one window (questions, not bare names)."""
+    return bool(query.strip()) and not is_name_query(query) and is_question(query)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Characters ``[start, end)`` of passage ``passage_id`` that answer the query, with their score."""
+
+    passage_id: str
+    start: int
+    end: int
+    score: float
+
+
+def focus_window(query: str, passages: Sequence[Passage]) -> Window | None:
+    """The passage sentence that best answers ``query``, or None when none shares a word with it.
+
+    A sentence scores the sum of ``log(1 + N / n_w)`` over the query's content
+    words ``w`` it contains, where ``N`` is the number of sentences in
+    ``passages`` and ``n_w`` those containing ``w``: a word every sentence has
+    (the topic of the document) counts little, the one that singles out the
+    answer counts most. Ties go to the earlier passage (retrieval order) and
+    sentence. The window is extended over the following sentences while it
+    has fewer than ``MIN_WINDOW_WORDS`` words.
+    """
+    wanted = content_words(query)
+    if not wanted:
+        return None
+    sentences = [(p, s, e, {stem(w) for w in _fold_words(p.text[s:e])}) for p in passages for s, e in sentence_spans(p.text)]
+    if not sentences:
+        return None
+    counts = {w: sum(w in words for *_, words in sentences) for w in wanted}
+    weight = {w: math.log1p(len(sentences) / n) for w, n in counts.items() if n}
+    best, best_score = None, 0.0
+    for i, (_, _, _, words) in enumerate(sentences):
+        score = sum(weight.get(w, 0.0) for w in wanted & words)
+        if score > best_score:
+            best, best_score = i, score
+    if best is None:
+        return None
+    passage, start, end, _ = sentences[best]
+    spans = sentence_spans(passage.text)
+    following = [e for s, e in spans if s >= end]
+    while len(_fold_words(passage.text[start:end])) < MIN_WINDOW_WORDS and following:
+        end = following.pop(0)
+    return Window(passage.id, start, end, best_score)

@@ -1,0 +1,50 @@
+"""Seams (where a copy may start), answer windows, and the conversation's retrieval query."""
+
+from nest_integrations.conversation import is_follow_up, retrieval_query
+from nest_integrations.copy_policy import acceptable_start, focus_window, is_question, sentence_starts, wants_focus
+from nest_integrations.corpus import Passage
+
+ADA = (
+    "Augusta Ada King, Countess of Lovelace (née Byron; 10 December 1815 – 27 November 1852) was an English "
+    "mathematician. She is chiefly known for her work on the Analytical Engine."
+)
+
+
+def _ok(generated: str, at: str) -> bool:
+    return acceptable_start(generated, ADA, ADA.index(at), sentence_starts(ADA))
+
+
+def test_copies_start_at_sentences_after_a_finished_sentence():
+    assert _ok("", "Augusta") and _ok("Here is her bio.", " She is chiefly")
+    assert not _ok("", " was an English"), "an answer does not open mid-sentence"
+    assert not _ok("Ada Lovelace", " She is chiefly"), "a new sentence cannot continue an unfinished one"
+
+
+def test_mid_sentence_copies_must_continue_the_text_so_far():
+    assert _ok("She was the Countess of Lovelace", " (née")
+    assert not _ok("Ada Lovelace", ", Countess"), "', Countess' after a name the source does not have"
+    assert not _ok("Byron; 10 December", " 1815"), "inside a parenthesis the text never opened"
+    assert _ok("(née Byron; 10 December", " 1815")
+
+
+def test_questions_focus_on_the_answering_sentence():
+    doc = Passage(id="gen", text="Generators are iterators. The send() method resumes the generator and sends a value "
+                  "into it. The close() method raises GeneratorExit inside the generator.")
+    window = focus_window("How do I send a value into a generator?", [doc])
+    assert window is not None and doc.text[window.start:window.end].startswith("The send() method")
+    assert focus_window("zzz qqq?", [doc]) is None
+    assert is_question("what is a generator") and not is_question("Tell me a bio of Ada Lovelace.")
+    assert not wants_focus("Marie Curie") and wants_focus("When was Marie Curie born?")
+
+
+def test_follow_ups_take_the_earlier_question_along():
+    history = [
+        {"role": "user", "content": "What is a generator in Python?"},
+        {"role": "assistant", "content": "A function that yields values."},
+        {"role": "user", "content": "And how do I send a value into it?"},
+    ]
+    assert retrieval_query(history) == "What is a generator in Python?\nAnd how do I send a value into it?"
+    fresh = history + [{"role": "user", "content": "Which module parses command-line arguments in Python?"}]
+    assert retrieval_query(fresh) == fresh[-1]["content"]
+    assert retrieval_query([{"role": "system", "content": "Be brief."}]) == ""
+    assert is_follow_up("why?") and not is_follow_up("Which module parses command-line arguments in Python?")
