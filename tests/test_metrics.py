@@ -9,10 +9,13 @@ import pytest
 from nest_integrations.evaluation.metrics import (
     aggregate,
     answer_recall,
+    fragment_answer,
     normalize_answer,
     opens_with_entity,
     opens_with_other_name,
     rouge_scores,
+    seam_ok,
+    seam_ok_rate,
     span_integrity,
     spans_tile_text,
     tokens_per_forward,
@@ -75,6 +78,15 @@ def test_answer_recall() -> None:
     assert answer_recall("We went to a party.", ["art"]) == 0.0  # whole tokens only
     assert answer_recall("It is Lyon.", ["Paris", "Lyon"]) == 1.0
     assert answer_recall("It is Lyon.", ["Paris"]) == 0.0
+
+
+def test_answer_recall_finds_identifiers_in_code() -> None:
+    assert normalize_answer("sort_keys=True", split_punctuation=True) == "sort keys true"
+    assert answer_recall("Call json.dumps(d, sort_keys=True).", ["sort_keys"]) == 1.0
+    assert answer_recall("Use `json.loads(s)`.", ["loads"]) == 1.0
+    assert answer_recall("maxsize=128 by default", ["128"]) == 1.0
+    assert answer_recall("Use json.dumps.", ["loads"]) == 0.0
+    assert answer_recall("Use heappushpop.", ["heappush"]) == 0.0  # still whole identifiers
 
 
 def test_answer_recall_rejects_empty_answers() -> None:
@@ -298,3 +310,66 @@ def test_aggregate() -> None:
         aggregate([{"x": "high"}], ["x"])
     with pytest.raises(ValueError):
         aggregate(rows, ["count"])
+
+
+# --------------------------------------------------------------------------- seams
+
+LOVELACE = ("Augusta Ada King, Countess of Lovelace (née Byron), also known as Ada Lovelace, was an English "
+            "mathematician. She was the first to recognise the machine's potential; it was \"a new engine\".")
+
+
+@pytest.mark.parametrize(
+    ("start_at", "written", "ok"),
+    [
+        ("Augusta", "", True),                        # the source's start
+        ("She was", "Ada wrote notes.", True),        # after a sentence end
+        ("it was", "Ada saw", True),                  # after a semicolon
+        (" Lovelace, was", "Ada", False),             # "Ada Lovelace, was ...": skips the subject clause
+        (" Lovelace, was", "Also known as Ada", True),  # really continues what was written
+        ("was an English", "Ada Lovelace", False),    # a comma after a name is no boundary
+        ("Byron", "She was ", False),                 # inside the source's parenthesis
+        ("new engine", "She called it", False),       # inside its quotation
+        ("new engine", 'Babbage said it was "a', True),  # ... unless the text opened it too
+    ],
+)
+def test_seam_ok(start_at: str, written: str, ok: bool) -> None:
+    assert seam_ok(LOVELACE, LOVELACE.index(start_at), written) is ok
+
+
+def test_seam_ok_newline_and_range() -> None:
+    doc = "dumps(obj, *, indent=None)\nSerialize obj to a JSON formatted str."
+    assert seam_ok(doc, doc.index("Serialize"), "Use json.dumps.")
+    with pytest.raises(ValueError):
+        seam_ok(doc, len(doc) + 1, "")
+
+
+def _copy_output(written: str, copied: str, passage: str, source_id: str = "p") -> dict:
+    start = passage.index(copied)
+    spans = [{"text": written, "start": 0, "end": len(written), "copied": False, "source": None}] if written else []
+    spans.append({"text": copied, "start": len(written), "end": len(written) + len(copied), "copied": True,
+                  "source": {"id": source_id, "char_start": start, "char_end": start + len(copied)}})
+    return {"text": written + copied, "spans": spans}
+
+
+def test_seam_ok_rate() -> None:
+    passages = {"p": LOVELACE}
+    good = _copy_output("Ada wrote notes. ", "She was the first", LOVELACE)
+    bad = _copy_output("Ada", " Lovelace, was an English", LOVELACE)
+    assert seam_ok_rate(good, passages) == 1.0 and seam_ok_rate(bad, passages) == 0.0
+    both = dict(bad, spans=bad["spans"] + [dict(good["spans"][1], start=len(bad["text"]))])
+    assert seam_ok_rate(both, passages) == 0.5
+    assert seam_ok_rate(_copy_output("Ada", " Lovelace", LOVELACE, source_id="unknown"), passages) == 0.0
+    assert seam_ok_rate({"text": "Ada.", "spans": [{"text": "Ada.", "start": 0, "end": 4, "copied": False}]}, passages) is None
+    with pytest.raises(ValueError):
+        seam_ok_rate({"text": "x"}, passages)
+
+
+def test_fragment_answer() -> None:
+    assert not fragment_answer("Ada Lovelace was an English mathematician.", "Ada Lovelace")
+    assert not fragment_answer("**Ada Lovelace** (1815-1852) was a mathematician.", "Ada Lovelace")
+    assert not fragment_answer("\u201cThe Enchantress of Numbers\u201d, Lovelace wrote the first program.", "Ada Lovelace")
+    assert fragment_answer("Aryabhaṭīya and the Arya-siddhanta.", "Aryabhata")  # never names the subject
+    assert fragment_answer("1912), which gave its name to Turing's machine.", "Alan Turing")
+    assert fragment_answer("was an English mathematician, Lovelace.", "Ada Lovelace")
+    assert fragment_answer(", who wrote on Lovelace.", "Ada Lovelace")
+    assert fragment_answer("   ", "Ada Lovelace")

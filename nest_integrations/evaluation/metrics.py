@@ -5,7 +5,8 @@ All functions are pure and work offline. They fall into four groups:
 * text overlap: :func:`rouge_scores`, :func:`years`, :func:`year_precision`;
 * question answering: :func:`normalize_answer`, :func:`answer_recall`;
 * biography entity checks: :func:`opens_with_entity`,
-  :func:`opens_with_other_name`;
+  :func:`opens_with_other_name`, :func:`fragment_answer`;
+* seams (where a copy starts): :func:`seam_ok`, :func:`seam_ok_rate`;
 * output-contract checks and speed: :func:`span_integrity`,
   :func:`spans_tile_text`, :func:`tokens_per_forward`, plus :func:`aggregate`
   to average per-item rows.
@@ -28,10 +29,13 @@ from ..attribution import tokens_per_decoding_forward
 __all__ = [
     "aggregate",
     "answer_recall",
+    "fragment_answer",
     "normalize_answer",
     "opens_with_entity",
     "opens_with_other_name",
     "rouge_scores",
+    "seam_ok",
+    "seam_ok_rate",
     "span_integrity",
     "spans_tile_text",
     "tokens_per_forward",
@@ -136,13 +140,15 @@ def _fold(text: str) -> str:
     return unicodedata.normalize("NFKC", text).lower()
 
 
-def normalize_answer(s: str) -> str:
+def normalize_answer(s: str, *, split_punctuation: bool = False) -> str:
     """SQuAD-style answer normalisation.
 
     Steps: Unicode NFKC, lower-case, dashes (Unicode category ``Pd``) become
     spaces so ``"1867–1934"`` keeps both years as tokens, all other punctuation
-    (ASCII and Unicode category ``P*``) is removed, the articles a/an/the are
-    dropped and whitespace is collapsed.
+    (ASCII and Unicode category ``P*``) is removed -- or, with
+    ``split_punctuation``, becomes a space too, so code keeps its identifiers
+    apart (``"sort_keys=True"`` -> ``"sort keys true"``) -- the articles
+    a/an/the are dropped and whitespace is collapsed.
 
     Examples: ``"The  Eiffel-Tower!"`` -> ``"eiffel tower"``;
     ``"ＡＢＣ"`` (full width) -> ``"abc"``.
@@ -154,7 +160,7 @@ def normalize_answer(s: str) -> str:
         if category == "Pd":
             chars.append(" ")
         elif category.startswith("P") or char in string.punctuation:
-            continue
+            chars.append(" " if split_punctuation else "")
         else:
             chars.append(char)
     text = _ARTICLES_RE.sub(" ", "".join(chars))
@@ -166,19 +172,25 @@ def answer_recall(prediction: str, answers: Sequence[str]) -> float:
 
     Both sides are normalised with :func:`normalize_answer`; an answer must match
     whole tokens (``"paris"`` matches ``"in paris france"`` but ``"art"`` does not
-    match ``"party"``).
+    match ``"party"``). An answer also counts when it matches with punctuation
+    read as a separator on both sides, so identifiers are found inside code:
+    ``"sort_keys"`` in ``"json.dumps(d, sort_keys=True)"``, ``"loads"`` in
+    ``"json.loads(s)"``.
 
     Raises:
         ValueError: if ``answers`` is empty or every answer normalises to ``""``.
     """
     if not answers:
         raise ValueError("answer_recall needs at least one gold answer")
-    normalised = [normalize_answer(a) for a in answers]
-    normalised = [a for a in normalised if a]
-    if not normalised:
-        raise ValueError(f"all gold answers normalise to empty strings: {list(answers)!r}")
-    haystack = f" {normalize_answer(prediction)} "
-    return 1.0 if any(f" {a} " in haystack for a in normalised) else 0.0
+    for split in (False, True):
+        normalised = [normalize_answer(a, split_punctuation=split) for a in answers]
+        normalised = [a for a in normalised if a]
+        if not normalised:
+            raise ValueError(f"all gold answers normalise to empty strings: {list(answers)!r}")
+        haystack = f" {normalize_answer(prediction, split_punctuation=split)} "
+        if any(f" {a} " in haystack for a in normalised):
+            return 1.0
+    return 0.0
 
 
 # --------------------------------------------------------------------------- entities
@@ -384,6 +396,131 @@ def opens_with_other_name(prediction: str, name: str, window: int = 12) -> bool:
     candidates = [tokens for tokens in (_name_tokens(" ".join(run)) for run in runs) if tokens]
     is_target = [_is_subsequence(c, target) or _is_subsequence(target, c) for c in candidates]
     return bool(candidates) and not any(is_target)
+
+
+# --------------------------------------------------------------------------- seams
+
+# A copy may start after these in its source: a sentence end (. ! ?, closing
+# quotes/brackets allowed after it) or a clause end (: ;), then whitespace.
+_SEAM_BOUNDARY_RE = re.compile(r"[.!?:;][\"'\u201d\u2019)\]]*\s*$|\n\s*$")
+_SEAM_CONTEXT_WORDS = 3
+_OPENERS_CLOSERS = (("(", ")"), ("[", "]"), ("\u201c", "\u201d"))
+
+
+def _unclosed(text: str) -> set[str]:
+    """Which of ``(``, ``[``, curly and straight double quotes are open at the end of ``text``."""
+    open_marks = {o for o, c in _OPENERS_CLOSERS if text.count(o) > text.count(c)}
+    if text.count('"') % 2:
+        open_marks.add('"')
+    return open_marks
+
+
+def _last_words(text: str, k: int) -> list[str]:
+    """The last ``k`` words of ``text``: NFKC, lower-cased, punctuation dropped (articles kept)."""
+    return re.findall(r"\w+", _fold(text))[-k:] if k > 0 else []
+
+
+def seam_ok(passage: str, char_start: int, written: str) -> bool:
+    """Whether a copy of ``passage`` starting at ``char_start`` reads well after ``written``.
+
+    A reader accepts the start when, first, it is not inside a parenthesis,
+    bracket or quotation that the source opened in the current paragraph
+    (since the last blank line) and ``written`` did not open too; and then when
+    one of these holds:
+
+    * ``char_start`` is 0 or only whitespace precedes it in the source;
+    * the source text before it ends a sentence or a clause: ``.``, ``!``, ``?``
+      (closing quotes or brackets may follow), ``:``, ``;`` or a newline;
+    * ``written`` really ends with the source text before it: their last three
+      words (fewer only when the source has fewer) agree, case and
+      punctuation aside -- the copy continues what was written.
+
+    A comma alone is not a boundary: in these sources it closes a name or an
+    apposition ("Ada Lovelace, was ...", "Curie, who ...") as often as a
+    clause, and a clause after a comma that fits what was written is already
+    accepted by the continuation rule.
+
+    Raises:
+        ValueError: if ``char_start`` is outside ``passage``.
+    """
+    if not 0 <= char_start <= len(passage):
+        raise ValueError(f"char_start {char_start} is outside a passage of {len(passage)} characters")
+    before = passage[:char_start]
+    paragraph = before[before.rfind("\n\n") + 1 :]
+    if not _unclosed(paragraph) <= _unclosed(written):
+        return False
+    if not before.strip() or _SEAM_BOUNDARY_RE.search(before):
+        return True
+    context = _last_words(before, _SEAM_CONTEXT_WORDS)
+    return bool(context) and _last_words(written, len(context)) == context
+
+
+def seam_ok_rate(output: Mapping[str, Any], passages: Mapping[str, str]) -> float | None:
+    """Share of the copied spans of ``output`` whose start a reader accepts (:func:`seam_ok`).
+
+    Each copied span is judged by its source (``source["id"]`` in ``passages``,
+    ``source["char_start"]``) against the output text before the span
+    (``output["text"][:span["start"]]``). A span whose source is unknown or
+    whose offsets are not ints counts as a bad seam.
+
+    Args:
+        output: a generation following the output contract.
+        passages: passage id -> full passage text.
+
+    Returns:
+        A value in ``[0, 1]``, or None when nothing was copied.
+
+    Raises:
+        ValueError: if ``output`` lacks ``text`` or ``spans``.
+    """
+    text = output.get("text")
+    copied = [span for span in _spans(output) if span.get("copied")]
+    if not copied:
+        return None
+    good = 0
+    for span in copied:
+        source = span.get("source") if isinstance(span.get("source"), Mapping) else {}
+        passage, char_start, start = passages.get(source.get("id")), source.get("char_start"), span.get("start")
+        if passage is None or not isinstance(char_start, int) or not isinstance(start, int):
+            continue
+        good += 0 <= char_start <= len(passage) and seam_ok(passage, char_start, text[:start])
+    return good / len(copied)
+
+
+def _closes_unopened(text: str) -> bool:
+    """Whether ``text`` closes a bracket or curly quotation before opening it."""
+    for opener, closer in _OPENERS_CLOSERS:
+        depth = 0
+        for char in text:
+            depth += (char == opener) - (char == closer)
+            if depth < 0:
+                return True
+    return False
+
+
+def fragment_answer(prediction: str, name: str) -> bool:
+    """Whether a biography is a bare fragment rather than an answer about ``name``.
+
+    True when the stripped text is empty, opens with a lower-case letter
+    ("was an English ..."), opens with punctuation other than an opening quote,
+    bracket or Markdown mark (", who ..."), closes a bracket or quotation it
+    never opened before its first sentence ends ("1912), which gave ..."), or
+    never mentions the subject (:func:`opens_with_entity` over the whole
+    text: "Aryabhaṭīya and the Arya-siddhanta." for Aryabhata).
+
+    Raises:
+        ValueError: if ``name`` has no usable tokens.
+    """
+    text = prediction.strip()
+    if not text:
+        return True
+    first = text[0]
+    if first.islower() or (unicodedata.category(first).startswith("P") and first not in _OPENING_MARKS + "[\u00ab"):
+        return True
+    first_sentence = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0]
+    if _closes_unopened(first_sentence):
+        return True
+    return not opens_with_entity(text, name, window=len(text.split()))
 
 
 # --------------------------------------------------------------------------- output contract
