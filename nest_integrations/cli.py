@@ -69,7 +69,8 @@ def _build_default_index(folder: Path) -> None:
 @index_app.command("build")
 def index_build(
     source: str = typer.Argument(..., help="A JSONL file, a folder of .txt files, or 'wiki' (the bundled Wikipedia summaries)."),
-    out: Path = typer.Option(..., "--out", help="Index folder to write."),
+    out: Path = typer.Option(..., "--out", help="Index folder to write (new, empty, or an index with --force)."),
+    force: bool = typer.Option(False, "--force", help="Replace an index already at --out; never anything else."),
     limit: Optional[int] = typer.Option(None, help="Keep at most this many passages."),
     topic: Optional[str] = typer.Option(None, help="Wikipedia topic filter, e.g. People (source 'wiki' only)."),
     max_words: Optional[int] = typer.Option(None, help="Chunk documents into passages of at most this many words."),
@@ -83,11 +84,14 @@ def index_build(
 ) -> None:
     """Build a NEST index (passages, dense + BM25 retrieval, token datastore)."""
     from .corpus import chunk_passages, load_corpus
+    from .index import FORMAT as INDEX_FORMAT
     from .index import NestIndex
     from .lm import load_lm
+    from .safe_io import check_replaceable
 
     _setup_logging(verbose)
     try:
+        check_replaceable(out, INDEX_FORMAT, overwrite=force)  # before hours of building, not after
         passages = load_corpus(source, topic=topic, limit=limit)
         if max_words:
             passages = chunk_passages(passages, max_words=max_words)
@@ -98,9 +102,9 @@ def index_build(
             passages, lm, retriever_kind=retriever, index_factory=index_factory, key_layer=key_layer,
             encoding_prefix=encoding_prefix, precompute_keys=precompute_keys,
         )
+        index.save(out, overwrite=force)
     except (ValueError, ImportError, FileNotFoundError) as err:
         _fail(str(err))
-    index.save(out)
     console.print(f"Wrote {out}: {len(passages)} passages")
     if index.precompute_rate is not None:
         console.print(f"Encoded the datastore at {index.precompute_rate:,.0f} tokens/s")

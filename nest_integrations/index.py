@@ -8,8 +8,9 @@ Folder layout (no pickle anywhere; loading never executes code from the folder):
     dense.faiss        FAISS index of passage embeddings   (+ dense.json)
     keys/*.npy         precomputed token keys (optional), memory-mapped on load
 
-Writes go to a temporary sibling folder that is renamed into place, so a
-crash never leaves a half-written index behind.
+Saving never replaces a folder that is not an index (nor an index without
+``overwrite=True``) and switches the new folder in atomically; loading checks
+every file against the manifest. See :mod:`nest_integrations.safe_io`.
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from typing_extensions import Annotated
 
 from .corpus import Passage, load_passages_jsonl, save_passages_jsonl
 from .datastore import PassageEncoder, PrecomputedKeys, TokenDatastore
-from .safe_io import atomic_folder, sha256_file
+from .lm import parse_key_layer
+from .safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import NestConfig
@@ -35,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
+FORMAT = "nest-index"
 FORMAT_VERSION = 1
 _KEY_ARRAYS = ("token_ids", "char_spans", "keys", "valid", "offsets")
 
@@ -97,6 +102,7 @@ class NestIndex:
         encoding_prefix: Optional[str] = "auto",
         precompute_keys: bool = False,
         show_progress: bool = True,
+        cache_mb: float = 1024.0,
     ) -> "NestIndex":
         """Embed the corpus for the passage stage and, optionally, encode all token keys now."""
         from .retrieval import DenseRetriever
@@ -104,7 +110,10 @@ class NestIndex:
         if not passages:
             raise ValueError("cannot build a NEST index over an empty corpus")
         dense = DenseRetriever(passages, embedder, index_factory=index_factory, show_progress=show_progress)
-        index = cls(lm, passages, dense, retriever_kind=retriever_kind, key_layer=key_layer, encoding_prefix=encoding_prefix)
+        index = cls(
+            lm, passages, dense, retriever_kind=retriever_kind, key_layer=key_layer,
+            encoding_prefix=encoding_prefix, cache_mb=cache_mb,
+        )
         if precompute_keys:
             index.precompute_rate = index.datastore.precompute(show_progress=show_progress)
         return index
@@ -160,40 +169,50 @@ class NestIndex:
         }
 
     # ------------------------------------------------------------------ persistence
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the index folder atomically (temporary folder, then rename)."""
+    def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+        """Write the index folder atomically (see :mod:`nest_integrations.safe_io`).
+
+        Args:
+            overwrite: replace an index already saved at ``path``. Without it an
+                existing index is refused too: rebuilding one can take hours.
+
+        Raises:
+            ValueError: ``path`` is a non-empty folder that is not a NEST index
+                (never replaced), or an index and ``overwrite`` is False.
+        """
         target = Path(path)
-        with atomic_folder(target) as tmp:
+        encoder = self.datastore.encoder
+        pre = self.datastore.precomputed
+        manifest: dict[str, Any] = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "lm": {"name": self.lm.name, "fingerprint": self.lm.fingerprint()},
+            "tokenizer_fingerprint": self.lm.tokenizer_fingerprint(),
+            "key_layer": encoder.key_layer,
+            "encoding_prefix": self.encoding_prefix,
+            "encoding_prefix_text": encoder.prefix_text,
+            "max_passage_tokens": encoder.max_passage_tokens,
+            "hidden_size": self.datastore.hidden_size,
+            "dtype": "float16",
+            "retriever": self.retriever_kind,
+            "counts": {
+                "passages": len(self.passages),
+                "tokens": int(len(pre.token_ids)) if pre is not None else 0,
+                "entries": int(pre.valid.sum()) if pre is not None else 0,
+            },
+            "precomputed_keys": pre is not None,
+        }
+        with atomic_folder(target, kind=FORMAT, overwrite=overwrite) as tmp:
             save_passages_jsonl(self.passages, tmp / "passages.jsonl")
             self.dense.save(tmp)
-            pre = self.datastore.precomputed
             if pre is not None:
                 (tmp / "keys").mkdir()
                 for name in _KEY_ARRAYS:
                     np.save(tmp / "keys" / f"{name}.npy", np.ascontiguousarray(getattr(pre, name)), allow_pickle=False)
             files = sorted(p for p in tmp.rglob("*") if p.is_file())
-            encoder = self.datastore.encoder
-            manifest = {
-                "format_version": FORMAT_VERSION,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "lm": {"name": self.lm.name, "fingerprint": self.lm.fingerprint()},
-                "tokenizer_fingerprint": self.lm.tokenizer_fingerprint(),
-                "key_layer": encoder.key_layer,
-                "encoding_prefix": self.encoding_prefix,
-                "encoding_prefix_text": encoder.prefix_text,
-                "max_passage_tokens": encoder.max_passage_tokens,
-                "hidden_size": self.datastore.hidden_size,
-                "dtype": "float16",
-                "retriever": self.retriever_kind,
-                "counts": {
-                    "passages": len(self.passages),
-                    "tokens": int(len(pre.token_ids)) if pre is not None else 0,
-                    "entries": int(pre.valid.sum()) if pre is not None else 0,
-                },
-                "precomputed_keys": pre is not None,
-                "checksums": {str(p.relative_to(tmp)): sha256_file(p) for p in files},
-            }
-            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
+            manifest["checksums"] = {p.relative_to(tmp).as_posix(): sha256_file(p) for p in files}
+            (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
         return target
 
     @classmethod
@@ -204,71 +223,145 @@ class NestIndex:
         *,
         verify_checksums: bool = True,
         embedder: Any = None,
+        trust_paths: bool = False,
+        cache_mb: float = 1024.0,
     ) -> "NestIndex":
-        """Load an index folder.
+        """Load an index folder, trusting nothing in it.
+
+        Every file read must be listed in the manifest with its sha256 and lie
+        inside the folder; the manifest is validated field by field; the keys
+        must agree with the passages, the offsets and the LM.
 
         Args:
-            lm: the LM to decode with; None loads the one named in the manifest.
-                An LM whose fingerprint differs from the one that built the keys
-                is refused: its hidden states would be silently meaningless.
-            verify_checksums: hash every file against the manifest (seconds per GB).
+            lm: the LM to decode with. None loads the bundled default LM when the
+                index names it; an index naming another model (a path or hub id
+                written in the folder) needs ``lm=`` or ``trust_paths=True``.
+                An LM whose weights differ from those that built the keys is
+                refused (see :func:`nest_integrations.lm.fingerprints_match`).
+            verify_checksums: hash every file against the manifest (seconds per
+                GB); False still requires every file to be listed.
+            embedder: the passage embedder; None uses the bundled MiniLM when the
+                index names it (else as for ``lm``).
+            trust_paths: load a model or embedder named in the folder.
+            cache_mb: bound of the lazy key cache.
 
         Raises:
-            ValueError: missing or corrupted files, a newer format, another LM
-                or tokenizer.
+            ValueError: a missing, unlisted or corrupted file, an invalid or
+                newer manifest, inconsistent keys, another LM or tokenizer, or an
+                untrusted model path.
         """
-        from .lm import load_lm
+        from .lm import DEFAULT_MODEL, fingerprints_match, is_default_lm, load_lm
         from .retrieval import DenseRetriever
 
         folder = Path(path)
-        manifest_path = folder / "manifest.json"
-        if not manifest_path.is_file():
-            raise ValueError(f"{folder} is not a NEST index (no manifest.json)")
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{manifest_path} is not valid JSON: {err}") from err
-        version = manifest.get("format_version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise ValueError(
-                f"{folder} has index format {version!r}; this nest-integrations reads format <= {FORMAT_VERSION}. "
-                "Upgrade the package or rebuild the index."
-            )
-        if verify_checksums:
-            for rel, expected in manifest["checksums"].items():
-                file = folder / rel
-                if not file.is_file():
-                    raise ValueError(f"{folder} is incomplete: {rel} is missing")
-                if sha256_file(file) != expected:
-                    raise ValueError(f"{folder} is corrupted: {rel} does not match its checksum")
+        recover(folder)
+        manifest = read_manifest(folder / MANIFEST_FILE, IndexManifest, kind=FORMAT, supported_version=FORMAT_VERSION, what="NEST index")
+        needed = ["passages.jsonl", "dense.faiss", "dense.json"]
+        if manifest.precomputed_keys:
+            needed += [f"keys/{name}.npy" for name in _KEY_ARRAYS]
+        verify_files(folder, manifest.checksums, needed, hash_files=verify_checksums)
         if lm is None:
-            lm = load_lm(manifest["lm"]["name"])
-        if lm.fingerprint() != manifest["lm"]["fingerprint"]:
+            if not is_default_lm(manifest.lm.name) and not trust_paths:
+                raise ValueError(
+                    f"{folder} names the LM {manifest.lm.name!r}; pass lm=load_lm(...) (CLI: --model) "
+                    "or trust_paths=True to load a model named in a saved folder"
+                )
+            lm = load_lm(DEFAULT_MODEL if is_default_lm(manifest.lm.name) else manifest.lm.name)
+        if not fingerprints_match(manifest.lm.fingerprint, lm.fingerprint()):
             raise ValueError(
-                f"{folder} was built with LM {manifest['lm']['name']!r} (fingerprint {manifest['lm']['fingerprint']}); "
+                f"{folder} was built with LM {manifest.lm.name!r} (fingerprint {manifest.lm.fingerprint}); "
                 f"the given LM {lm.name!r} has fingerprint {lm.fingerprint()}. Its keys would not match this LM's "
-                "hidden states: rebuild the index with this LM."
+                "hidden states: rebuild the index with this LM (or load the LM in float32)."
             )
-        if lm.tokenizer_fingerprint() != manifest["tokenizer_fingerprint"]:
+        if lm.tokenizer_fingerprint() != manifest.tokenizer_fingerprint:
             raise ValueError(f"{folder} was built with another tokenizer than {lm.name!r}'s")
         passages = load_passages_jsonl(folder / "passages.jsonl")
-        if len(passages) != manifest["counts"]["passages"]:
-            raise ValueError(f"{folder}: manifest says {manifest['counts']['passages']} passages, found {len(passages)}")
-        dense = DenseRetriever.load(folder, passages, embedder=embedder, show_progress=False)
+        if len(passages) != manifest.counts.passages:
+            raise ValueError(f"{folder}: manifest says {manifest.counts.passages} passages, found {len(passages)}")
+        dense = DenseRetriever.load(folder, passages, embedder=embedder, show_progress=False, trust_paths=trust_paths)
         index = cls(
             lm,
             passages,
             dense,
-            retriever_kind=manifest["retriever"],
-            key_layer=manifest["key_layer"],
-            encoding_prefix=manifest["encoding_prefix_text"],
+            retriever_kind=manifest.retriever,
+            key_layer=manifest.key_layer,
+            encoding_prefix=manifest.encoding_prefix_text,
+            cache_mb=cache_mb,
         )
-        if manifest["hidden_size"] != index.datastore.hidden_size:
-            raise ValueError(f"{folder}: keys are {manifest['hidden_size']}-d, the LM's hidden size is {index.datastore.hidden_size}")
-        if manifest.get("precomputed_keys"):
+        if manifest.hidden_size != index.datastore.hidden_size:
+            raise ValueError(f"{folder}: keys are {manifest.hidden_size}-d, the LM's hidden size is {index.datastore.hidden_size}")
+        if manifest.precomputed_keys:
             arrays = {name: np.load(folder / "keys" / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in _KEY_ARRAYS}
-            try:
-                index.datastore.attach_precomputed(PrecomputedKeys(**arrays))
-            except AssertionError as err:
-                raise ValueError(f"{folder}: key arrays have the wrong dtype or shape") from err
+            check_key_arrays(arrays, passages, manifest, vocab_size=len(lm.tokenizer))
+            index.datastore.attach_precomputed(PrecomputedKeys(**arrays))
         return index
+
+
+class _LMEntry(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    name: StrictStr
+    fingerprint: StrictStr
+
+
+class _Counts(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    passages: Annotated[StrictInt, Field(ge=1)]
+    tokens: Annotated[StrictInt, Field(ge=0)]
+    entries: Annotated[StrictInt, Field(ge=0)]
+
+
+class IndexManifest(ArtefactManifest):
+    """``manifest.json`` of an index folder, typed (see the module docstring)."""
+
+    format: Literal["nest-index"] = FORMAT  # absent in the first format-1 indexes
+    created: StrictStr
+    lm: _LMEntry
+    tokenizer_fingerprint: StrictStr
+    key_layer: StrictStr
+    encoding_prefix: Optional[StrictStr]
+    encoding_prefix_text: StrictStr
+    max_passage_tokens: Annotated[StrictInt, Field(ge=2)]
+    hidden_size: Annotated[StrictInt, Field(ge=1)]
+    dtype: Literal["float16"]
+    retriever: Literal["hybrid", "dense", "bm25"]
+    counts: _Counts
+    precomputed_keys: StrictBool
+
+    @field_validator("key_layer")
+    @classmethod
+    def _known_key_layer(cls, value: str) -> str:
+        parse_key_layer(value)
+        return value
+
+
+def check_key_arrays(arrays: dict[str, np.ndarray], passages: Sequence[Passage], manifest: IndexManifest, *, vocab_size: int) -> None:
+    """Check saved key arrays against each other, the passages, the manifest and the vocabulary.
+
+    Raises:
+        ValueError: wrong dtype or shape, offsets that do not tile the tokens,
+            token ids outside the vocabulary, character spans outside their
+            passage, or counts differing from the manifest's.
+    """
+    token_ids, char_spans, keys, valid, offsets = (arrays[name] for name in _KEY_ARRAYS)
+    m = len(token_ids)
+    shapes_ok = (
+        token_ids.dtype == np.int32 and token_ids.ndim == 1
+        and char_spans.dtype == np.int32 and char_spans.shape == (m, 2)
+        and keys.dtype == np.float16 and keys.shape == (m, manifest.hidden_size)
+        and valid.dtype == np.bool_ and valid.shape == (m,)
+        and offsets.dtype == np.int64 and offsets.shape == (len(passages) + 1,)
+    )
+    if not shapes_ok:
+        raise ValueError("the index's key arrays have the wrong dtype or shape")
+    if offsets[0] != 0 or offsets[-1] != m or (np.diff(offsets) < 0).any():
+        raise ValueError(f"the index's key offsets do not tile its {m} tokens over {len(passages)} passages")
+    if m and (token_ids.min() < 0 or token_ids.max() >= vocab_size):
+        raise ValueError(f"the index's token ids fall outside the LM's vocabulary of {vocab_size}")
+    limits = np.repeat(np.asarray([len(p.text) for p in passages], dtype=np.int64), np.diff(offsets))
+    if m and ((char_spans[:, 0] < 0) | (char_spans[:, 0] > char_spans[:, 1]) | (char_spans[:, 1] > limits)).any():
+        raise ValueError("the index's character spans fall outside their passages")
+    if manifest.counts.tokens != m or manifest.counts.entries != int(valid.sum()):
+        raise ValueError(
+            f"the manifest counts {manifest.counts.tokens} tokens and {manifest.counts.entries} entries; "
+            f"the key arrays hold {m} and {int(valid.sum())}"
+        )

@@ -32,6 +32,7 @@ import os
 import shutil
 import tempfile
 import threading
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,11 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DEFAULT_CACHE_NAME = "smollm2-135m-instruct"
 _DEFAULT_ALIASES = {DEFAULT_MODEL, "smollm2", "smollm2-135m-instruct", "SmolLM2-135M-Instruct"}
 _conversion_lock = threading.Lock()
+
+
+def is_default_lm(name: str) -> bool:
+    """Whether ``name`` names the embedded default LM (its alias or the name it loads under)."""
+    return name in _DEFAULT_ALIASES
 
 
 def cache_dir() -> Path:
@@ -200,27 +206,86 @@ def cache_argument(model: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def model_fingerprint(model: "PreTrainedModel") -> str:
-    """Short digest identifying an LM's weights (not its device or dtype).
+_FINGERPRINT_DTYPES = ("float32", "float16", "bfloat16")
+_FINGERPRINT_CHUNK = 1 << 22
+"""Elements cast at a time, so fingerprinting needs ~16 MB beyond the model."""
+_fingerprint_cache: "weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], str]]" = weakref.WeakKeyDictionary()
 
-    Hashes the config's architecture fields and a strided sample of every
-    parameter tensor, rounded to 3 significant digits so the same weights in
-    float32 and bfloat16 agree, while another model (or a fine-tune) differs.
+
+def model_fingerprint(model: "PreTrainedModel") -> str:
+    """Digest of an LM's weights at three precisions, independent of device and dtype.
+
+    Every parameter tensor (sorted by name, with its shape) is cast in full,
+    element by element, to float32, float16 and bfloat16, and the bits of each
+    cast feed one sha256 per precision, after the config's architecture fields.
+    So any weight change that survives a precision changes that precision's
+    digest. The string reads ``"<dtype>|float32=<hex>|float16=<hex>|bfloat16=<hex>"``
+    (``<dtype>``: the model's own); compare two with :func:`fingerprints_match`,
+    which picks the precision both models hold exactly.
+
+    Cost: about 1.2 s for the 135M-parameter default on 2 CPU cores (measured);
+    the result is cached per model until a parameter is replaced, moved or
+    modified in place (tensor version counters).
     """
     import torch
 
-    digest = hashlib.sha256()
+    params = sorted(model.named_parameters(), key=lambda kv: kv[0])
+    state = tuple((name, p.data_ptr(), p._version, p.dtype, str(p.device)) for name, p in params)
+    cached = _fingerprint_cache.get(model)
+    if cached is not None and cached[0] == state:
+        return cached[1]
+    digests = {name: hashlib.sha256() for name in _FINGERPRINT_DTYPES}
     cfg = model.config.to_dict()
-    for key in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size"):
-        digest.update(f"{key}={cfg.get(key)};".encode())
+    header = "".join(f"{key}={cfg.get(key)};" for key in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size"))
+    for digest in digests.values():
+        digest.update(header.encode())
     with torch.no_grad():
-        for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        for name, param in params:
+            tag = f"{name}{tuple(param.shape)}".encode()
+            for digest in digests.values():
+                digest.update(tag)
             flat = param.detach().reshape(-1)
-            sample = flat[:: max(1, flat.numel() // 64)][:64].float().cpu()
-            rounded = [float(f"{x:.3g}") for x in sample.tolist()]
-            digest.update(name.encode())
-            digest.update(json.dumps(rounded).encode())
-    return digest.hexdigest()[:16]
+            for start in range(0, flat.numel(), _FINGERPRINT_CHUNK):
+                chunk = flat[start : start + _FINGERPRINT_CHUNK]
+                for dtype_name, digest in digests.items():
+                    cast = chunk.to(getattr(torch, dtype_name))
+                    bits = cast.view(torch.int32 if dtype_name == "float32" else torch.int16)
+                    digest.update(bits.cpu().numpy().tobytes())
+    own = str(next(iter(model.parameters())).dtype).removeprefix("torch.")
+    fingerprint = "|".join([own] + [f"{name}={digest.hexdigest()[:16]}" for name, digest in digests.items()])
+    _fingerprint_cache[model] = (state, fingerprint)
+    return fingerprint
+
+
+def fingerprints_match(a: str, b: str) -> bool:
+    """Whether two :func:`model_fingerprint` strings name the same weights.
+
+    Compared at the precision both models hold: their common dtype, else the
+    lower one of a float32 model and a half-precision one, else (float16 against
+    bfloat16) bfloat16, which matches only when the float16 weights round to
+    the bfloat16 ones (e.g. both loaded from a bfloat16 checkpoint). Strings of
+    another form (older releases) never match.
+    """
+    parsed = [_parse_fingerprint(f) for f in (a, b)]
+    if parsed[0] is None or parsed[1] is None:
+        return False
+    (dtype_a, digests_a), (dtype_b, digests_b) = parsed
+    if dtype_a == dtype_b:
+        common = dtype_a
+    elif "float32" in (dtype_a, dtype_b):
+        common = dtype_b if dtype_a == "float32" else dtype_a
+    else:
+        common = "bfloat16"
+    return digests_a.get(common) is not None and digests_a.get(common) == digests_b.get(common)
+
+
+def _parse_fingerprint(fingerprint: str) -> "tuple[str, dict[str, str]] | None":
+    """``(dtype, {precision: hex})`` of a fingerprint string, or None if it is not one."""
+    own, *parts = fingerprint.split("|")
+    digests = dict(part.split("=", 1) for part in parts if "=" in part)
+    if own not in _FINGERPRINT_DTYPES or set(digests) != set(_FINGERPRINT_DTYPES):
+        return None
+    return own, digests
 
 
 def tokenizer_fingerprint(tokenizer: "PreTrainedTokenizerBase") -> str:

@@ -437,7 +437,18 @@ def test_save_and_load_local_round_trip(tmp_path, store, docs, embeddings, tiny_
     assert loaded.get_by_ids([d.id for d in docs]) == docs
     query = docs[2].page_content
     assert loaded.similarity_search_with_score(query, k=3) == store.similarity_search_with_score(query, k=3)
-    store.save_local(folder)  # overwriting an existing folder works
+    with pytest.raises(ValueError, match="overwrite=True"):
+        store.save_local(folder)
+    store.save_local(folder, overwrite=True)
+
+
+def test_save_local_never_replaces_other_folders(tmp_path, store):
+    (tmp_path / "thesis").mkdir()
+    (tmp_path / "thesis" / "thesis.tex").write_text("years of work")
+    with pytest.raises(ValueError, match="not a saved"):
+        store.save_local(tmp_path / "thesis", overwrite=True)
+    assert (tmp_path / "thesis" / "thesis.tex").read_text() == "years of work"
+    assert [p.name for p in tmp_path.iterdir()] == ["thesis"], "no temporary folder stays behind"
 
 
 @pytest.mark.parametrize("tamper", ["documents", "vectors", "manifest", "missing"])
@@ -447,10 +458,10 @@ def test_load_local_of_a_tampered_folder_fails_clearly(tmp_path, store, embeddin
         data = json.loads((folder / "documents.json").read_text())
         data["documents"][0]["metadata"]["title"] = "Forged"
         (folder / "documents.json").write_text(json.dumps(data))
-        match = "documents.json does not match its sha256"
+        match = "documents.json does not match its checksum"
     elif tamper == "vectors":
         np.save(folder / "vectors.npy", np.zeros((3, 32), dtype=np.float32))
-        match = "vectors.npy does not match its sha256"
+        match = "vectors.npy does not match its checksum"
     elif tamper == "manifest":
         (folder / "manifest.json").write_text("{not json")
         match = "not valid JSON"

@@ -385,12 +385,12 @@ def test_tampered_or_incomplete_persist_folder_raises(tmp_path, store_nodes):
     store.persist(str(path))
     assert [n.node_id for n in NestVectorStore.from_persist_dir(str(tmp_path)).get_nodes()] == ["a", "b", "c", "d"]
 
-    nodes_file = tmp_path / "default__vector_store.nodes.json"
+    (nodes_file,) = tmp_path.glob("default__vector_store.nodes-*.json")
     nodes_file.write_text(nodes_file.read_text().replace("text of a", "text of z"))
     with pytest.raises(ValueError, match="checksum"):
         NestVectorStore.from_persist_dir(str(tmp_path))
     store.persist(str(path))
-    (tmp_path / "default__vector_store.embeddings.npy").unlink()
+    next(tmp_path.glob("default__vector_store.embeddings-*.npy")).unlink()
     with pytest.raises(ValueError, match="missing"):
         NestVectorStore.from_persist_dir(str(tmp_path))
     path.write_text(json.dumps({"embedding_dict": {}}))  # e.g. a SimpleVectorStore file

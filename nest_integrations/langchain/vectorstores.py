@@ -20,9 +20,11 @@ import os
 import threading
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Optional, Sequence, Union
 
 import numpy as np
+from pydantic import Field, StrictInt, StrictStr
+from typing_extensions import Annotated
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
@@ -30,7 +32,7 @@ from langchain_core.vectorstores.utils import maximal_marginal_relevance
 from typing_extensions import Self
 
 from ..corpus import Passage
-from ..safe_io import atomic_folder, sha256_file
+from ..safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
 from ._common import cosine_to, default_embeddings, document_to_passage
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,7 +45,6 @@ FORMAT = "nest-langchain-vectorstore"
 FORMAT_VERSION = 1
 _DOCUMENTS_FILE = "documents.json"
 _VECTORS_FILE = "vectors.npy"
-_MANIFEST_FILE = "manifest.json"
 
 MetadataFilter = Union[Callable[[Document], bool], dict[str, Any]]
 """A document predicate, or metadata values that must all match exactly."""
@@ -332,11 +333,17 @@ class NestVectorStore(VectorStore):
             return self._datastore
 
     # ------------------------------------------------------------------ persistence
-    def save_local(self, folder: Union[str, os.PathLike[str]]) -> Path:
-        """Write the documents and vectors to ``folder`` atomically (temporary folder, then rename).
+    def save_local(self, folder: Union[str, os.PathLike[str]], *, overwrite: bool = False) -> Path:
+        """Write the documents and vectors to ``folder`` atomically (see :mod:`nest_integrations.safe_io`).
+
+        Args:
+            overwrite: replace a store already saved at ``folder``; without it an
+                existing store is refused too, and anything else always is.
 
         Raises:
-            ValueError: a document's metadata is not JSON-serialisable.
+            ValueError: ``folder`` holds something other than an empty folder or
+                (with ``overwrite``) a saved store; or a document's metadata is
+                not JSON-serialisable.
         """
         target = Path(folder)
         with self._lock:
@@ -349,7 +356,7 @@ class NestVectorStore(VectorStore):
             payload = json.dumps({"documents": records}, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as err:
             raise ValueError(f"cannot save the store: document metadata must be JSON-serialisable ({err})") from err
-        with atomic_folder(target) as tmp:
+        with atomic_folder(target, kind=FORMAT, overwrite=overwrite) as tmp:
             (tmp / _DOCUMENTS_FILE).write_text(payload, encoding="utf-8")
             np.save(tmp / _VECTORS_FILE, np.ascontiguousarray(matrix, dtype=np.float32), allow_pickle=False)
             manifest = {
@@ -362,7 +369,7 @@ class NestVectorStore(VectorStore):
                 "encoding_prefix": self.encoding_prefix,
                 "checksums": {name: sha256_file(tmp / name) for name in (_DOCUMENTS_FILE, _VECTORS_FILE)},
             }
-            (tmp / _MANIFEST_FILE).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+            (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
         return target
 
     @classmethod
@@ -373,7 +380,7 @@ class NestVectorStore(VectorStore):
         lm: Optional["LoadedLM"] = None,
         **kwargs: Any,
     ) -> Self:
-        """Load a folder written by :meth:`save_local`; nothing in it is executed.
+        """Load a folder written by :meth:`save_local`; nothing in it is executed or trusted.
 
         Args:
             embeddings: the embeddings the store was built with (used for queries
@@ -383,24 +390,21 @@ class NestVectorStore(VectorStore):
                 ``encoding_prefix``, and ``cache_mb``.
 
         Raises:
-            ValueError: not a saved store, a newer format, a missing or tampered
-                file (checksum mismatch), or inconsistent contents.
+            ValueError: not a saved store, a newer or malformed manifest, a file
+                unlisted, missing or tampered (checksum mismatch), or
+                inconsistent contents.
         """
         base = Path(folder)
-        manifest = _read_manifest(base)
-        for name in (_DOCUMENTS_FILE, _VECTORS_FILE):
-            path = base / name
-            if not path.is_file():
-                raise ValueError(f"{base} is incomplete: {name} is missing")
-            if sha256_file(path) != manifest["checksums"].get(name):
-                raise ValueError(f"{base} has been modified or corrupted: {name} does not match its sha256 in {_MANIFEST_FILE}")
+        recover(base)
+        manifest = read_manifest(base / MANIFEST_FILE, _StoreManifest, kind=FORMAT, supported_version=FORMAT_VERSION, what="saved NestVectorStore")
+        verify_files(base, manifest.checksums, (_DOCUMENTS_FILE, _VECTORS_FILE))
         try:
             records = json.loads((base / _DOCUMENTS_FILE).read_text(encoding="utf-8"))["documents"]
             vectors = np.load(base / _VECTORS_FILE, allow_pickle=False)
-        except (ValueError, KeyError, TypeError, OSError) as err:
+        except (ValueError, KeyError, TypeError, OSError, RecursionError) as err:
             raise ValueError(f"{base}: unreadable store files ({err})") from err
         _check_contents(base, manifest, records, vectors)
-        options = {"key_layer": manifest.get("key_layer", "ffn_input"), "encoding_prefix": manifest.get("encoding_prefix", "auto")}
+        options = {"key_layer": manifest.key_layer, "encoding_prefix": manifest.encoding_prefix}
         store = cls(embeddings, lm, **{**options, **kwargs})
         with store._lock:
             for record, vector in zip(records, vectors):
@@ -408,25 +412,17 @@ class NestVectorStore(VectorStore):
         return store
 
 
-def _read_manifest(folder: Path) -> dict[str, Any]:
-    path = folder / _MANIFEST_FILE
-    if not path.is_file():
-        raise ValueError(f"{folder} is not a saved NestVectorStore (no {_MANIFEST_FILE})")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from err
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ValueError(f"{folder} is not a saved NestVectorStore (manifest format is not {FORMAT!r})")
-    version = manifest.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise ValueError(f"{folder} has store format {version!r}; this version reads format <= {FORMAT_VERSION}")
-    if not isinstance(manifest.get("checksums"), dict):
-        raise ValueError(f"{path} has no checksums")
-    return manifest
+class _StoreManifest(ArtefactManifest):
+    """``manifest.json`` of a saved store, typed."""
+
+    format: Literal["nest-langchain-vectorstore"]
+    count: Annotated[StrictInt, Field(ge=0)]
+    dimensions: Annotated[StrictInt, Field(ge=0)]
+    key_layer: StrictStr = "ffn_input"
+    encoding_prefix: Optional[StrictStr] = "auto"
 
 
-def _check_contents(folder: Path, manifest: dict[str, Any], records: Any, vectors: np.ndarray) -> None:
+def _check_contents(folder: Path, manifest: _StoreManifest, records: Any, vectors: np.ndarray) -> None:
     if not isinstance(records, list) or not all(
         isinstance(r, dict)
         and isinstance(r.get("id"), str)
@@ -442,5 +438,10 @@ def _check_contents(folder: Path, manifest: dict[str, Any], records: Any, vector
         raise ValueError(
             f"{folder}/{_VECTORS_FILE}: expected float32 vectors of shape ({len(records)}, d), got {vectors.dtype} {vectors.shape}"
         )
-    if manifest.get("count") != len(records):
-        raise ValueError(f"{folder}: the manifest says {manifest.get('count')} documents, found {len(records)}")
+    if manifest.count != len(records) or (records and manifest.dimensions != vectors.shape[1]):
+        raise ValueError(
+            f"{folder}: the manifest says {manifest.count} documents of {manifest.dimensions} dimensions, "
+            f"found {len(records)} of {vectors.shape[1]}"
+        )
+    if not np.isfinite(vectors).all():
+        raise ValueError(f"{folder}/{_VECTORS_FILE}: vectors must be finite")

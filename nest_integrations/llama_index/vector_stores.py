@@ -4,12 +4,15 @@ token-level datastore in step with its nodes.
 Persisted layout (``persist_path`` is the manifest, as LlamaIndex's
 ``StorageContext.persist`` names it, e.g. ``storage/default__vector_store.json``)::
 
-    default__vector_store.json             manifest: format, version, settings, counts, sha256 of both files
-    default__vector_store.nodes.json       node records (ids, text, metadata, relationships)
-    default__vector_store.embeddings.npy   float32 (n, d) embeddings, saved with allow_pickle=False
+    default__vector_store.json                     manifest: format, version, settings, counts,
+                                                   the data file names and their sha256
+    default__vector_store.nodes-<sha>.json         node records (ids, text, metadata, relationships)
+    default__vector_store.embeddings-<sha>.npy     float32 (n, d) embeddings, saved with allow_pickle=False
 
-Loading never executes code from the files; every file is checked against its
-checksum, so a modified or truncated file is a ``ValueError``, never silent garbage.
+Data files are named by their content, so replacing a store is one rename of
+the manifest (see :meth:`NestVectorStore.persist`). Loading never executes code
+from the files and reads only files the manifest lists with a checksum, so a
+modified or truncated file is a ``ValueError``, never silent garbage.
 """
 
 from __future__ import annotations
@@ -19,11 +22,18 @@ import io
 import json
 import logging
 import os
+import posixpath
+import re
 import threading
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Literal, Optional, Sequence
 
 import fsspec
 import numpy as np
+from fsspec.implementations.local import LocalFileSystem
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, StringConstraints
+from typing_extensions import Annotated
 from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
 from llama_index.core.schema import BaseNode
 from llama_index.core.vector_stores.types import (
@@ -43,6 +53,7 @@ from llama_index.core.vector_stores.utils import (
 
 from ..datastore import PassageEncoder, TokenDatastore
 from ..lm import parse_key_layer
+from ..safe_io import ArtefactManifest, locked_folder, parse_manifest, write_file_atomic
 from ._common import node_to_passage, unit_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,7 +62,8 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 FORMAT = "nest-integrations/llama-index-vector-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: content-addressed data file names listed under ``files`` (1: fixed names; still read)."""
 DEFAULT_NAMESPACE = "default"
 _MANIFEST_SUFFIX = "__vector_store.json"
 _COMBINE: dict[FilterCondition, Callable[[list[bool]], bool]] = {
@@ -65,17 +77,130 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _companion_paths(persist_path: str) -> dict[str, str]:
-    """Data files written beside the manifest, named after it."""
-    stem = persist_path[: -len(".json")] if persist_path.endswith(".json") else persist_path
-    return {"nodes": f"{stem}.nodes.json", "embeddings": f"{stem}.embeddings.npy"}
+def _stem(persist_path: str) -> str:
+    name = posixpath.basename(persist_path)
+    return name[: -len(".json")] if name.endswith(".json") else name
 
 
-def _write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with fs.open(tmp, "wb") as handle:
-        handle.write(data)
-    fs.mv(tmp, path)
+def _data_names(persist_path: str, data: dict[str, bytes]) -> dict[str, str]:
+    """Content-addressed names of the data files beside the manifest (format 2)."""
+    suffix = {"nodes": "json", "embeddings": "npy"}
+    return {key: f"{_stem(persist_path)}.{key}-{_sha256(payload)[:16]}.{suffix[key]}" for key, payload in data.items()}
+
+
+def _stale_data_pattern(persist_path: str) -> "re.Pattern[str]":
+    """Data files of any version of the store at ``persist_path``, and write temporaries of
+    those and of the manifest (see :func:`~nest_integrations.safe_io.write_file_atomic`)."""
+    stem, name, hex16 = re.escape(_stem(persist_path)), re.escape(posixpath.basename(persist_path)), "[0-9a-f]{16}"
+    data = rf"{stem}\.(nodes-{hex16}\.json|embeddings-{hex16}\.npy)"
+    return re.compile(rf"{data}|\.{data}-tmp-{hex16}|\.{name}-tmp-{hex16}")
+
+
+def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    return isinstance(fs, LocalFileSystem)
+
+
+def _write_file(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+    """Write ``path`` whole: fsynced temporary and rename locally, one object write elsewhere."""
+    if _is_local(fs):
+        write_file_atomic(Path(path), data)
+    else:
+        with fs.open(path, "wb") as handle:
+            handle.write(data)
+
+
+def _check_foreign(fs: fsspec.AbstractFileSystem, persist_path: str) -> None:
+    """Refuse to replace a file at ``persist_path`` that is not a NestVectorStore manifest."""
+    if not fs.exists(persist_path):
+        return
+    try:
+        with fs.open(persist_path, "rb") as handle:
+            kind = json.loads(handle.read()).get("format")
+    except (ValueError, AttributeError, RecursionError, OSError):
+        kind = None
+    if kind != FORMAT:
+        raise ValueError(
+            f"{persist_path} exists and is not a NestVectorStore manifest; refusing to replace it. "
+            "Persist to another folder or namespace, or remove it yourself."
+        )
+
+
+def _remove_stale(fs: fsspec.AbstractFileSystem, persist_path: str, keep: set[str]) -> None:
+    """Delete the data files and temporaries of replaced or interrupted persists beside ``persist_path``."""
+    folder = posixpath.dirname(persist_path) or "."
+    pattern = _stale_data_pattern(persist_path)
+    for path in fs.ls(folder, detail=False):
+        name = posixpath.basename(path.rstrip("/"))
+        if pattern.fullmatch(name) and name not in keep:
+            fs.rm(path)
+            logger.info("removed %s, data of an earlier or interrupted persist", name)
+
+
+@contextmanager
+def _persist_lock(fs: fsspec.AbstractFileSystem, folder: str, *, blocking: bool) -> Iterator[bool]:
+    """The folder's save lock on a local disk (:func:`~nest_integrations.safe_io.locked_folder`);
+    other file systems have none (yields True)."""
+    if not _is_local(fs):
+        yield True
+        return
+    with locked_folder(Path(folder or "."), blocking=blocking) as acquired:
+        yield acquired
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    key_layer: StrictStr
+    encoding_prefix: Optional[StrictStr]
+    cache_mb: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+_DataName = Annotated[str, StringConstraints(pattern=r"^[^/\\]*[^/\\.][^/\\]*$")]
+"""A plain file name beside the manifest: no folder part, not ``.`` or ``..``."""
+
+
+class _PersistManifest(ArtefactManifest):
+    """The manifest at ``persist_path``, typed."""
+
+    format: Literal["nest-integrations/llama-index-vector-store"]
+    settings: _Settings
+    count: Annotated[StrictInt, Field(ge=0)]
+    dim: Annotated[StrictInt, Field(ge=0)]
+    files: Optional[dict[Literal["nodes", "embeddings"], _DataName]] = None
+    """Data file names (format 2); format 1 used fixed names, see :func:`_data_files`."""
+
+
+def _data_files(persist_path: str, manifest: _PersistManifest) -> dict[str, str]:
+    """Paths of the nodes and embeddings files a manifest names."""
+    folder = posixpath.dirname(persist_path)
+    stem = _stem(persist_path)
+    names = manifest.files or {"nodes": f"{stem}.nodes.json", "embeddings": f"{stem}.embeddings.npy"}
+    if set(names) != {"nodes", "embeddings"}:
+        raise ValueError(f"{persist_path} must name both a nodes and an embeddings file")
+    for name in names.values():
+        if name not in manifest.checksums:
+            raise ValueError(f"{persist_path}: {name} is not listed in the manifest's checksums; refusing to read it")
+    return {key: posixpath.join(folder, name) for key, name in names.items()}
+
+
+def _parse_entries(persist_path: str, nodes: bytes, embeddings: bytes, manifest: _PersistManifest) -> tuple[list[Any], np.ndarray]:
+    """Node records and their embedding matrix, checked against each other and the manifest."""
+    try:
+        entries = json.loads(nodes)
+        matrix = np.load(io.BytesIO(embeddings), allow_pickle=False)
+    except (ValueError, RecursionError, OSError) as err:
+        raise ValueError(f"NestVectorStore at {persist_path} has unreadable data files ({err})") from err
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("id"), str) and e["id"] and isinstance(e.get("record"), dict) for e in entries
+    ):
+        raise ValueError(f"NestVectorStore at {persist_path}: every node entry needs a non-empty string id and a record object")
+    if matrix.dtype != np.float32 or matrix.ndim != 2 or matrix.shape[0] != len(entries) or len(entries) != manifest.count:
+        raise ValueError(
+            f"NestVectorStore at {persist_path} is inconsistent: {len(entries)} node record(s), "
+            f"embeddings {matrix.dtype} of shape {matrix.shape}, manifest count {manifest.count}"
+        )
+    if not np.isfinite(matrix).all():
+        raise ValueError(f"NestVectorStore at {persist_path}: embeddings must be finite")
+    return entries, matrix
 
 
 class NestVectorStore(BasePydanticVectorStore):
@@ -316,10 +441,18 @@ class NestVectorStore(BasePydanticVectorStore):
 
     # ------------------------------------------------------------------ persistence
     def persist(self, persist_path: str, fs: Optional[fsspec.AbstractFileSystem] = None) -> None:
-        """Write the manifest at ``persist_path`` and the data files beside it.
+        """Write the store: data files beside ``persist_path``, then the manifest at it.
 
-        Data files are written before the manifest, each to a temporary name then
-        renamed, so an interrupted write is detected by the checksums on load.
+        The switch is atomic as a whole: data files have content-addressed names,
+        so the old manifest keeps naming complete old files until the new
+        manifest replaces it in one rename (fsynced first on a local disk);
+        files no manifest names any more are removed afterwards, or by the next
+        persist or load. A store already persisted at ``persist_path`` is
+        replaced (``StorageContext.persist`` writes the current state); any other
+        file there is refused.
+
+        Raises:
+            ValueError: ``persist_path`` holds a file that is not a NestVectorStore manifest.
         """
         fs = fs or fsspec.filesystem("file")
         with self._lock:
@@ -328,26 +461,26 @@ class NestVectorStore(BasePydanticVectorStore):
             matrix = np.stack([self._vectors[i] for i in ids]) if ids else np.zeros((0, 0), np.float32)
         buffer = io.BytesIO()
         np.save(buffer, matrix, allow_pickle=False)
-        paths = _companion_paths(persist_path)
         data = {"nodes": records, "embeddings": buffer.getvalue()}
+        names = _data_names(persist_path, data)
         manifest = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "settings": {
-                "key_layer": self.key_layer,
-                "encoding_prefix": self.encoding_prefix,
-                "cache_mb": self.cache_mb,
-            },
+            "settings": {"key_layer": self.key_layer, "encoding_prefix": self.encoding_prefix, "cache_mb": self.cache_mb},
             "count": len(ids),
             "dim": int(matrix.shape[1]),
-            "checksums": {os.path.basename(paths[k]): _sha256(v) for k, v in data.items()},
+            "files": names,
+            "checksums": {names[key]: _sha256(payload) for key, payload in data.items()},
         }
-        folder = os.path.dirname(persist_path)
+        folder = posixpath.dirname(persist_path)
         if folder:
             fs.makedirs(folder, exist_ok=True)
-        for key, payload in data.items():
-            _write_atomic(fs, paths[key], payload)
-        _write_atomic(fs, persist_path, json.dumps(manifest, indent=2).encode())
+        with _persist_lock(fs, folder, blocking=True):
+            _check_foreign(fs, persist_path)
+            for key, payload in data.items():
+                _write_file(fs, posixpath.join(folder, names[key]), payload)
+            _write_file(fs, persist_path, json.dumps(manifest, indent=2).encode())
+            _remove_stale(fs, persist_path, keep=set(names.values()))
         logger.info("persisted %d node(s) to %s", len(ids), persist_path)
 
     @classmethod
@@ -368,11 +501,12 @@ class NestVectorStore(BasePydanticVectorStore):
         fs: Optional[fsspec.AbstractFileSystem] = None,
         lm: Optional[LoadedLM] = None,
     ) -> NestVectorStore:
-        """Load a store written by :meth:`persist` (manifest path).
+        """Load a store written by :meth:`persist` (manifest path); nothing in it is trusted.
 
         Raises:
-            ValueError: missing files, not a NestVectorStore manifest, a newer
-                format, or a file that does not match its checksum or shape.
+            ValueError: missing files, not a NestVectorStore manifest, a newer or
+                malformed one, a data file unlisted or not matching its checksum,
+                or records inconsistent with the embeddings.
         """
         fs = fs or fsspec.filesystem("file")
 
@@ -382,33 +516,22 @@ class NestVectorStore(BasePydanticVectorStore):
             with fs.open(path, "rb") as handle:
                 return handle.read()
 
-        try:
-            manifest = json.loads(read(persist_path))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{persist_path} is not valid JSON: {err}") from err
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise ValueError(f"{persist_path} is not a NestVectorStore manifest")
-        version = manifest.get("format_version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise ValueError(
-                f"{persist_path} has format version {version!r}; this nest-integrations reads <= {FORMAT_VERSION}"
-            )
-        paths = _companion_paths(persist_path)
+        manifest = parse_manifest(
+            read(persist_path), _PersistManifest, kind=FORMAT, supported_version=FORMAT_VERSION, what="NestVectorStore", where=persist_path
+        )
+        paths = _data_files(persist_path, manifest)
         data = {key: read(path) for key, path in paths.items()}
         for key, payload in data.items():
-            name = os.path.basename(paths[key])
-            if manifest["checksums"].get(name) != _sha256(payload):
+            name = posixpath.basename(paths[key])
+            if manifest.checksums[name] != _sha256(payload):
                 raise ValueError(f"NestVectorStore at {persist_path} is corrupted: {name} does not match its checksum")
-        entries = json.loads(data["nodes"])
-        matrix = np.load(io.BytesIO(data["embeddings"]), allow_pickle=False)
-        if matrix.ndim != 2 or matrix.shape[0] != len(entries) or len(entries) != manifest["count"]:
-            raise ValueError(
-                f"NestVectorStore at {persist_path} is inconsistent: {len(entries)} node record(s), "
-                f"embeddings of shape {matrix.shape}, manifest count {manifest['count']}"
-            )
-        store = cls(lm=lm, **manifest["settings"])
+        entries, matrix = _parse_entries(persist_path, data["nodes"], data["embeddings"], manifest)
+        store = cls(lm=lm, **manifest.settings.model_dump())
         for entry, vector in zip(entries, matrix, strict=True):
             store._records[entry["id"]] = entry["record"]
             store._vectors[entry["id"]] = np.asarray(vector, dtype=np.float32)
+        with _persist_lock(fs, posixpath.dirname(persist_path), blocking=False) as acquired:
+            if acquired:
+                _remove_stale(fs, persist_path, keep=set(manifest.checksums))
         logger.info("loaded %d node(s) from %s", len(entries), persist_path)
         return store

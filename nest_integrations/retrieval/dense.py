@@ -14,11 +14,14 @@ import logging
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence, Union
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, StringConstraints, ValidationError
+from typing_extensions import Annotated
 
 from ..corpus import Passage
+from ..safe_io import validation_message
 from .base import BatchRetrieverMixin, ScoredPassage, check_passages, index_text, with_added, without_ids
 
 if TYPE_CHECKING:
@@ -375,19 +378,22 @@ class DenseRetriever(BatchRetrieverMixin):
         *,
         batch_size: int = 64,
         show_progress: bool = True,
+        trust_paths: bool = False,
     ) -> "DenseRetriever":
         """Load an index written by :meth:`save` for the same ``passages`` (same order).
 
         Args:
-            embedder: None reuses the saved embedder (the bundled MiniLM, or the
-                saved path/name); required when the index was built with a
-                custom embedder object.
+            embedder: None reuses the saved embedder: the bundled MiniLM, or the
+                saved path/name when ``trust_paths`` is True; required when the
+                index was built with a custom embedder object.
+            trust_paths: load an embedder path or name read from ``dense.json``.
             batch_size, show_progress: as in the constructor (used by add/remove).
                 A saved IVF index keeps its saved nprobe.
 
         Raises:
-            ValueError: missing files, passage count/ids differing from the saved
-                index, or an embedder whose dimension differs from the index.
+            ValueError: missing files, malformed ``dense.json``, passage count/ids
+                differing from the saved index, an untrusted saved embedder path,
+                or an embedder whose dimension differs from the index.
         """
         import faiss
 
@@ -395,22 +401,22 @@ class DenseRetriever(BatchRetrieverMixin):
         index_path, meta_path = folder / _INDEX_FILE, folder / _META_FILE
         if not index_path.is_file() or not meta_path.is_file():
             raise ValueError(f"{folder} does not contain {_INDEX_FILE} and {_META_FILE}")
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = _read_meta(meta_path)
         passages = list(passages)
         index = faiss.read_index(str(index_path))
-        if not (meta["count"] == index.ntotal == len(passages)):
+        if not (meta.count == index.ntotal == len(passages)):
             raise ValueError(
-                f"the index in {folder} holds {index.ntotal} vectors (metadata: {meta['count']}) "
+                f"the index in {folder} holds {index.ntotal} vectors (metadata: {meta.count}) "
                 f"but {len(passages)} passages were given; pass the passages the index was built from"
             )
-        if meta["ids_sha256"] != _ids_fingerprint(passages):
+        if meta.ids_sha256 != _ids_fingerprint(passages):
             raise ValueError(f"the passages given differ (ids or order) from those the index in {folder} was built from")
-        if meta["dim"] != index.d:
-            raise ValueError(f"{meta_path} says dim={meta['dim']} but the index has dim={index.d}")
+        if meta.dim != index.d:
+            raise ValueError(f"{meta_path} says dim={meta.dim} but the index has dim={index.d}")
         if embedder is None:
-            embedder = cls._saved_embedder(meta)
+            embedder = cls._saved_embedder(meta, trust_paths=trust_paths)
         self = cls.__new__(cls)
-        self._configure(passages, embedder, meta["factory"], batch_size, show_progress, None)
+        self._configure(passages, embedder, meta.factory, batch_size, show_progress, None)
         self._index = index
         probe_dim = embed_texts(self._embedder, ["dimension probe"]).shape[1]
         if probe_dim != index.d:
@@ -418,10 +424,41 @@ class DenseRetriever(BatchRetrieverMixin):
         return self
 
     @staticmethod
-    def _saved_embedder(meta: dict[str, Any]) -> EmbedderLike:
-        """The embedder to reload from saved metadata (None = bundled default)."""
-        if meta["embedder_kind"] == "default":
+    def _saved_embedder(meta: "_DenseMeta", *, trust_paths: bool) -> EmbedderLike:
+        """The embedder to reload from saved metadata (None = bundled default).
+
+        A path or name written in the folder is loaded only with ``trust_paths``:
+        a model folder can name code to import.
+        """
+        if meta.embedder_kind == "default":
             return None
-        if meta["embedder_kind"] == "path":
-            return meta["embedder"]
-        raise ValueError(f"the index was built with a custom embedder ({meta['embedder']}); pass embedder= to load()")
+        if meta.embedder_kind == "path" and trust_paths:
+            return meta.embedder
+        if meta.embedder_kind == "path":
+            raise ValueError(
+                f"the index names the embedder {meta.embedder!r}; pass embedder= to load() "
+                "or trust_paths=True to load a model named in a saved folder"
+            )
+        raise ValueError(f"the index was built with a custom embedder ({meta.embedder}); pass embedder= to load()")
+
+
+class _DenseMeta(BaseModel):
+    """``dense.json``, typed."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    format: Literal[1]
+    factory: StrictStr
+    embedder: StrictStr
+    embedder_kind: Literal["default", "path", "object"]
+    dim: Annotated[StrictInt, Field(ge=1)]
+    count: Annotated[StrictInt, Field(ge=0)]
+    ids_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
+def _read_meta(path: Path) -> _DenseMeta:
+    """Parse ``dense.json``; ValueError naming the field when it is malformed."""
+    try:
+        return _DenseMeta.model_validate_json(path.read_bytes())
+    except ValidationError as err:
+        raise ValueError(f"{path} is not valid dense index metadata: {validation_message(err)}") from None

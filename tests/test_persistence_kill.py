@@ -1,0 +1,88 @@
+"""SIGKILL at random moments of a save: the path always loads the old or the new artefact,
+and the next load leaves no temporary behind."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+from langchain_core.embeddings import DeterministicFakeEmbedding
+
+from nest_integrations.langchain import NestVectorStore
+from nest_integrations.safe_io import leftovers
+
+RUNS = 30  # per store: 60 kills in all
+EMBEDDINGS = DeterministicFakeEmbedding(size=16)
+
+
+def langchain_store(version: int) -> NestVectorStore:
+    return NestVectorStore.from_texts([f"version {version} text {i}" for i in range(20)], EMBEDDINGS, ids=[str(i) for i in range(20)])
+
+
+def langchain_case(tmp_path):
+    target = tmp_path / "store"
+    stores = {v: langchain_store(v) for v in (1, 2)}
+    stores[1].save_local(target)
+
+    def save_forever() -> None:
+        for n in range(1, 10**9):
+            stores[1 + n % 2].save_local(target, overwrite=True)
+
+    def loaded_version() -> int:
+        text = NestVectorStore.load_local(target, EMBEDDINGS).get_by_ids(["0"])[0].page_content
+        return int(text.split()[1])
+
+    def clean() -> bool:
+        return leftovers(target) == []
+
+    return save_forever, loaded_version, clean
+
+
+def llama_index_case(tmp_path):
+    from llama_index.core.schema import TextNode
+
+    from nest_integrations.llama_index import NestVectorStore as LlamaStore
+
+    path = str(tmp_path / "default__vector_store.json")
+    stores = {}
+    for v in (1, 2):
+        stores[v] = LlamaStore()
+        stores[v].add([TextNode(id_=str(i), text=f"version {v} node {i}", embedding=[float(v), float(i), 1.0]) for i in range(20)])
+    stores[1].persist(path)
+
+    def save_forever() -> None:
+        for n in range(1, 10**9):
+            stores[1 + n % 2].persist(path)
+
+    def loaded_version() -> int:
+        return int(LlamaStore.from_persist_path(path).get_nodes(["0"])[0].get_content().split()[1])
+
+    def clean() -> bool:
+        return len(list(tmp_path.iterdir())) == 3  # the manifest and the two data files it names
+
+    return save_forever, loaded_version, clean
+
+
+@pytest.mark.parametrize("case", [langchain_case, llama_index_case])
+def test_sigkill_during_saves_never_loses_the_artefact(tmp_path, case):
+    save_forever, loaded_version, clean = case(tmp_path)
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(RUNS):
+        pid = os.fork()
+        if pid == 0:  # the child only saves; no torch, no threads
+            try:
+                save_forever()
+            finally:
+                os._exit(0)
+        time.sleep(rng.uniform(0.0, 0.05))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        version = loaded_version()
+        assert version in (1, 2)
+        assert clean(), sorted(p.name for p in tmp_path.iterdir())
+        seen.add(version)
+    assert seen == {1, 2}, "the kills should land both before and after some switches"
