@@ -340,7 +340,8 @@ def check_key_arrays(arrays: dict[str, np.ndarray], passages: Sequence[Passage],
     Raises:
         ValueError: wrong dtype or shape, offsets that do not tile the tokens,
             token ids outside the vocabulary, character spans outside their
-            passage, or counts differing from the manifest's.
+            passage or not tiling it from its start (shifted offsets), or
+            counts differing from the manifest's.
     """
     token_ids, char_spans, keys, valid, offsets = (arrays[name] for name in _KEY_ARRAYS)
     m = len(token_ids)
@@ -360,6 +361,10 @@ def check_key_arrays(arrays: dict[str, np.ndarray], passages: Sequence[Passage],
     limits = np.repeat(np.asarray([len(p.text) for p in passages], dtype=np.int64), np.diff(offsets))
     if m and ((char_spans[:, 0] < 0) | (char_spans[:, 0] > char_spans[:, 1]) | (char_spans[:, 1] > limits)).any():
         raise ValueError("the index's character spans fall outside their passages")
+    first = np.zeros(m, dtype=bool)
+    first[offsets[:-1][np.diff(offsets) > 0]] = True
+    if m and ((char_spans[first, 0] != 0).any() or (char_spans[1:, 0] != char_spans[:-1, 1])[~first[1:]].any()):
+        raise ValueError("the index's character spans do not tile each passage from its start: offsets and spans disagree")
     if manifest.counts.tokens != m or manifest.counts.entries != int(valid.sum()):
         raise ValueError(
             f"the manifest counts {manifest.counts.tokens} tokens and {manifest.counts.entries} entries; "

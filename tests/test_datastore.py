@@ -196,3 +196,79 @@ def test_newer_format_fails_to_load(saved_index, tiny_lm, tmp_path):
 def test_empty_corpus_is_a_clear_error(tiny_lm):
     with pytest.raises(ValueError, match="empty corpus"):
         NestIndex.build([], tiny_lm)
+
+
+def test_save_never_replaces_a_foreign_folder_and_needs_overwrite_for_an_index(saved_index, tmp_path):
+    index, path = saved_index
+    (tmp_path / "thesis").mkdir()
+    (tmp_path / "thesis" / "thesis.tex").write_text("years of work")
+    with pytest.raises(ValueError, match="refusing to replace"):
+        index.save(tmp_path / "thesis", overwrite=True)
+    assert (tmp_path / "thesis" / "thesis.tex").read_text() == "years of work"
+    with pytest.raises(ValueError, match="overwrite=True"):
+        index.save(path)
+    assert index.save(path, overwrite=True) == path
+
+
+def _tampered_copy(path, tmp_path, edit):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    edit(copy, manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def _shifted_offsets(copy, manifest):
+    from nest_integrations.safe_io import sha256_file
+
+    offsets = np.load(copy / "keys" / "offsets.npy")
+    offsets[1] += 1
+    np.save(copy / "keys" / "offsets.npy", offsets)
+    manifest["checksums"]["keys/offsets.npy"] = sha256_file(copy / "keys" / "offsets.npy")
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda c, m: m.update(checksums={}), "not listed"),
+        (lambda c, m: m["checksums"].update({"../secret.txt": "0" * 64}), "plain relative path"),
+        (lambda c, m: m.update(format_version=True), "format version"),
+        (lambda c, m: m.update(key_layer="layer:x"), "key_layer"),
+        (lambda c, m: m.update(hidden_size="64"), "hidden_size"),
+        (_shifted_offsets, "offsets and spans disagree"),
+    ],
+)
+def test_a_tampered_manifest_or_key_array_is_refused(saved_index, tiny_lm, tmp_path, edit, match):
+    _, path = saved_index
+    with pytest.raises(ValueError, match=match):
+        NestIndex.load(_tampered_copy(path, tmp_path, edit), tiny_lm)
+
+
+def test_a_model_path_named_in_the_folder_is_not_loaded_unasked(saved_index, tmp_path):
+    _, path = saved_index
+    copy = _tampered_copy(path, tmp_path, lambda c, m: m["lm"].update(name="/somewhere/evil-model"))
+    with pytest.raises(ValueError, match="trust_paths=True"):
+        NestIndex.load(copy)
+
+
+def test_the_fingerprint_ignores_dtype_and_sees_any_weight_change(smol_tokenizer):
+    from nest_integrations.lm import fingerprints_match
+
+    lm = make_tiny_lm(smol_tokenizer, seed=3)
+    fp32 = lm.fingerprint()
+    assert fingerprints_match(fp32, model_fp(lm, torch.float16))
+    assert fingerprints_match(fp32, model_fp(lm, torch.bfloat16))
+    with torch.no_grad():
+        lm.model.model.layers[1].mlp.up_proj.weight[3, 5] += 1e-3
+    assert not fingerprints_match(fp32, lm.fingerprint())
+
+
+def model_fp(lm, dtype):
+    import copy
+
+    from nest_integrations.lm import model_fingerprint
+
+    return model_fingerprint(copy.deepcopy(lm.model).to(dtype))
