@@ -12,7 +12,8 @@ from nest_integrations.config import MODES
 from nest_integrations.corpus import load_wikipedia_summaries
 from nest_integrations.evaluation.bench import BENCH_MODES, run_bench, run_sweep
 from nest_integrations.evaluation.runner import TASK_METRICS, run_eval, score_item, summarize_records
-from nest_integrations.evaluation.tasks import EvalItem
+from nest_integrations.evaluation.docs_corpus import docs_passages
+from nest_integrations.evaluation.tasks import TASK_MAX_NEW_TOKENS, EvalItem
 from nest_integrations.index import NestIndex
 
 MAX_NEW = 8
@@ -68,6 +69,8 @@ def test_score_item_bio_metrics_and_first_stage_time():
     assert 0.5 < row["rouge1"] <= 1.0 and 0.0 < row["rougeL"] <= 1.0
     assert row["wall_s"] == 1.5 and row["retrieval_s"] == 0.75 and row["decode_s"] == 0.5
     assert row["tokens_per_forward"] == 3.0 and row["attribution_ratio"] == 0.5  # 6 tokens, 2 decoding forwards after the prefill
+    assert row["seam_ok_rate"] == 0.0  # "Marie Curie was " + "born in 1867" skips the source's "She was"
+    assert row["fragment_answer"] is False
     assert set(TASK_METRICS["bio"]) <= set(row)
 
 
@@ -204,6 +207,47 @@ def test_qa_has_no_absent_condition(index, tmp_path):
     path.write_text(json.dumps({"question": "Who designed Paimio Sanatorium?", "answers": ["Alvar Aalto"]}) + "\n")
     with pytest.raises(ValueError, match="absent"):
         run_eval(index, "qa", n=1, qa_path=path, conditions=("absent",), out_dir=tmp_path, show_progress=False)
+
+
+# --------------------------------------------------------------------------- the question domains
+
+
+def test_wiki_qa_run_uses_the_short_answer_budget(index, tmp_path):
+    summary = run_eval(index, "wiki-qa", n=1, modes=("base", "nest"), out_dir=tmp_path, config_overrides=FAST,
+                       show_progress=False)
+    assert summary["config"]["max_new_tokens"] == TASK_MAX_NEW_TOKENS["wiki-qa"] == 64
+    assert [(r["mode"], r["condition"]) for r in summary["results"]] == [("base", "present"), ("nest", "present")]
+    by_id = {p.id: p.text for p in index.passages}
+    records = [json.loads(line) for line in (tmp_path / "items.jsonl").read_text().splitlines()]
+    for record in records:
+        assert all(a in by_id[record["meta"]["passage_id"]] for a in record["meta"]["answers"])
+        assert record["metrics"]["answer_recall"] in (0.0, 1.0)
+        assert record["metrics"]["seam_ok_rate"] is None or 0.0 <= record["metrics"]["seam_ok_rate"] <= 1.0
+    table = (tmp_path / "summary.md").read_text()
+    assert "answer recall" in table and "seam ok" in table
+
+
+@pytest.fixture(scope="module")
+def docs_index(tiny_lm) -> NestIndex:
+    return NestIndex.build(docs_passages("splitter"), tiny_lm, show_progress=False)
+
+
+def test_docs_run_over_splitter_chunks_and_absent_removes_every_chunk(docs_index, tmp_path):
+    summary = run_eval(docs_index, "docs", n=2, modes=("rag", "nest"), conditions=("present", "absent"),
+                       max_new_tokens=MAX_NEW, out_dir=tmp_path, config_overrides=FAST, show_progress=False)
+    assert {r["mode"] for r in summary["results"]} == {"rag", "nest"} and summary["n_items"] == 2
+    doc_of = {p.id: p.doc_id for p in docs_index.passages}
+    for record in (json.loads(line) for line in (tmp_path / "items.jsonl").read_text().splitlines()):
+        gold = record["meta"]["passage_id"]
+        retrieved_docs = {doc_of[i] for i in record["retrieved_ids"]}
+        if record["condition"] == "absent":
+            assert gold not in retrieved_docs
+        assert record["metrics"]["span_integrity"] == 1.0
+
+
+def test_docs_needs_an_index_over_the_docs(index, tmp_path):
+    with pytest.raises(ValueError, match="gold passages"):
+        run_eval(index, "docs", n=1, modes=("base",), out_dir=tmp_path, show_progress=False)
 
 
 # --------------------------------------------------------------------------- bench and sweep

@@ -6,12 +6,28 @@ every output with :func:`score_item` and writes ``items.jsonl``,
 ``summary.json`` and ``summary.md``. For the completion task it also reports
 :func:`perplexity` of the true continuation under each mode's mixture.
 
+Domains and their commands (all five modes on the same items):
+
+* biographies: ``nest eval --task bio --n 100`` (present and absent);
+* question answering over the Wikipedia summaries: ``nest eval --task wiki-qa
+  --n 100`` (questions about the people of the default index; ``-d`` an index
+  of all summaries for every topic);
+* technical documentation (standard-library docstrings):
+  ``nest eval --task docs`` over whole documents, ``nest eval --task docs
+  --docs-chunking splitter`` over LangChain's default splitter chunks (the
+  index is built once into the cache, see
+  :func:`~nest_integrations.evaluation.docs_corpus.docs_passages`).
+
+Every task reports attribution, :func:`~.metrics.seam_ok_rate` (copies that
+start where a reader accepts them), tokens per forward and speed; the question
+tasks answer recall, biographies also :func:`~.metrics.fragment_answer`.
+
 Protocol (documented in every summary under ``"protocol"``):
 
 * Conditions. ``present``: first-stage retrieval as usual. ``absent``: the
-  item's own passage (``meta["passage_id"]``) is removed from the first-stage
-  hits, for every mode (rag included), so the datastore and the prompt context
-  never contain it.
+  item's own passage (``meta["passage_id"]``, with every chunk whose
+  ``doc_id`` it is) is removed from the first-stage hits, for every mode (rag
+  included), so the datastore and the prompt context never contain it.
 * Shared hits. First-stage retrieval runs once per item and condition and the
   same hits are passed to every mode; its time is added to ``wall_s`` and
   ``retrieval_s`` of every mode except base, which retrieves nothing.
@@ -30,7 +46,6 @@ import math
 import shlex
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,19 +56,21 @@ from tqdm.auto import tqdm
 from nest_integrations.config import MODES, NestConfig
 from nest_integrations.corpus import Passage
 from nest_integrations.datastore import TokenDatastore
-from nest_integrations.decoding import NestDecoder, NestFallbackWarning, ScoredPassages
+from nest_integrations.decoding import NestDecoder, ScoredPassages
 from nest_integrations.evaluation.metrics import (
     aggregate,
     answer_recall,
+    fragment_answer,
     opens_with_entity,
     opens_with_other_name,
     rouge_scores,
+    seam_ok_rate,
     span_integrity,
     spans_tile_text,
     tokens_per_forward,
     year_precision,
 )
-from nest_integrations.evaluation.tasks import EvalItem, get_task, qa_items
+from nest_integrations.evaluation.tasks import QA_TASKS, TASK_MAX_NEW_TOKENS, EvalItem, get_task, qa_items
 from nest_integrations.index import NestIndex
 
 __all__ = [
@@ -69,6 +86,9 @@ logger = logging.getLogger(__name__)
 
 CONDITIONS: tuple[str, ...] = ("present", "absent")
 
+DEFAULT_N = 100
+"""Items drawn when no ``n`` is given (bio, completion, wiki-qa)."""
+
 RUNNER_KEYS = frozenset({"mode", "max_new_tokens", "use_chat_template"})
 """Config fields the runner sets itself (per call or by argument)."""
 
@@ -77,6 +97,7 @@ COMMON_METRICS: tuple[str, ...] = (
     "mean_copied_span_tokens",
     "span_integrity",
     "spans_tile",
+    "seam_ok_rate",
     "wall_s",
     "retrieval_s",
     "encode_s",
@@ -87,9 +108,9 @@ COMMON_METRICS: tuple[str, ...] = (
     "datastore_fallback",
 )
 TASK_METRICS: dict[str, tuple[str, ...]] = {
-    "bio": ("rouge1", "rougeL", "year_precision", "opens_with_entity", "opens_with_other_name"),
+    "bio": ("rouge1", "rougeL", "year_precision", "opens_with_entity", "opens_with_other_name", "fragment_answer"),
     "completion": ("rouge1", "rougeL"),
-    "qa": ("answer_recall",),
+    **{task: ("answer_recall",) for task in sorted(QA_TASKS)},
 }
 """Task-specific per-item metrics (every task also gets :data:`COMMON_METRICS`; all but
 ``datastore_fallback``, added by :func:`evaluate_item`, come from :func:`score_item`)."""
@@ -101,14 +122,16 @@ _TABLE_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("year_precision", "year prec."),
         ("opens_with_entity", "opens with name"),
         ("opens_with_other_name", "opens with other name"),
+        ("fragment_answer", "fragment"),
     ),
     "completion": (("rouge1", "ROUGE-1"), ("rougeL", "ROUGE-L"), ("perplexity", "perplexity")),
-    "qa": (("answer_recall", "answer recall"),),
+    **{task: (("answer_recall", "answer recall"),) for task in sorted(QA_TASKS)},
 }
 _SHARED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("attribution_ratio", "attribution"),
     ("mean_copied_span_tokens", "mean span (tok)"),
     ("span_integrity", "span integrity"),
+    ("seam_ok_rate", "seam ok"),
     ("datastore_fallback", "LM fallback"),
     ("tokens_per_forward", "tok/fwd"),
     ("new_tokens", "new tok"),
@@ -199,20 +222,22 @@ def _meta(item: EvalItem, key: str) -> Any:
 
 def load_items(
     task: str,
-    n: int,
+    n: int | None = None,
     *,
     seed: int = 0,
     passages: Sequence[Passage] | None = None,
     qa_path: str | Path | None = None,
 ) -> list[EvalItem]:
-    """The first ``n`` items of ``task``.
+    """The items of ``task``.
 
     Args:
-        task: ``"bio"``, ``"completion"`` or ``"qa"``.
-        n: number of items, >= 1.
-        seed: sampling seed (bio, completion).
-        passages: pool the bio/completion items are drawn from (normally the
-            index's corpus, so every item's source passage is in the index).
+        task: a name of :data:`~.tasks.TASKS`.
+        n: number of items, >= 1; None gives the task's default: every question
+            for qa and docs, :data:`DEFAULT_N` drawn items otherwise.
+        seed: sampling seed (bio, completion, wiki-qa; docs when ``n`` is given).
+        passages: pool the bio/completion/wiki-qa items are drawn from
+            (normally the index's corpus, so every item's source passage is in
+            the index).
         qa_path: JSONL file of the qa task (required for it, refused otherwise).
 
     Raises:
@@ -220,31 +245,55 @@ def load_items(
             fewer than ``n`` qualifying items.
     """
     builder = get_task(task)
-    if n < 1:
+    if n is not None and n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
+    if task == "docs":
+        return builder(n, seed)
     if task != "qa":
         if qa_path is not None:
             raise ValueError(f"qa_path is only used by the qa task, not {task!r}")
-        return builder(n, seed, passages=None if passages is None else list(passages))
+        pool = None if passages is None else list(passages)
+        return builder(DEFAULT_N if n is None else n, seed, passages=pool)
     if qa_path is None:
         raise ValueError("the qa task needs qa_path (a JSONL file of questions and answers)")
     items = qa_items(qa_path)
-    if n > len(items):
+    if n is not None and n > len(items):
         raise ValueError(f"asked for {n} qa items but {qa_path} has {len(items)}")
     return items[:n]
+
+
+def gold_passage_ids(passages: Sequence[Passage], gold_id: str) -> list[str]:
+    """Ids of the passages that are the gold passage ``gold_id`` or one of its chunks
+    (``doc_id == gold_id``)."""
+    return [p.id for p in passages if gold_id in (p.id, p.doc_id)]
+
+
+def check_gold_in_index(items: Sequence[EvalItem], passages: Sequence[Passage]) -> None:
+    """Every item's ``meta["passage_id"]`` (when it has one) must be a passage or a
+    document of ``passages``.
+
+    Raises:
+        ValueError: naming the missing ids (e.g. the docs task over an index
+            not built from :func:`~.docs_corpus.docs_corpus`).
+    """
+    known = {p.id for p in passages} | {p.doc_id for p in passages if p.doc_id}
+    missing = sorted({item.meta["passage_id"] for item in items if "passage_id" in item.meta} - known)
+    if missing:
+        raise ValueError(f"the index holds none of the gold passages {missing[:5]} (of {len(missing)} missing)")
 
 
 def first_stage(index: NestIndex, item: EvalItem, condition: str, k: int) -> tuple[ScoredPassages, float]:
     """First-stage passages for ``item`` under ``condition`` and the seconds it took.
 
-    ``absent`` excludes the item's own passage (``meta["passage_id"]``).
+    ``absent`` excludes the item's own passage (``meta["passage_id"]``) and
+    every chunk of it (:func:`gold_passage_ids`).
 
     Raises:
         ValueError: unknown condition, or ``absent`` for an item without a passage id.
     """
     if condition not in CONDITIONS:
         raise ValueError(f"unknown condition {condition!r}; choose from {CONDITIONS}")
-    excluded = [_meta(item, "passage_id")] if condition == "absent" else []
+    excluded = gold_passage_ids(index.passages, _meta(item, "passage_id")) if condition == "absent" else []
     start = time.perf_counter()
     hits = index.retrieve(item.query, k, exclude_ids=excluded)
     return hits, time.perf_counter() - start
@@ -273,7 +322,7 @@ def eval_decoder(index: NestIndex, config: NestConfig) -> NestDecoder:
 
 def _task_scores(item: EvalItem, text: str, task: str) -> dict[str, Any]:
     """Quality metrics of ``text`` for ``task`` (see :data:`TASK_METRICS`)."""
-    if task == "qa":
+    if task in QA_TASKS:
         return {"answer_recall": answer_recall(text, _meta(item, "answers"))}
     scores: dict[str, Any] = rouge_scores(text, item.reference)
     if task == "bio":
@@ -282,6 +331,7 @@ def _task_scores(item: EvalItem, text: str, task: str) -> dict[str, Any]:
             year_precision=year_precision(text, item.reference),
             opens_with_entity=opens_with_entity(text, name),
             opens_with_other_name=opens_with_other_name(text, name),
+            fragment_answer=fragment_answer(text, name),
         )
     return scores
 
@@ -320,17 +370,19 @@ def score_item(
     Args:
         item: the evaluated item.
         output: the generation as a dict (``NestOutput.to_dict()``).
-        task: ``"bio"``, ``"completion"`` or ``"qa"``.
-        passages_by_id: passage id -> full text, to check copied spans.
+        task: a name of :data:`TASK_METRICS`.
+        passages_by_id: passage id -> full text, to check copied spans and their seams.
         first_stage_s: seconds of first-stage retrieval done outside the decoder
             for this output; added to ``wall_s`` and ``retrieval_s``.
 
     Returns:
         ``attribution_ratio`` and ``mean_copied_span_tokens`` (from the output),
-        ``span_integrity`` in [0, 1], ``spans_tile`` (bool), the task metrics of
+        ``span_integrity`` in [0, 1], ``spans_tile`` (bool), ``seam_ok_rate``
+        (in [0, 1], None when nothing was copied), the task metrics of
         :data:`TASK_METRICS` (ROUGE F1 in [0, 1] vs ``item.reference``; for bio
-        also ``year_precision`` (None without years) and the two opening checks
-        (bools); for qa ``answer_recall`` in {0, 1}), the latency split in
+        also ``year_precision`` (None without years), the two opening checks
+        and ``fragment_answer`` (bools); for the question tasks
+        ``answer_recall`` in {0, 1}), the latency split in
         seconds (``wall_s``, ``retrieval_s``, ``encode_s``, ``decode_s``),
         ``new_tokens``, ``forward_passes`` and ``tokens_per_forward``.
 
@@ -350,6 +402,7 @@ def score_item(
         "mean_copied_span_tokens": float(output.get("mean_copied_span_tokens", 0.0)),
         "span_integrity": integrity,
         "spans_tile": spans_tile_text(output),
+        "seam_ok_rate": seam_ok_rate(output, passages_by_id),
         **_task_scores(item, output["text"], task),
         **_speed_scores(output["stats"], first_stage_s),
     }
@@ -364,25 +417,17 @@ def generate_item(
 
     Returns:
         The output dict and whether a datastore mode fell back to the LM alone
-        (it emitted :class:`NestFallbackWarning`: no relevant passage); None for
-        modes without a datastore. Other warnings are re-emitted.
+        (``stats.fallback_reason`` set); None for modes without a datastore.
     """
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        output = decoder.generate(
-            item.prompt,
-            query=item.query,
-            passages=hits,
-            mode=mode,
-            use_chat_template=bool(item.meta.get("chat", True)),
-            **overrides,
-        )
-    fallback = False
-    for warning in caught:
-        if issubclass(warning.category, NestFallbackWarning):
-            fallback = True
-        else:
-            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    output = decoder.generate(
+        item.prompt,
+        query=item.query,
+        passages=hits,
+        mode=mode,
+        use_chat_template=bool(item.meta.get("chat", True)),
+        **overrides,
+    )
+    fallback = output.stats.fallback_reason is not None
     return output.to_dict(), (fallback if NestConfig(mode=mode).uses_datastore else None)
 
 
@@ -457,16 +502,14 @@ def perplexity(
     check_modes([mode])
     total_logp, total_tokens = 0.0, 0
     for item in items:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", NestFallbackWarning)
-            scored = decoder.score(
-                item.prompt,
-                _continuation_text(item),
-                query=item.query,
-                passages=passages_fn(item),
-                mode=mode,
-                use_chat_template=bool(item.meta.get("chat", True)),
-            )
+        scored = decoder.score(
+            item.prompt,
+            _continuation_text(item),
+            query=item.query,
+            passages=passages_fn(item),
+            mode=mode,
+            use_chat_template=bool(item.meta.get("chat", True)),
+        )
         total_logp += float(scored.logp_mixture.sum())
         total_tokens += len(scored.token_ids)
     if total_tokens == 0:
@@ -577,11 +620,11 @@ def run_eval(
     index: NestIndex,
     task: str,
     *,
-    n: int,
+    n: int | None = None,
     seed: int = 0,
     modes: Sequence[str] = MODES,
     conditions: Sequence[str] | None = None,
-    max_new_tokens: int = 128,
+    max_new_tokens: int | None = None,
     out_dir: str | Path,
     qa_path: str | Path | None = None,
     config_overrides: Mapping[str, Any] | None = None,
@@ -590,14 +633,18 @@ def run_eval(
     """Compare decoding modes on the same items of ``task`` in one run.
 
     Args:
-        index: the NEST index; bio and completion items are drawn from its corpus.
-        task: ``"bio"``, ``"completion"`` or ``"qa"``.
-        n: number of items.
+        index: the NEST index; bio, completion and wiki-qa items are drawn
+            from its corpus; the gold passages of docs (and of qa records that
+            name one) must be in it.
+        task: a name of :data:`~.tasks.TASKS`.
+        n: number of items; None for the task's default (see :func:`load_items`).
         seed: item sampling seed.
         modes: decoding modes to compare.
         conditions: ``"present"`` and/or ``"absent"`` (see the module docstring);
             default both for bio, ``("present",)`` otherwise.
-        max_new_tokens: generation budget per output.
+        max_new_tokens: generation budget per output; None for the task's
+            default (:data:`~.tasks.TASK_MAX_NEW_TOKENS`: 64 for the question
+            tasks, 128 otherwise).
         out_dir: folder for ``items.jsonl``, ``summary.json``, ``summary.md``
             (created if needed; existing files are overwritten).
         qa_path: the qa task's JSONL file.
@@ -616,8 +663,9 @@ def run_eval(
     """
     modes = check_modes(modes)
     items = load_items(task, n, seed=seed, passages=index.passages, qa_path=qa_path)
+    check_gold_in_index(items, index.passages)
     conditions = _check_conditions(task, conditions, items)
-    config = run_config(config_overrides, max_new_tokens)
+    config = run_config(config_overrides, TASK_MAX_NEW_TOKENS[task] if max_new_tokens is None else max_new_tokens)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     passages_by_id = {p.id: p.text for p in index.passages}
