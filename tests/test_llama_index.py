@@ -449,3 +449,22 @@ async def test_async_streaming_query_engine(llm, nest_index):
     text = "".join([piece async for piece in streamed.response_gen])
     assert text == streamed.metadata["nest"]["text"]
     assert {n.node_id for n in streamed.source_nodes} == {c["node_id"] for c in streamed.metadata["citations"]}
+
+
+# --------------------------------------------------------------------------- NestChatEngine
+def test_chat_engine_keeps_citations_in_responses_and_history(llm, nest_index):
+    from nest_integrations.llama_index import NestChatEngine
+
+    engine = NestChatEngine.from_index(nest_index, llm, similarity_top_k=3)
+    response = engine.chat(PROMPT)
+    citations = response.metadata["citations"]
+    assert citations and response.response == response.metadata["nest"]["text"]
+    assert [n.node_id for n in response.source_nodes] == list(dict.fromkeys(c["node_id"] for c in citations))
+    user, answer = engine.chat_history
+    assert user.content == PROMPT and answer.blocks[0].text == response.response
+    cited = [block for block in answer.blocks if isinstance(block, CitationBlock)]
+    assert [block.source for block in cited] == [c["node_id"] for c in citations]
+    engine.chat("And her birth year?")
+    assert len(engine.chat_history) == 4
+    engine.reset()
+    assert engine.chat_history == []

@@ -6,7 +6,9 @@
 * :class:`NestVectorStore`: an in-memory vector store that keeps NEST's token
   datastore in step with its nodes, persisted without pickle.
 * :class:`NestQueryEngine`: retrieve, generate, and return exactly the cited
-  nodes with span-level citations.
+  nodes with span-level citations (streamed too).
+* :class:`NestChatEngine`: the same over a conversation, with citations kept
+  in the chat history.
 
 Needs ``llama-index-core``: ``pip install nest-integrations[llama-index]``.
 """
@@ -19,8 +21,9 @@ except ImportError as err:
     ) from err
 
 from ._common import default_embed_model
+from .chat_engine import NestChatEngine
 from .llms import NestLLM, citation_blocks
 from .query_engine import NestQueryEngine, span_citations
 from .vector_stores import NestVectorStore
 
-__all__ = ["NestLLM", "NestQueryEngine", "NestVectorStore", "citation_blocks", "default_embed_model", "span_citations"]
+__all__ = ["NestChatEngine", "NestLLM", "NestQueryEngine", "NestVectorStore", "citation_blocks", "default_embed_model", "span_citations"]
