@@ -167,3 +167,21 @@ def test_llama_index_persist_refuses_a_foreign_file_and_unlisted_data(tmp_path):
     path.write_text(json.dumps({**manifest, "files": {"nodes": "../x.json", "embeddings": "e.npy"}}))
     with pytest.raises(ValueError, match="files.nodes"):
         LlamaStore.from_persist_path(str(path))
+
+
+@pytest.mark.parametrize(
+    "ids, error", [(["", "b"], ValueError), ([0, "b"], TypeError), ([1, "1"], TypeError), (["a", "a"], ValueError)]
+)
+def test_langchain_store_ids_are_strings_or_none(ids, error):
+    store = NestVectorStore(DeterministicFakeEmbedding(size=8))
+    with pytest.raises(error, match=r"ids"):
+        store.add_texts(["x", "y"], ids=ids)
+    assert len(store) == 0
+    assert len(store.add_texts(["x", "y"], ids=[None, "b"])) == 2
+
+
+@pytest.mark.parametrize("k, error", [(1.5, TypeError), (True, TypeError), (-1, ValueError)])
+def test_langchain_store_k_must_be_a_non_negative_int(k, error):
+    store = NestVectorStore.from_texts(["a", "b"], DeterministicFakeEmbedding(size=8))
+    with pytest.raises(error, match="k must"):
+        store.similarity_search("a", k=k)

@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Optional, Sequence, Union
 
@@ -49,6 +50,34 @@ _VECTORS_FILE = "vectors.npy"
 MetadataFilter = Union[Callable[[Document], bool], dict[str, Any]]
 """A document predicate, or metadata values that must all match exactly."""
 
+
+
+def _resolve_ids(ids: Optional[Sequence[Optional[str]]], count: int) -> list[str]:
+    """The given ids, a fresh uuid4 for each None.
+
+    Raises:
+        TypeError: an id that is neither a str nor None (``1`` and ``"1"`` would collide).
+        ValueError: an empty id, or one id given twice.
+    """
+    out = []
+    for pos, value in enumerate(ids if ids is not None else [None] * count):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"ids[{pos}] must be a str or None, got {type(value).__name__} {value!r}")
+        if value == "":
+            raise ValueError(f"ids[{pos}] is empty; pass None for a generated id")
+        out.append(value if value is not None else str(uuid.uuid4()))
+    repeated = sorted(i for i, n in Counter(out).items() if n > 1)
+    if repeated:
+        raise ValueError(f"ids {repeated} are given more than once; each document needs its own id")
+    return out
+
+
+def _check_k(k: Any) -> None:
+    """Raise TypeError unless ``k`` is an int (not a bool), ValueError if it is negative."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"k must be an int, got {type(k).__name__} {k!r}")
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
 
 
 def _matches(document: Document, filter: Optional[MetadataFilter]) -> bool:
@@ -137,8 +166,9 @@ class NestVectorStore(VectorStore):
         """Embed and upsert texts; missing ids get a fresh uuid4.
 
         Raises:
-            ValueError: ``metadatas`` or ``ids`` of the wrong length, or vectors
-                whose size differs from the stored ones.
+            ValueError: ``metadatas`` or ``ids`` of the wrong length, an empty or
+                repeated id, or vectors whose size differs from the stored ones.
+            TypeError: an id that is neither a str nor None.
         """
         texts = list(texts)
         if metadatas is not None and len(metadatas) != len(texts):
@@ -150,7 +180,7 @@ class NestVectorStore(VectorStore):
         vectors = np.asarray(self.embedding.embed_documents(texts), dtype=np.float32)
         if vectors.ndim != 2 or vectors.shape[0] != len(texts):
             raise ValueError(f"the embeddings returned shape {vectors.shape} for {len(texts)} texts")
-        out_ids = [str(i) if i else str(uuid.uuid4()) for i in (ids or [None] * len(texts))]
+        out_ids = _resolve_ids(ids, len(texts))
         documents = [
             Document(id=doc_id, page_content=text, metadata=dict(metadatas[n]) if metadatas else {})
             for n, (doc_id, text) in enumerate(zip(out_ids, texts))
@@ -205,9 +235,10 @@ class NestVectorStore(VectorStore):
         self, embedding: Sequence[float], k: int, filter: Optional[MetadataFilter]
     ) -> list[tuple[Document, float, np.ndarray]]:
         """The ``k`` best matches (a copy of each document, its cosine, its vector), best first."""
+        _check_k(k)
         with self._lock:
             ids, matrix = self._snapshot()
-            if not ids or k <= 0:
+            if not ids or k == 0:
                 return []
             scores = np.asarray(cosine_to(embedding, matrix))
             hits = []
