@@ -164,6 +164,51 @@ def load_jsonl(path: PathLike) -> list[Passage]:
     return passages
 
 
+TEXT_SUFFIXES = (".txt", ".md", ".rst")
+"""Plain-text document files a corpus folder may hold (one passage per file), beside ``.jsonl`` files."""
+
+
+def load_text_file(path: PathLike, root: PathLike | None = None) -> Passage | None:
+    """One passage for a UTF-8 text file, or None (with a warning) when it is blank.
+
+    id = path relative to ``root`` (POSIX separators; default: the file name),
+    title = file stem, metadata = ``{"path": <full path>}``.
+    """
+    file = Path(path)
+    text = file.read_text(encoding="utf-8")
+    if not text.strip():
+        logger.warning("skipping empty file %s", file)
+        return None
+    name = file.relative_to(root).as_posix() if root is not None else file.name
+    return Passage(id=name, text=text, title=file.stem, metadata={"path": str(file)})
+
+
+def load_documents(path: PathLike) -> list[Passage]:
+    """Every document under folder ``path``: one passage per ``.txt`` / ``.md`` / ``.rst`` file
+    (:func:`load_text_file`) and the passages of each ``.jsonl`` file (:func:`load_jsonl`), sorted by path.
+
+    Raises:
+        ValueError: ``path`` is not a folder, holds no such non-empty file, or two passages share an id.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise ValueError(f"{root} is not a folder")
+    files = sorted(
+        (p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in (*TEXT_SUFFIXES, ".jsonl")),
+        key=lambda p: p.relative_to(root).as_posix(),
+    )
+    passages: list[Passage] = []
+    for file in files:
+        if file.suffix.lower() == ".jsonl":
+            passages.extend(load_jsonl(file))
+        elif (passage := load_text_file(file, root)) is not None:
+            passages.append(passage)
+    if not passages:
+        raise ValueError(f"no non-empty {', '.join(TEXT_SUFFIXES)} or .jsonl files under {root}")
+    _check_unique_ids(passages)
+    return passages
+
+
 def load_text_folder(path: PathLike, pattern: str = "**/*.txt") -> list[Passage]:
     """Load one passage per file matching ``pattern`` under folder ``path``.
 
@@ -178,15 +223,7 @@ def load_text_folder(path: PathLike, pattern: str = "**/*.txt") -> list[Passage]
     if not root.is_dir():
         raise ValueError(f"{root} is not a folder")
     files = sorted((p for p in root.glob(pattern) if p.is_file()), key=lambda p: p.relative_to(root).as_posix())
-    passages = []
-    for file in files:
-        text = file.read_text(encoding="utf-8")
-        if not text.strip():
-            logger.warning("skipping empty file %s", file)
-            continue
-        passages.append(
-            Passage(id=file.relative_to(root).as_posix(), text=text, title=file.stem, metadata={"path": str(file)})
-        )
+    passages = [passage for file in files if (passage := load_text_file(file, root)) is not None]
     if not passages:
         raise ValueError(f"no non-empty files matching {pattern!r} under {root}")
     return passages
@@ -288,11 +325,12 @@ def load_wikipedia_summaries(topic: str | None = None, limit: int | None = None)
 
 
 def load_corpus(source: str, *, topic: str | None = None, limit: int | None = None) -> list[Passage]:
-    """Load a corpus from ``"wiki"``, a ``.jsonl`` file or a folder of ``.txt`` files.
+    """Load a corpus from ``"wiki"``, a document file or a folder of them.
 
     Args:
-        source: ``"wiki"`` (bundled Wikipedia summaries), a path to a ``.jsonl``
-            file (:func:`load_jsonl`), or a folder (:func:`load_text_folder`).
+        source: ``"wiki"`` (bundled Wikipedia summaries), a ``.jsonl`` file
+            (:func:`load_jsonl`), a ``.txt`` / ``.md`` / ``.rst`` file (one
+            passage), or a folder of such files (:func:`load_documents`).
         topic: Wikipedia topic filter; only valid with ``"wiki"``.
         limit: keep at most the first ``limit`` passages (any source).
 
@@ -305,12 +343,19 @@ def load_corpus(source: str, *, topic: str | None = None, limit: int | None = No
     if topic is not None:
         raise ValueError(f"topic={topic!r} only applies to source='wiki', not {source!r}")
     path = Path(source)
-    if path.is_file() and path.suffix == ".jsonl":
+    suffix = path.suffix.lower()
+    if path.is_file() and suffix == ".jsonl":
         passages = load_jsonl(path)
+    elif path.is_file() and suffix in TEXT_SUFFIXES:
+        passage = load_text_file(path)
+        passages = [passage] if passage is not None else []
     elif path.is_dir():
-        passages = load_text_folder(path)
+        passages = load_documents(path)
     else:
-        raise ValueError(f"unrecognised corpus source {source!r}: expected 'wiki', an existing .jsonl file or a folder")
+        raise ValueError(
+            f"unrecognised corpus source {source!r}: expected 'wiki', an existing .jsonl, .txt, .md or .rst file, "
+            "or a folder of them"
+        )
     return passages if limit is None else passages[:limit]
 
 
