@@ -39,7 +39,15 @@ def _fail(message: str) -> None:
 
 
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    """Warnings only, and no weight-loading bars, unless ``verbose``: then INFO logs, the DEBUG lines
+    libraries turn on for themselves (bm25s does at import) and transformers' loading bars."""
+    from transformers.utils import logging as hf_logging
+
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.NOTSET if verbose else logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler], force=True)
+    (hf_logging.enable_progress_bar if verbose else hf_logging.disable_progress_bar)()
 
 
 def _load_index(path: Optional[Path], model: Optional[str] = None) -> Any:
@@ -68,12 +76,18 @@ def _build_default_index(folder: Path) -> None:
 # --------------------------------------------------------------------------- index
 @index_app.command("build")
 def index_build(
-    source: str = typer.Argument(..., help="A JSONL file, a folder of .txt files, or 'wiki' (the bundled Wikipedia summaries)."),
+    source: str = typer.Argument(
+        ..., help="A .txt, .md, .rst or .jsonl file, a folder of them, or 'wiki' (the bundled Wikipedia summaries)."
+    ),
     out: Path = typer.Option(..., "--out", help="Index folder to write (new, empty, or an index with --force)."),
     force: bool = typer.Option(False, "--force", help="Replace an index already at --out; never anything else."),
     limit: Optional[int] = typer.Option(None, help="Keep at most this many passages."),
     topic: Optional[str] = typer.Option(None, help="Wikipedia topic filter, e.g. People (source 'wiki' only)."),
-    max_words: Optional[int] = typer.Option(None, help="Chunk documents into passages of at most this many words."),
+    max_tokens: int = typer.Option(
+        200, help="Chunk documents into passages of at most this many LM tokens (whole sentences), so every passage "
+        "stays retrievable and fits the datastore; 0: one passage per document.",
+    ),
+    max_words: Optional[int] = typer.Option(None, help="Chunk by words instead of tokens."),
     precompute_keys: bool = typer.Option(False, "--precompute-keys", help="Encode every token key now (else lazily)."),
     model: str = typer.Option("default", help="LM: 'default', a hub id or a local path."),
     retriever: str = typer.Option("hybrid", help="First stage: hybrid, dense or bm25."),
@@ -93,11 +107,13 @@ def index_build(
     try:
         check_replaceable(out, INDEX_FORMAT, overwrite=force)  # before hours of building, not after
         passages = load_corpus(source, topic=topic, limit=limit)
+        lm = load_lm(model)
         if max_words:
             passages = chunk_passages(passages, max_words=max_words)
+        elif max_tokens:
+            passages = chunk_passages(passages, max_tokens=max_tokens, tokenizer=lm.tokenizer)
         if not passages:
             _fail(f"{source} holds no passages")
-        lm = load_lm(model)
         index = NestIndex.build(
             passages, lm, retriever_kind=retriever, index_factory=index_factory, key_layer=key_layer,
             encoding_prefix=encoding_prefix, precompute_keys=precompute_keys,
@@ -167,6 +183,9 @@ def _print_output(output: Any, title: str) -> None:
         f"(retrieval {s.retrieval_s:.2f}, encoding {s.encode_s:.2f}, decoding {s.decode_s:.2f})",
         style="dim",
     )
+    reason = getattr(s, "fallback_reason", None)
+    if reason is not None and output.mode != "base":
+        console.print(f"  NEST copied nothing and generated with the LM alone: {reason.replace('_', ' ')}", style="yellow")
 
 
 @app.command()
