@@ -276,30 +276,59 @@ def demo(
 
 
 # --------------------------------------------------------------------------- evaluation
+def _docs_index(chunking: str) -> Path:
+    """The folder of the docs task's default index (built once into the cache): the
+    standard-library docstrings as whole documents or LangChain splitter chunks."""
+    from .evaluation.docs_corpus import docs_passages
+    from .index import NestIndex
+    from .lm import cache_dir, load_lm
+
+    folder = cache_dir() / "indexes" / f"stdlib-docs-{chunking}"
+    if not (folder / "manifest.json").exists():
+        passages = docs_passages(chunking)
+        console.print(f"Building the docs index ({len(passages)} passages, {chunking}) in {folder} (once)...")
+        NestIndex.build(passages, load_lm()).save(folder)
+    return folder
+
+
 @app.command("eval")
 def evaluate(
-    task: str = typer.Option("bio", help="bio, completion or qa."),
-    n: int = typer.Option(100, help="Items (per condition)."),
+    task: str = typer.Option("bio", help="bio, completion, qa, wiki-qa or docs."),
+    n: Optional[int] = typer.Option(None, help="Items per condition (default: 100; every question for qa and docs)."),
     seed: int = typer.Option(0, help="Sampling seed of the items."),
-    datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
+    datastore: Optional[Path] = typer.Option(
+        None, "--datastore", "-d", help="Index folder (default: the demo index; for docs the docs index)."
+    ),
     modes: str = typer.Option("base,rag,knnlm,nest,ra_nest", help="Comma-separated modes."),
-    max_new_tokens: int = typer.Option(128, help="Tokens per generation."),
+    max_new_tokens: Optional[int] = typer.Option(
+        None, help="Tokens per generation (default: 64 for qa, wiki-qa and docs, 128 otherwise)."
+    ),
     qa_path: Optional[Path] = typer.Option(None, "--qa", help="QA JSONL (task qa)."),
+    docs_chunking: str = typer.Option(
+        "documents", help="docs without -d: 'documents' (one passage per module) or 'splitter' (LangChain's default splitter)."
+    ),
     out: Path = typer.Option(Path("runs/eval"), help="Output folder (items.jsonl, summary.json, summary.md)."),
 ) -> None:
-    """Compare the modes on the same items in one run."""
+    """Compare the modes on the same items in one run.
+
+    nest eval --task bio; nest eval --task wiki-qa; nest eval --task docs [--docs-chunking splitter].
+    """
+    from .evaluation.docs_corpus import DOCS_CHUNKINGS
     from .evaluation.runner import run_eval
 
+    if docs_chunking not in DOCS_CHUNKINGS:
+        _fail(f"unknown --docs-chunking {docs_chunking!r}; choose from {', '.join(DOCS_CHUNKINGS)}")
+    if task == "docs" and datastore is None:
+        datastore = _docs_index(docs_chunking)
     index = _load_index(datastore)
     try:
-        summary = run_eval(
+        run_eval(
             index, task, n=n, seed=seed, modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
             max_new_tokens=max_new_tokens, out_dir=out, qa_path=qa_path,
         )
     except ValueError as err:
         _fail(str(err))
     console.print((out / "summary.md").read_text())
-    del summary
 
 
 @app.command()

@@ -140,7 +140,7 @@ _SHARED_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 PROTOCOL = (
-    "conditions: absent removes the item's own passage from first-stage hits for every mode; "
+    "conditions: absent removes the item's own passage (and its chunks) from first-stage hits for every mode; "
     "hits are retrieved once per item and condition and shared by all modes, their time added to "
     "wall_s and retrieval_s of every non-base mode; lazy-key indexes give each generation a fresh "
     "datastore (encode_s is paid per generation), precomputed ones are read as they are; "
