@@ -12,6 +12,7 @@ from langchain_core.messages.content import Citation, TextContentBlock, create_c
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
 from ..attribution import Span, merge_spans
+from ..conversation import retrieval_query
 from ._common import NestModelBase, areport_tokens, report_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,9 +27,12 @@ class ChatNest(NestModelBase, BaseChatModel):
 
     Messages go through the LM's chat template. Passages come from
     ``retriever`` (a :class:`~nest_integrations.langchain.NestVectorStore` or any
-    LangChain ``BaseRetriever`` / ``VectorStore``), queried with the last human
-    message unless a ``query=`` is passed per call. Fields and per-call options
-    are those of :class:`~nest_integrations.langchain.NestLLM`.
+    LangChain ``BaseRetriever`` / ``VectorStore``), queried with the
+    conversation's retrieval query unless a ``query=`` is passed per call: the
+    last human message, with the earlier human turns before it when it is a
+    follow-up ("And how do I send a value into it?"; see
+    :func:`nest_integrations.conversation.retrieval_query`). Fields and
+    per-call options are those of :class:`~nest_integrations.langchain.NestLLM`.
 
     Instantiate:
         .. code-block:: python
@@ -147,7 +151,9 @@ class ChatNest(NestModelBase, BaseChatModel):
 
 def _to_prompt(messages: list[BaseMessage]) -> tuple[list[dict[str, str]], str]:
     """Role/content dicts for the chat template, and the default retrieval query
-    (the last human message).
+    (:func:`~nest_integrations.conversation.retrieval_query`: the last human
+    message, preceded by the earlier human turns when it is a follow-up; the last
+    message when there is no human one).
 
     Raises:
         ValueError: a message kind the chat template cannot take (tool messages).
@@ -163,8 +169,7 @@ def _to_prompt(messages: list[BaseMessage]) -> tuple[list[dict[str, str]], str]:
         prompt.append({"role": role, "content": str(message.text)})
     if not prompt:
         raise ValueError("ChatNest needs at least one message")
-    users = [m["content"] for m in prompt if m["role"] == "user"]
-    return prompt, users[-1] if users else prompt[-1]["content"]
+    return prompt, retrieval_query(prompt) or prompt[-1]["content"]
 
 
 def _text_block(text: str, citations: list[Citation]) -> TextContentBlock:

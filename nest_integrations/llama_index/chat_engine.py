@@ -9,7 +9,10 @@ answers with NEST over the retrieved nodes and keeps:
   :class:`NestQueryEngine`), ``metadata["citations"]`` and ``metadata["nest"]``;
 * in the history: the assistant message with one ``CitationBlock`` per copied span.
 
-Each turn's retrieval query is the last user message.
+Each turn's retrieval query is the conversation's
+(:func:`~nest_integrations.conversation.retrieval_query`): the last user
+message, preceded by the earlier user turns when it is a follow-up ("And how do
+I send a value into it?").
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from llama_index.core.chat_engine.types import AgentChatResponse, BaseChatEngine
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.memory import BaseMemory, ChatMemoryBuffer
 
-from .llms import NestLLM, _assistant_message
+from ..conversation import retrieval_query
+from .llms import NestLLM, _assistant_message, _message_dicts
 from .query_engine import _cited_nodes, _metadata
 
 logger = logging.getLogger(__name__)
@@ -71,12 +75,17 @@ class NestChatEngine(BaseChatEngine):
     def reset(self) -> None:
         self._memory.reset()
 
-    def _turn(self, message: str, chat_history: Optional[List[ChatMessage]]) -> tuple[list[ChatMessage], Any]:
-        """Set the history, add the user message, retrieve; returns the messages and nodes."""
+    def _turn(self, message: str, chat_history: Optional[List[ChatMessage]]) -> tuple[list[ChatMessage], Any, str]:
+        """Set the history, add the user message, retrieve; returns the messages, the nodes and the query.
+
+        The query is built from the whole history (``get_all``), not the window
+        the memory hands the LM, so a follow-up still finds its topic.
+        """
         if chat_history is not None:
             self._memory.set(chat_history)
         self._memory.put(ChatMessage(role=MessageRole.USER, content=message))
-        return self._memory.get(), self.retriever.retrieve(message)
+        query = retrieval_query(_message_dicts(self._memory.get_all())) or message
+        return self._memory.get(), self.retriever.retrieve(query), query
 
     def _answer(self, messages: list[ChatMessage], nodes: Any, query: str) -> AgentChatResponse:
         output = self.llm.generate(messages, nodes=nodes, query=query, mode=self.mode)
@@ -87,8 +96,8 @@ class NestChatEngine(BaseChatEngine):
 
     def chat(self, message: str, chat_history: Optional[List[ChatMessage]] = None) -> AgentChatResponse:
         """Answer ``message`` in the conversation so far (``chat_history`` replaces it when given)."""
-        messages, nodes = self._turn(message, chat_history)
-        return self._answer(messages, nodes, message)
+        messages, nodes, query = self._turn(message, chat_history)
+        return self._answer(messages, nodes, query)
 
     async def achat(self, message: str, chat_history: Optional[List[ChatMessage]] = None) -> AgentChatResponse:
         """Async :meth:`chat` (generation runs in a worker thread)."""

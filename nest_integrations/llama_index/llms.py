@@ -15,10 +15,13 @@ node text (``start_char_index`` / ``end_char_index``) and in the answer
 (``answer_start_char_index`` / ``answer_end_char_index``).
 
 Call keyword arguments: ``query`` (the first-stage query; default the prompt,
-or the last user message), ``nodes`` (``NodeWithScore`` list used instead of
-the retriever), and any :class:`~nest_integrations.config.NestConfig` field;
-the standard ``max_tokens`` is ``max_new_tokens`` and ``temperature`` only
-matters with ``do_sample`` (0 is greedy).
+or for chat the conversation's retrieval query: the last user message, preceded
+by the earlier user turns when it is a follow-up, see
+:func:`~nest_integrations.conversation.retrieval_query`), ``nodes``
+(``NodeWithScore`` list used instead of the retriever), and any
+:class:`~nest_integrations.config.NestConfig` field; the standard
+``max_tokens`` is ``max_new_tokens`` and ``temperature`` only matters with
+``do_sample`` (0 is greedy).
 
 NEST has no tool calling and no JSON mode: ``structured_predict`` and its
 variants, ``as_structured_llm`` and ``predict_and_call`` raise
