@@ -21,7 +21,9 @@ import logging
 import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
+
+from .jsonsafe import json_safe
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,10 @@ class Passage:
         id: unique within a corpus.
         text: the passage text, exactly as in the source (no normalisation).
         title: title of the source document ("" when unknown).
-        metadata: free-form JSON-serialisable data (excluded from the hash).
+        metadata: free-form JSON data (excluded from the hash). numpy values,
+            dates and a few other types are converted on creation and anything
+            else is refused with a ValueError naming the key
+            (:func:`nest_integrations.jsonsafe.json_safe`).
         doc_id: id of the document this passage was cut from; "" when the
             passage is the whole document.
         doc_char_start: character offset of ``text`` inside the document's
@@ -71,6 +76,13 @@ class Passage:
             raise ValueError(f"Passage {self.id!r}: text must be a string, got {type(self.text).__name__}")
         if self.doc_char_start < 0:
             raise ValueError(f"Passage {self.id!r}: doc_char_start must be >= 0, got {self.doc_char_start}")
+        if not isinstance(self.metadata, Mapping):
+            raise ValueError(f"Passage {self.id!r}: metadata must be a dict, got {type(self.metadata).__name__}")
+        try:
+            metadata = json_safe(dict(self.metadata))
+        except ValueError as err:
+            raise ValueError(f"Passage {self.id!r}: {err}") from None
+        object.__setattr__(self, "metadata", metadata)
 
     @property
     def doc_char_end(self) -> int:

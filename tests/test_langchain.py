@@ -474,8 +474,15 @@ def test_load_local_of_a_tampered_folder_fails_clearly(tmp_path, store, embeddin
         NestVectorStore.load_local(tmp_path / "nowhere", embeddings)
 
 
+def test_non_json_metadata_is_refused_when_added(embeddings):
+    store = NestVectorStore.from_texts(["a"], embeddings)
+    with pytest.raises(ValueError, match=r"metadata\['bad'\] is a builtins.object, which cannot be made JSON"):
+        store.add_texts(["x"], metadatas=[{"bad": object()}])
+    assert len(store) == 1
+
+
 def test_save_local_refuses_non_json_metadata(tmp_path, embeddings):
-    store = NestVectorStore.from_texts(["x"], embeddings, metadatas=[{"bad": object()}])
+    store = NestVectorStore.from_texts(["x"], embeddings, metadatas=[{"bad": float("nan")}])
     with pytest.raises(ValueError, match="JSON-serialisable"):
         store.save_local(tmp_path / "store")
     assert not (tmp_path / "store").exists()

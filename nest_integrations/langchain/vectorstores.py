@@ -167,7 +167,8 @@ class NestVectorStore(VectorStore):
 
         Raises:
             ValueError: ``metadatas`` or ``ids`` of the wrong length, an empty or
-                repeated id, or vectors whose size differs from the stored ones.
+                repeated id, vectors whose size differs from the stored ones, or
+                metadata that cannot be made JSON (:func:`nest_integrations.jsonsafe.json_safe`).
             TypeError: an id that is neither a str nor None.
         """
         texts = list(texts)
@@ -185,6 +186,8 @@ class NestVectorStore(VectorStore):
             Document(id=doc_id, page_content=text, metadata=dict(metadatas[n]) if metadatas else {})
             for n, (doc_id, text) in enumerate(zip(out_ids, texts))
         ]
+        for document in documents:  # refuses metadata that cannot be made JSON, before anything is stored
+            document_to_passage(document)
         with self._lock:
             self._check_dimensions(vectors.shape[1])
             for document, vector in zip(documents, vectors):

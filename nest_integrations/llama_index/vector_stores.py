@@ -302,7 +302,9 @@ class NestVectorStore(BasePydanticVectorStore):
         """Store nodes with their embeddings (a known id is replaced); all or nothing.
 
         Raises:
-            ValueError: a node has no embedding, or its dimension differs from the store's.
+            ValueError: a node has no embedding, an empty one or one with NaN or infinite values, its
+                dimension differs from the store's, or its metadata cannot be made JSON
+                (:func:`nest_integrations.jsonsafe.json_safe`); the message names the node id.
         """
         with self._lock:
             dim = next(iter(self._vectors.values())).shape[0] if self._vectors else None
@@ -313,12 +315,20 @@ class NestVectorStore(BasePydanticVectorStore):
                         f"node {node.node_id!r} has no embedding; add nodes through VectorStoreIndex "
                         "(which embeds them) or set node.embedding"
                     )
-                vector = np.asarray(node.embedding, dtype=np.float32)
+                try:
+                    vector = np.asarray(node.embedding, dtype=np.float32)
+                except (TypeError, ValueError) as err:
+                    raise ValueError(f"node {node.node_id!r} has an embedding that is not a list of numbers ({err})") from None
+                if vector.size == 0:
+                    raise ValueError(f"node {node.node_id!r} has an empty embedding")
                 if vector.ndim != 1 or (dim is not None and vector.shape[0] != dim):
                     raise ValueError(
                         f"node {node.node_id!r} has an embedding of shape {vector.shape}; "
                         f"the store holds {dim}-d vectors"
                     )
+                if not np.isfinite(vector).all():
+                    raise ValueError(f"node {node.node_id!r} has an embedding with NaN or infinite values")
+                node_to_passage(node)  # refuses metadata that cannot be made JSON, before anything is stored
                 dim = vector.shape[0]
                 vectors.append(vector)
             for node, vector in zip(nodes, vectors, strict=True):
