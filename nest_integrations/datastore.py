@@ -129,8 +129,15 @@ class PassageEncoder:
         lm: the loaded LM (the same one the decoder uses).
         key_layer: where keys are read; see :mod:`nest_integrations.lm`.
         encoding_prefix: see :func:`resolve_encoding_prefix`.
-        max_passage_tokens: longer passages are truncated (their tail gets no
-            entries); bounds memory and the attention cost per passage.
+        max_passage_tokens: the longest window encoded in one forward. A longer
+            passage is encoded in overlapping windows of this many tokens, each
+            after the last ``window_overlap`` tokens of the one before, so every
+            token of every passage gets a key (and can be copied); a key then
+            sees at least ``window_overlap`` tokens of its passage, not all of it.
+            Bounds memory and the attention cost per forward.
+        window_overlap: tokens of left context a window repeats from the one
+            before (their keys are taken from the earlier window); must be
+            below ``max_passage_tokens``.
         batch_tokens: padded tokens per forward batch. Larger is faster only
             while activations fit in the CPU caches: SmolLM2 on 2 cores runs
             ~2x faster at 8 x 128 tokens than at 64 x 128.
@@ -143,10 +150,13 @@ class PassageEncoder:
         encoding_prefix: str | None = "auto",
         *,
         max_passage_tokens: int = 512,
+        window_overlap: int = 128,
         batch_tokens: int = 1024,
     ):
         if max_passage_tokens < 2:
             raise ValueError("max_passage_tokens must be at least 2")
+        if not 0 < window_overlap < max_passage_tokens:
+            raise ValueError(f"window_overlap must be in [1, max_passage_tokens), got {window_overlap}")
         if batch_tokens < max_passage_tokens:
             raise ValueError("batch_tokens must be at least max_passage_tokens")
         self.lm = lm
@@ -159,16 +169,31 @@ class PassageEncoder:
         ):
             self.prefix_ids = [lm.tokenizer.bos_token_id]
         self.max_passage_tokens = max_passage_tokens
+        self.window_overlap = window_overlap
         self.batch_tokens = batch_tokens
         self._special_ids = np.asarray(sorted(set(lm.tokenizer.all_special_ids)), dtype=np.int64)
 
     def tokenize(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        """Passage tokens and their tiling char spans: int32 (L,), int32 (L, 2)."""
+        """Passage tokens and their tiling char spans: int32 (L,), int32 (L, 2). Never truncated."""
         enc = self.lm.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids = enc["input_ids"][: self.max_passage_tokens]
-        offsets = enc["offset_mapping"][: len(ids)]
-        end = offsets[-1][1] if len(ids) < len(enc["input_ids"]) else len(text)
-        return np.asarray(ids, dtype=np.int32), tiling_char_spans(offsets, end)
+        return np.asarray(enc["input_ids"], dtype=np.int32), tiling_char_spans(enc["offset_mapping"], len(text))
+
+    def windows(self, length: int) -> list[tuple[int, int, int]]:
+        """``(start, end, keep_from)`` token windows covering a passage of ``length`` tokens.
+
+        Window ``[start, end)`` is encoded in one forward; keys of tokens
+        ``[keep_from, end)`` are kept (``keep_from = start`` for the first window,
+        ``start + window_overlap`` after it), so the kept ranges tile ``[0, length)``.
+        """
+        if length <= self.max_passage_tokens:
+            return [(0, length, 0)]
+        stride = self.max_passage_tokens - self.window_overlap
+        out = [(0, self.max_passage_tokens, 0)]
+        while out[-1][1] < length:
+            start = out[-1][1] - self.window_overlap
+            out.append((start, min(start + self.max_passage_tokens, length), start + self.window_overlap))
+        assert all(b - a <= self.max_passage_tokens for a, b, _ in out) and stride > 0
+        return out
 
     def _valid_mask(self, token_ids: np.ndarray) -> np.ndarray:
         """Entry ``j`` needs a key at absolute position >= 1 (not the attention
@@ -180,27 +205,40 @@ class PassageEncoder:
         return (key_position >= 1) & ~special & ~before_special
 
     def encode(self, texts: Sequence[str]) -> list[EncodedPassage]:
-        """Encode passages, batched by padded length; order is preserved."""
+        """Encode passages (long ones in :meth:`windows`), batched by padded length; order is preserved."""
         tokenized = [self.tokenize(text) for text in texts]
-        order = sorted(range(len(texts)), key=lambda i: len(tokenized[i][0]))
-        results: list[EncodedPassage | None] = [None] * len(texts)
+        pieces = [(i, *w) for i, (ids, _) in enumerate(tokenized) for w in self.windows(len(ids))]
+        if any(len(self.windows(len(ids))) > 1 for ids, _ in tokenized):
+            logger.debug("encoding %d passages in %d windows of at most %d tokens", len(texts), len(pieces), self.max_passage_tokens)
+        order = sorted(range(len(pieces)), key=lambda j: pieces[j][2] - pieces[j][1])
+        piece_keys: list[np.ndarray | None] = [None] * len(pieces)
         batch: list[int] = []
 
         def flush() -> None:
             if batch:
-                for i, keys in zip(batch, self._forward([tokenized[i][0] for i in batch])):
-                    ids, spans = tokenized[i]
-                    results[i] = EncodedPassage(ids, spans, keys, self._valid_mask(ids))
+                windows = [tokenized[pieces[j][0]][0][pieces[j][1] : pieces[j][2]] for j in batch]
+                for j, keys in zip(batch, self._forward(windows)):
+                    _, start, _, keep_from = pieces[j]
+                    piece_keys[j] = keys[keep_from - start :]
                 batch.clear()
 
         n_prefix = len(self.prefix_ids)
-        for i in order:
-            padded_len = n_prefix + len(tokenized[i][0])
+        for j in order:
+            padded_len = n_prefix + pieces[j][2] - pieces[j][1]
             if batch and padded_len * (len(batch) + 1) > self.batch_tokens:
                 flush()
-            batch.append(i)
+            batch.append(j)
         flush()
-        return [r for r in results if r is not None]
+        by_passage: dict[int, list[np.ndarray]] = {}
+        for (i, *_), keys in zip(pieces, piece_keys):  # pieces are in passage, then window order
+            assert keys is not None
+            by_passage.setdefault(i, []).append(keys)
+        results = []
+        for i, (ids, spans) in enumerate(tokenized):
+            keys = np.concatenate(by_passage[i])
+            assert len(keys) == len(ids), "windows must tile the passage"
+            results.append(EncodedPassage(ids, spans, keys, self._valid_mask(ids)))
+        return results
 
     def _forward(self, passages_ids: list[np.ndarray]) -> list[np.ndarray]:
         """One padded forward; returns float16 keys (L_i, d) per passage."""

@@ -21,7 +21,8 @@ A passage passes when all of these hold:
 * **subject**, for a query that asks about someone or something by name
   (:func:`subject_name`: the biography task's "Marie Curie", "Tell me a bio of
   Ada Lovelace.", "Who was Alan Turing?"): instead of the coverage check,
-  the passage's opening sentence must name it.
+  the passage's opening sentence must name it among its first words
+  (anywhere in it for a passage at cosine >= 0.6: pen names).
   A passage mentions many people but opens with its own subject, so Pierre
   Curie's summary (cosine 0.68 against "Marie Curie", above several people's
   own summaries) stays out while Marie Curie's passes.
@@ -167,7 +168,7 @@ def _in_order(words: Sequence[str], opening: Sequence[str]) -> int:
     return at
 
 
-def names_subject(name: str, text: str) -> bool:
+def names_subject(name: str, text: str, *, whole_sentence: bool = False) -> bool:
     """Whether ``text`` opens with ``name`` as its subject.
 
     Every word of the name (initials and particles aside) must occur, in the
@@ -178,11 +179,17 @@ def names_subject(name: str, text: str) -> bool:
     "Túpac Amaru II". Nicknames that share no word with the lead ("Tom Hanks"
     for "Thomas Jeffrey Hanks") do not pass: the price of keeping other
     people's summaries out (README: Relevance gate).
+
+    ``whole_sentence``: the name may come anywhere in the opening sentence
+    (the gate allows it for very similar passages: "Eric Arthur Blair was an
+    English novelist ... who wrote under the pen name of George Orwell").
     """
     words, numerals = _name_parts(name)
     if not words:
         return False
-    opening = _WORD.findall(_fold(lead(text)))[:_SUBJECT_WINDOW]
+    opening = _WORD.findall(_fold(lead(text)))
+    if not whole_sentence:
+        opening = opening[:_SUBJECT_WINDOW]
     end = _in_order(words, opening)
     if end < 0:
         return False
@@ -211,11 +218,14 @@ class RelevanceGate:
             best retrieved one; >= 2 keeps them all.
         min_coverage: share of the query's content words the passage text must
             hold; 0 turns the check off.
+        strong_similarity: from this cosine on, a named subject may be named
+            anywhere in the passage's opening sentence (pen names).
     """
 
     min_similarity: float = 0.3
     similarity_margin: float = 0.2
     min_coverage: float = 0.5
+    strong_similarity: float = 0.6
 
     def __post_init__(self) -> None:
         if not -1.0 <= self.min_similarity <= 1.0:
@@ -231,7 +241,7 @@ class RelevanceGate:
             return False
         name = subject_name(query)
         if name is not None:
-            return names_subject(name, passage.text)
+            return names_subject(name, passage.text, whole_sentence=similarity >= self.strong_similarity)
         return coverage(query, passage.text) >= self.min_coverage
 
     def __call__(self, query: str, passages: Sequence[Passage], similarities: Sequence[float]) -> GateDecision:

@@ -272,3 +272,18 @@ def model_fp(lm, dtype):
     from nest_integrations.lm import model_fingerprint
 
     return model_fingerprint(copy.deepcopy(lm.model).to(dtype))
+
+
+def test_long_passages_are_encoded_whole_in_overlapping_windows(tiny_lm):
+    text = " ".join(f"word{i}" for i in range(300))
+    whole = PassageEncoder(tiny_lm, max_passage_tokens=1024, window_overlap=8, batch_tokens=2048).encode([text])[0]
+    windowed = PassageEncoder(tiny_lm, max_passage_tokens=128, window_overlap=64).encode([text, "short"])
+    assert len(windowed[0].token_ids) == len(tiny_lm.tokenizer(text, add_special_tokens=False)["input_ids"])
+    assert windowed[0].keys.shape == whole.keys.shape and bool(windowed[0].valid[-1]), "the last token can be copied"
+    assert int(windowed[0].char_spans[-1, 1]) == len(text)
+    np.testing.assert_allclose(windowed[0].keys[:128].astype(np.float32), whole.keys[:128].astype(np.float32), atol=1e-2)
+    assert PassageEncoder(tiny_lm, max_passage_tokens=128, window_overlap=64).windows(300) == [
+        (0, 128, 0), (64, 192, 128), (128, 256, 192), (192, 300, 256)
+    ]
+    with pytest.raises(ValueError):
+        PassageEncoder(tiny_lm, max_passage_tokens=128, window_overlap=128)
