@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Mode = Literal["base", "rag", "knnlm", "nest", "ra_nest"]
 MODES: tuple[str, ...] = ("base", "rag", "knnlm", "nest", "ra_nest")
@@ -55,12 +55,13 @@ class NestConfig(BaseModel):
     # --- mixture ---------------------------------------------------------
     alpha: float = Field(
         0.3,
+        allow_inf_nan=False,
         description="RRC offset: lambda = sigmoid((d_min/d_max - alpha) / tau) (paper: 0.3). `nest calibrate` fits "
         "the value that best separates steps where the corpus holds the next token from steps where it does not "
         "(SmolLM2 on the Wikipedia summaries: 0.043, balanced accuracy 0.88); with the relevance gate deciding "
         "whether to copy at all, the paper's 0.3 copies far more of the right passage (README: Calibration).",
     )
-    tau: float = Field(0.1, gt=0, description="RRC temperature (paper: 0.1); `nest calibrate` fits it with alpha.")
+    tau: float = Field(0.1, gt=0, allow_inf_nan=False, description="RRC temperature (paper: 0.1); `nest calibrate` fits it with alpha.")
     knn_temperature: float = Field(
         0.1, gt=0,
         description="Temperature of p_kNN over distances relative to the nearest neighbour; the paper's "
@@ -70,7 +71,7 @@ class NestConfig(BaseModel):
     # --- spans -----------------------------------------------------------
     delta: float = Field(0.5, ge=0.0, le=1.0, description="Propose a span when lambda <= delta (paper: 0.5).")
     span_length: int = Field(64, ge=1, le=512, description="Span proposal length n in tokens (paper: 64).")
-    gamma: float = Field(5e-4, gt=0, le=1.0, description="Relaxed acceptance leniency; smaller accepts more (paper: 5e-4 for 7B).")
+    gamma: float = Field(5e-4, gt=0, le=1.0, allow_inf_nan=False, description="Relaxed acceptance leniency; smaller accepts more (paper: 5e-4 for 7B).")
     ra_gamma: float = Field(0.5, gt=0, le=1.0, description="gamma in ra_nest mode, passages also in the prompt (paper: 0.5).")
     stop_at_source_end: bool = Field(
         True,
@@ -93,13 +94,19 @@ class NestConfig(BaseModel):
     accept_threshold: float = Field(0.5, gt=0.0, lt=1.0, description="Deterministic acceptance when the ratio exceeds this.")
     # --- generation ------------------------------------------------------
     max_new_tokens: int = Field(128, ge=0, description="Tokens to generate at most.")
-    stop: list[str] = Field(default_factory=list, description="Stop strings; the text ends before the first one.")
+    stop: list[str] = Field(
+        default_factory=list, description="Stop strings (non-empty); the text ends before the first one."
+    )
     do_sample: bool = Field(False, description="Sample from p_M instead of taking its argmax.")
     temperature: float = Field(
-        1.0, ge=0, description="Sampling temperature on p_M (do_sample only); 0 means greedy (the argmax)."
+        1.0, ge=0, allow_inf_nan=False, description="Sampling temperature on p_M (do_sample only); 0 means greedy (the argmax)."
     )
     top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling mass (do_sample only).")
-    seed: Optional[int] = Field(None, description="Seed of the sampler; None draws from torch's global state.")
+    seed: Optional[int] = Field(
+        None, ge=0, le=2**64 - 1,
+        description="Seed of the sampler (0 to 2**64 - 1, what torch.Generator.manual_seed takes); None draws from "
+        "torch's global state.",
+    )
     use_chat_template: bool = Field(True, description="Wrap prompts in the model's chat template when it has one.")
     system_prompt: Optional[str] = Field(
         "",
@@ -113,6 +120,13 @@ class NestConfig(BaseModel):
         description="Longer prompts keep their last tokens (documented truncation); None: the model's context "
         "length minus max_new_tokens.",
     )
+
+    @field_validator("stop")
+    @classmethod
+    def _non_empty_stops(cls, stop: list[str]) -> list[str]:
+        if any(s == "" for s in stop):
+            raise ValueError("stop strings must be non-empty (an empty one would end every generation at once)")
+        return stop
 
     @model_validator(mode="after")
     def _check(self) -> "NestConfig":

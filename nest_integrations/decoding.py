@@ -219,10 +219,29 @@ class NestDecoder:
         **overrides: Any,
     ) -> list[NestOutput]:
         """Generate for several prompts; each advances by its own accepted length
-        (sequentially, see the module docstring). Equals one-by-one generation."""
-        if queries is not None and len(queries) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(queries)} queries")
-        queries = queries or [None] * len(prompts)
+        (sequentially, see the module docstring). Equals one-by-one generation.
+
+        Every prompt is checked (:func:`check_prompt`) before the first generation starts.
+
+        Raises:
+            TypeError: ``prompts`` is a string (or not a list), or a prompt has the wrong type.
+            ValueError: a malformed prompt (named by its index), or ``queries`` of another length.
+        """
+        if isinstance(prompts, (str, bytes, Mapping)) or not isinstance(prompts, Sequence):
+            raise TypeError(
+                f"prompts must be a list of prompts (strings or message lists), got {type(prompts).__name__}; "
+                "use generate() for a single prompt"
+            )
+        prompts = list(prompts)
+        for i, prompt in enumerate(prompts):
+            try:
+                check_prompt(prompt)
+            except (TypeError, ValueError) as err:
+                raise type(err)(f"prompts[{i}]: {err}") from None
+        if queries is not None and (isinstance(queries, (str, bytes)) or len(queries) != len(prompts)):
+            got = "a string" if isinstance(queries, (str, bytes)) else f"{len(queries)} queries"
+            raise ValueError(f"got {len(prompts)} prompts but {got}")
+        queries = list(queries) if queries is not None else [None] * len(prompts)
         return [self.generate(p, query=q, **overrides) for p, q in zip(prompts, queries)]
 
     def stream(
@@ -255,6 +274,11 @@ class NestDecoder:
         output = self._output(gen)
         yield StreamChunk(output.text[emitted:], shift_spans(output.spans, emitted, len(output.text)), output)
 
+    SCORE_CHUNK = 256
+    """Continuation positions whose p_M :meth:`score` computes at once. Beyond the one forward
+    (its activations and a (T, hidden) matrix of final hidden states), scoring holds a few
+    (SCORE_CHUNK, vocabulary) float32 matrices, whatever the continuation's length T."""
+
     def score(
         self,
         prompt: PromptLike,
@@ -270,30 +294,104 @@ class NestDecoder:
         lambda and the RRC distance ratio ``d_min / d_max`` -- what perplexity
         under the mixture and RRC calibration need. Uses the same retrieval,
         gate and mixture as :meth:`generate` (``mode`` decides the mixture).
+
+        Memory is bounded independently of the continuation's length: the LM head
+        and the mixture run on :attr:`SCORE_CHUNK` positions at a time, from the final
+        hidden states of the one forward. (A model whose logits are not its output
+        embedding applied to the decoder's last hidden state, e.g. one with logit
+        soft-capping, gets its full logit matrix from the forward instead; the
+        mixture is still chunked.) Tokens beyond the context are not scored
+        (``token_ids`` says which are).
+
+        Raises:
+            TypeError / ValueError: a malformed prompt (:func:`check_prompt`), a
+                continuation that is not a string, holds a lone surrogate or is empty.
         """
+        check_prompt(prompt)
+        if not isinstance(continuation, str):
+            raise TypeError(f"continuation must be a string, got {type(continuation).__name__}")
+        _check_text(continuation, "continuation")
         config = self.config.updated(**overrides) if overrides else self.config
         gen = _Generation(config=config)
         context = self._prepare(gen, prompt, query, passages)
-        prompt_ids = self._prompt_ids(self.format_prompt(prompt, config, context), config, gen.stats)
+        prompt_ids = self._prompt_ids(self.format_prompt(prompt, config, context), config, gen.stats, strict=False)
         target = self.lm.tokenizer(continuation, add_special_tokens=False)["input_ids"]
         if not target:
             raise ValueError("continuation is empty")
         # Scored tokens are those that fit the context after the prompt (``token_ids`` says which).
         target = target[: max(self.lm.context_length - len(prompt_ids), 1)]
-        from transformers import DynamicCache
-
-        logits, queries = self._forward(prompt_ids + target[:-1], DynamicCache(), gen.stats, keep=len(target))
-        step = self._mix(logits, queries, gen)
-        ids = torch.tensor(target)
-        p_true = step.p_m.gather(1, ids[:, None]).squeeze(1)
-        p_lm_true = torch.softmax(logits, -1).gather(1, ids[:, None]).squeeze(1)
+        rows, queries, head = self._score_forward(prompt_ids + target[:-1], len(target), gen.stats)
+        chunk = max(int(self.SCORE_CHUNK), 1)
+        logp_m, logp_lm, lam, ratio = [], [], [], []
+        for lo in range(0, len(target), chunk):
+            hi = min(lo + chunk, len(target))
+            with torch.inference_mode():
+                logits = head(rows[lo:hi])
+            step = self._mix(logits, queries[lo:hi], gen)
+            ids = torch.tensor(target[lo:hi])
+            p_true = step.p_m.gather(1, ids[:, None]).squeeze(1)
+            p_lm_true = torch.softmax(logits, -1).gather(1, ids[:, None]).squeeze(1)
+            logp_m.append(p_true.clamp_min(1e-30).log())
+            logp_lm.append(p_lm_true.clamp_min(1e-30).log())
+            lam.append(step.lam)
+            ratio.append(step.ratio)
+            del logits, step
         return TeacherForced(
             token_ids=target,
-            logp_mixture=p_true.clamp_min(1e-30).log(),
-            logp_lm=p_lm_true.clamp_min(1e-30).log(),
-            lam=step.lam,
-            ratio=step.ratio,
+            logp_mixture=torch.cat(logp_m),
+            logp_lm=torch.cat(logp_lm),
+            lam=torch.cat(lam),
+            ratio=torch.cat(ratio),
         )
+
+    def _score_forward(self, ids: list[int], keep: int, stats: GenerationStats) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """The one forward of :meth:`score` over ``ids``.
+
+        Returns, for the last ``keep`` positions, rows and query vectors (keep, d)
+        float32, and ``head``: rows -> logits float32 (n, V). The rows are the
+        decoder's final hidden states and ``head`` the output embedding when that
+        reproduces the model's logits (checked once per decoder,
+        :meth:`_head_reproduces_logits`); otherwise the rows are the model's logits
+        and ``head`` the identity.
+        """
+        model = self.lm.model
+        if self._head_reproduces_logits():
+            decoder, head = model.get_decoder(), model.get_output_embeddings()
+            input_ids = torch.tensor([ids], dtype=torch.long, device=self.lm.device)
+            with torch.inference_mode(), self.lm.forward_lock, self.reader.capture() as captured:
+                outputs = decoder(input_ids=input_ids, use_cache=False, **self.reader.forward_kwargs())
+                keys = self.reader.keys_from(captured, outputs)
+            stats.forward_passes += 1
+            hidden = outputs.last_hidden_state[0, -keep:]
+            return hidden, keys[0, -keep:].float().cpu(), lambda rows: head(rows).float().cpu()
+        from transformers import DynamicCache
+
+        logits, queries = self._forward(ids, DynamicCache(), stats, keep=keep)
+        return logits, queries, lambda rows: rows
+
+    def _head_reproduces_logits(self) -> bool:
+        """Whether the output embedding applied to ``get_decoder()``'s last hidden state gives the
+        model's logits (so :meth:`score` can apply the head chunk by chunk); checked once on 4 tokens."""
+        known = self.__dict__.get("_score_head_ok")
+        if known is not None:
+            return known
+        ok = False
+        model = self.lm.model
+        try:
+            decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+            head = model.get_output_embeddings()
+            if decoder is not None and head is not None and decoder is not model:
+                probe = torch.arange(1, 5, dtype=torch.long, device=self.lm.device)[None] % self.vocab_size
+                with torch.inference_mode(), self.lm.forward_lock:
+                    full = model(input_ids=probe, use_cache=False).logits[0].float()
+                    mine = head(decoder(input_ids=probe, use_cache=False).last_hidden_state)[0].float()
+                scale = float(full.abs().max()) or 1.0
+                ok = full.shape == mine.shape and bool(torch.allclose(full, mine, rtol=1e-3, atol=1e-3 * scale))
+        except Exception:  # any model that does not fit the pattern scores through its own logits
+            logger.debug("score: the output embedding does not reproduce the logits; using the model's", exc_info=True)
+            ok = False
+        self.__dict__["_score_head_ok"] = ok
+        return ok
 
     # ------------------------------------------------------------------ prompt
     def _find_eos_ids(self) -> set[int]:
@@ -307,10 +405,16 @@ class NestDecoder:
 
     def format_prompt(self, prompt: PromptLike, config: NestConfig, context: Sequence[Passage] = ()) -> str:
         """The prompt text fed to the LM: the chat template (when used) around the
-        messages, with ``context`` passages put before the request (rag modes)."""
+        messages, with ``context`` passages put before the request (rag modes).
+
+        Raises:
+            TypeError / ValueError: a malformed prompt (:func:`check_prompt`), or a
+                ``system_prompt`` with a lone surrogate.
+        """
+        check_prompt(prompt)
+        if config.system_prompt is not None:
+            _check_text(config.system_prompt, "system_prompt")
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
-        if not messages:
-            raise ValueError("the prompt has no messages")
         if context:
             block = "\n\n".join(f"[{i}] {p.title}: {p.text}" if p.title else f"[{i}] {p.text}" for i, p in enumerate(context, 1))
             last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=len(messages) - 1)
@@ -325,14 +429,43 @@ class NestDecoder:
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return "\n\n".join(m["content"] for m in messages)
 
-    def _prompt_ids(self, text: str, config: NestConfig, stats: GenerationStats) -> list[int]:
+    MIN_PROMPT_TOKENS = 16
+    """A prompt is cut to fit the context (its last tokens are kept), but never to fewer than
+    this many tokens (or its whole length when shorter): a ``max_new_tokens`` that leaves
+    less room is an error, not a generation that has lost its prompt."""
+
+    def _prompt_ids(self, text: str, config: NestConfig, stats: GenerationStats, *, strict: bool = True) -> list[int]:
+        """Token ids of the formatted prompt ``text``, cut so the generation fits the context.
+
+        A prompt longer than ``config.max_prompt_tokens`` or than the context leaves
+        after ``config.max_new_tokens`` keeps its last tokens (``stats.prompt_truncated``,
+        with a warning), so prompt plus generated tokens never exceed the context
+        length and the generation stops inside it.
+
+        Raises:
+            ValueError: (``strict``) ``max_new_tokens`` leaves room for fewer than
+                ``min(prompt tokens, MIN_PROMPT_TOKENS)`` prompt tokens. Without
+                ``strict`` (scoring, which generates nothing) the prompt keeps that
+                minimum and the scored continuation is what fits after it.
+        """
         ids = self.lm.tokenizer(text, add_special_tokens=not text.startswith(self.lm.tokenizer.bos_token or "\0"))[
             "input_ids"
         ]
         if not ids:  # empty plain-text prompt: start from BOS (or EOS when there is none)
             start = self.lm.tokenizer.bos_token_id
             ids = [start if start is not None else next(iter(self._eos_ids), 0)]
-        limit = config.max_prompt_tokens or max(1, self.lm.context_length - config.max_new_tokens)
+        context = self.lm.context_length
+        room = context - config.max_new_tokens
+        needed = min(len(ids), self.MIN_PROMPT_TOKENS)
+        if room < needed:
+            if strict:
+                raise ValueError(
+                    f"max_new_tokens={config.max_new_tokens} does not fit the model's context of {context} tokens "
+                    f"with this prompt of {len(ids)} tokens (at least {needed} of them are kept); "
+                    f"use max_new_tokens <= {context - needed}"
+                )
+            room = needed
+        limit = min(config.max_prompt_tokens or room, room)
         if len(ids) > limit:
             logger.warning("prompt has %d tokens; keeping its last %d", len(ids), limit)
             ids = ids[-limit:]
@@ -699,3 +832,44 @@ class NestDecoder:
             sources=sources,
             stats=gen.stats,
         )
+
+
+# ------------------------------------------------------------------ prompt checks
+def _check_text(text: str, what: str) -> None:
+    """Refuse text the tokenizer cannot encode: a lone surrogate is not Unicode text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(
+            f"{what} holds a lone surrogate ({text[err.start]!r} at character {err.start}), which is not valid "
+            "Unicode; decode the source with errors='replace' or remove it"
+        ) from None
+
+
+def check_prompt(prompt: Any) -> None:
+    """Check a prompt: a string, or a non-empty list of ``{"role": str, "content": str}`` messages.
+
+    Raises:
+        TypeError: the prompt is neither a string nor a list (e.g. a single message dict or bytes).
+        ValueError: no messages; a message that is not a mapping, lacks a non-empty string ``role``
+            or a string ``content`` (named by its index); or text with a lone surrogate.
+    """
+    if isinstance(prompt, str):
+        _check_text(prompt, "the prompt")
+        return
+    if isinstance(prompt, (bytes, bytearray, Mapping)) or not isinstance(prompt, Sequence):
+        raise TypeError(
+            f"the prompt must be a string or a list of {{'role', 'content'}} messages, got {type(prompt).__name__}"
+        )
+    if not prompt:
+        raise ValueError("the prompt has no messages")
+    for i, message in enumerate(prompt):
+        if not isinstance(message, Mapping):
+            raise ValueError(f"message {i} must be a {{'role', 'content'}} dict, got {type(message).__name__}")
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or not role:
+            raise ValueError(f"message {i} needs a non-empty string 'role', got {role!r}")
+        if not isinstance(content, str):
+            raise ValueError(f"message {i} needs a string 'content', got {type(content).__name__}")
+        _check_text(role, f"message {i} role")
+        _check_text(content, f"message {i} content")

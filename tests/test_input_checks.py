@@ -1,0 +1,202 @@
+"""Bad inputs give a ValueError (or TypeError for a wrong type) naming the field; the context
+bounds the generation; score() computes p_M chunk by chunk."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import make_tiny_lm
+
+from nest_integrations.config import NestConfig
+from nest_integrations.corpus import Passage
+from nest_integrations.datastore import PassageEncoder, TokenDatastore
+from nest_integrations.decoding import NestDecoder, check_prompt
+
+BASE = dict(mode="base", max_new_tokens=2)
+COPY = dict(alpha=5.0, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0)
+LONG = "The committee met again on Tuesday to discuss the harbour, the budget and the new school. " * 4
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_lm) -> NestDecoder:
+    return NestDecoder(tiny_lm)
+
+
+# --------------------------------------------------------------------------- NestConfig
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("alpha", math.nan),
+        ("alpha", math.inf),
+        ("alpha", -math.inf),
+        ("tau", math.nan),
+        ("tau", math.inf),
+        ("gamma", math.nan),
+        ("temperature", math.nan),
+        ("temperature", math.inf),
+        ("seed", 2**70),
+        ("seed", 2**64),
+        ("seed", -1),
+        ("stop", [""]),
+        ("stop", ["END", ""]),
+    ],
+)
+def test_config_refuses_non_finite_seeds_out_of_range_and_empty_stops(field, value):
+    with pytest.raises(ValueError, match=field):
+        NestConfig(**{field: value})
+    with pytest.raises(ValueError, match=field):
+        NestConfig().updated(**{field: value})
+
+
+def test_config_keeps_its_defaults_and_accepts_the_edges():
+    assert NestConfig() == NestConfig.model_validate(NestConfig().model_dump())
+    config = NestConfig(seed=2**64 - 1, stop=["\n\n"], alpha=-2.0, temperature=0.0)
+    assert config.seed == 2**64 - 1 and config.stop == ["\n\n"]
+    torch.Generator().manual_seed(config.seed)  # what the sampler does with it
+
+
+def test_largest_seed_samples(decoder):
+    out = decoder.generate("Hello", mode="base", max_new_tokens=3, do_sample=True, seed=2**64 - 1)
+    assert out.stats.new_tokens >= 1
+
+
+# --------------------------------------------------------------------------- prompts and messages
+def test_generate_batch_refuses_a_string(decoder):
+    with pytest.raises(TypeError, match="prompts must be a list of prompts"):
+        decoder.generate_batch("abc", **BASE)
+    with pytest.raises(TypeError, match=r"prompts\[1\]: the prompt must be a string"):
+        decoder.generate_batch(["fine", 5], **BASE)
+    with pytest.raises(ValueError, match=r"prompts\[0\]: message 1 needs a string 'content'"):
+        decoder.generate_batch([[{"role": "user", "content": "a"}, {"role": "user"}]], **BASE)
+    with pytest.raises(ValueError, match="2 prompts but a string"):
+        decoder.generate_batch(["a", "b"], queries="ab", **BASE)  # type: ignore[arg-type]
+    assert len(decoder.generate_batch(("a", "b"), **BASE)) == 2
+
+
+@pytest.mark.parametrize(
+    ("prompt", "error", "named"),
+    [
+        ("caf\ud800e", ValueError, r"the prompt holds a lone surrogate \('\\ud800' at character 3\)"),
+        ([{"role": "user", "content": "x\udfff"}], ValueError, "message 0 content holds a lone surrogate"),
+        ([{"role": "user", "content": "hi"}, "hello"], ValueError, "message 1 must be a"),
+        ([{"role": "user", "content": "hi"}, None], ValueError, "message 1 must be a"),
+        ([{"content": "hi"}], ValueError, "message 0 needs a non-empty string 'role'"),
+        ([{"role": "", "content": "hi"}], ValueError, "message 0 needs a non-empty string 'role'"),
+        ([{"role": 3, "content": "hi"}], ValueError, "message 0 needs a non-empty string 'role'"),
+        ([{"role": "user"}], ValueError, "message 0 needs a string 'content'"),
+        ([{"role": "user", "content": ["a"]}], ValueError, "message 0 needs a string 'content'"),
+        ([], ValueError, "no messages"),
+        ({"role": "user", "content": "hi"}, TypeError, "got dict"),
+        (b"hello", TypeError, "got bytes"),
+        (42, TypeError, "got int"),
+    ],
+)
+def test_malformed_prompts_name_what_is_wrong(decoder, prompt, error, named):
+    with pytest.raises(error, match=named):
+        check_prompt(prompt)
+    with pytest.raises(error, match=named):
+        decoder.generate(prompt, **BASE)
+    with pytest.raises(error, match=named):
+        decoder.score(prompt, " text", mode="base")
+
+
+def test_surrogates_in_the_system_prompt_and_continuation(decoder):
+    with pytest.raises(ValueError, match="system_prompt holds a lone surrogate"):
+        decoder.generate("hi", system_prompt="be \ud83d brief", **BASE)
+    with pytest.raises(ValueError, match="continuation holds a lone surrogate"):
+        decoder.score("hi", " x\ud800", mode="base")
+    with pytest.raises(TypeError, match="continuation must be a string"):
+        decoder.score("hi", 5, mode="base")  # type: ignore[arg-type]
+    assert decoder.generate("caf\u00e9 \U0001f600", **BASE).stats.new_tokens >= 1  # paired surrogates are fine
+
+
+# --------------------------------------------------------------------------- the context
+def test_max_new_tokens_beyond_the_context_is_an_error(decoder, tiny_lm):
+    context = tiny_lm.context_length
+    for too_many in (context, context + 100, context - NestDecoder.MIN_PROMPT_TOKENS + 1):
+        with pytest.raises(ValueError, match=rf"max_new_tokens={too_many} does not fit the model's context of {context}"):
+            decoder.generate(LONG, mode="base", use_chat_template=False, max_new_tokens=too_many)
+    # a 1-token prompt may take everything else
+    ok = decoder._prompt_ids("", NestConfig(max_new_tokens=context - 1), decoder.generate("", **BASE).stats)
+    assert len(ok) == 1
+
+
+@pytest.fixture(scope="module")
+def short_context(smol_tokenizer) -> NestDecoder:
+    """A decoder over a tiny LM that claims a 64-token context (its own, so the shared one is untouched)."""
+    lm = make_tiny_lm(smol_tokenizer, seed=1)
+    lm.model.config.max_position_embeddings = 64
+    return NestDecoder(lm)
+
+
+def test_a_long_prompt_is_cut_to_what_the_context_leaves_and_generation_stops_inside_it(short_context):
+    context = short_context.lm.context_length
+    budget = context - NestDecoder.MIN_PROMPT_TOKENS
+    out = short_context.generate(
+        LONG, mode="base", use_chat_template=False, max_new_tokens=budget, do_sample=True, seed=0, temperature=50.0
+    )
+    assert out.stats.prompt_truncated and out.stats.prompt_tokens == NestDecoder.MIN_PROMPT_TOKENS
+    assert out.stats.prompt_tokens + out.stats.new_tokens <= context
+    # max_prompt_tokens never lets prompt plus max_new_tokens exceed the context
+    out = short_context.generate(LONG, mode="base", use_chat_template=False, max_new_tokens=40, max_prompt_tokens=30)
+    assert out.stats.prompt_tokens == context - 40
+    with pytest.raises(ValueError, match=r"use max_new_tokens <= 48"):
+        short_context.generate(LONG, mode="base", use_chat_template=False, max_new_tokens=49)
+
+
+def test_score_keeps_a_minimum_prompt_whatever_max_new_tokens(decoder, tiny_lm):
+    scored = decoder.score(LONG, " and the harbour", mode="base", max_new_tokens=tiny_lm.context_length)
+    assert len(scored.token_ids) >= 1 and torch.isfinite(scored.logp_lm).all()
+
+
+# --------------------------------------------------------------------------- chunked score
+@pytest.fixture(scope="module")
+def nest_decoder(tiny_lm) -> tuple[NestDecoder, list[tuple[Passage, float]]]:
+    passages = [
+        Passage(id="a", title="Harbour", text=LONG),
+        Passage(id="b", title="School", text="The new school opened in September with four hundred pupils."),
+    ]
+    return NestDecoder(tiny_lm, TokenDatastore(passages, PassageEncoder(tiny_lm))), [(p, 1.0) for p in passages]
+
+
+@pytest.mark.parametrize("mode", ["base", "knnlm", "nest"])
+def test_chunked_score_equals_unchunked(nest_decoder, mode):
+    decoder, hits = nest_decoder
+    continuation = LONG[:300]
+    kwargs = dict(passages=hits, mode=mode, use_chat_template=False, **COPY)
+    whole = decoder.score("Minutes:", continuation, **kwargs)
+    assert len(whole.token_ids) < NestDecoder.SCORE_CHUNK  # one chunk
+    chunked_decoder = NestDecoder(decoder.lm, decoder.datastore)
+    chunked_decoder.SCORE_CHUNK = 7
+    chunked = chunked_decoder.score("Minutes:", continuation, **kwargs)
+    assert chunked.token_ids == whole.token_ids
+    for name in ("logp_mixture", "logp_lm", "lam", "ratio"):
+        torch.testing.assert_close(getattr(chunked, name), getattr(whole, name), rtol=1e-5, atol=1e-5)
+    # the chunked LM head reproduces the model's own logits
+    assert decoder._head_reproduces_logits()
+    full_logits = NestDecoder(decoder.lm, decoder.datastore)
+    full_logits.__dict__["_score_head_ok"] = False
+    reference = full_logits.score("Minutes:", continuation, **kwargs)
+    for name in ("logp_mixture", "logp_lm", "lam"):
+        torch.testing.assert_close(getattr(reference, name), getattr(whole, name), rtol=1e-4, atol=1e-4)
+    if mode != "base":
+        assert (whole.lam < 1).any(), "the datastore took part"
+
+
+def test_score_never_holds_a_whole_logit_matrix(nest_decoder, monkeypatch):
+    decoder, hits = nest_decoder
+    chunked = NestDecoder(decoder.lm, decoder.datastore)
+    chunked.SCORE_CHUNK = 16
+    widest: list[int] = []
+    original = NestDecoder._mix
+
+    def spy(self, logits, queries, gen):
+        widest.append(logits.shape[0])
+        return original(self, logits, queries, gen)
+
+    monkeypatch.setattr(NestDecoder, "_mix", spy)
+    scored = chunked.score("Minutes:", LONG, passages=hits, use_chat_template=False, **COPY)
+    assert len(scored.token_ids) > 64 and max(widest) == 16
