@@ -1,0 +1,97 @@
+"""The README's LangChain and LlamaIndex quick starts run as they are written.
+
+The fenced ``python`` blocks that follow a ``<!-- quickstart:NAME -->`` comment
+in README.md are executed in order, in one namespace per NAME, with the working
+directory a temporary folder holding ``my_docs/``: four short files about a
+made-up CLI tool (quill). The real default model and embedder answer; the
+citations must be verbatim text of those files.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+_BLOCK = re.compile(r"<!-- quickstart:(?P<name>[\w-]+) -->\s*\n```python\n(?P<code>.*?)\n```", re.DOTALL)
+
+MY_DOCS = {
+    "configuration.md": (
+        "# Configuring quill\n\n"
+        "quill reads its settings from quill.toml in the project root. The cache_dir setting names the folder "
+        "where quill keeps downloaded templates; it defaults to ~/.cache/quill. Set QUILL_CACHE_DIR in the "
+        "environment to override it for one run.\n"
+    ),
+    "commands.txt": (
+        "quill build renders every page of the site into the out folder. quill serve starts a local preview "
+        "server on port 8040 and rebuilds pages when their sources change. quill clean removes the out folder "
+        "and the cache.\n"
+    ),
+    "plugins.txt": (
+        "Plugins are Python packages that register a quill.plugins entry point. A plugin is enabled by adding "
+        "its name to the plugins list in quill.toml, and it receives every page after rendering and before "
+        "writing.\n"
+    ),
+    "guides/troubleshooting.md": (
+        "If quill serve reports that the port is in use, pass --port with another number. A build that stops "
+        'with "template not found" usually means the cache is stale: run quill clean and build again.\n'
+    ),
+}
+
+
+def quickstart_blocks(name: str) -> list[str]:
+    """The README's ``quickstart:<name>`` code blocks, in order."""
+    return [m["code"] for m in _BLOCK.finditer(README.read_text(encoding="utf-8")) if m["name"] == name]
+
+
+def test_readme_marks_both_quick_starts():
+    for name in ("langchain", "llama_index"):
+        blocks = quickstart_blocks(name)
+        assert blocks, f"README.md has no <!-- quickstart:{name} --> block"
+        assert '"my_docs"' in blocks[0], "the quick start starts from the user's folder"
+
+
+@pytest.fixture
+def my_docs(tmp_path, monkeypatch) -> str:
+    for relative, text in MY_DOCS.items():
+        path = tmp_path / "my_docs" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    return "\n".join(MY_DOCS.values())
+
+
+def _run(name: str) -> dict:
+    namespace: dict = {"__name__": f"readme_quickstart_{name}"}
+    for n, code in enumerate(quickstart_blocks(name)):
+        exec(compile(code, f"README.md:quickstart:{name}[{n}]", "exec"), namespace)
+    return namespace
+
+
+def test_langchain_quickstart(my_docs, capsys):
+    pytest.importorskip("langchain_text_splitters")
+    ns = _run("langchain")
+    citations = [c for block in ns["message"].content_blocks for c in block.get("annotations", [])]
+    assert citations, "the answer copies from the user's files"
+    for c in citations:
+        assert c["cited_text"] in my_docs
+        assert ns["message"].text[c["start_index"] : c["end_index"]] == c["cited_text"]
+    out = capsys.readouterr().out
+    assert "Sources:" in out and "my_docs/" in out
+
+
+def test_llama_index_quickstart(my_docs, capsys):
+    pytest.importorskip("llama_index.core")
+    ns = _run("llama_index")
+    response = ns["response"]
+    citations = response.metadata["citations"]
+    assert citations and response.source_nodes, "the answer copies from the user's files"
+    for c in citations:
+        assert c["text"] in my_docs
+        assert response.response[c["answer_start"] : c["answer_end"]] == c["text"]
+    assert len(ns["chat_engine"].chat_history) == 4
+    assert "<-" in capsys.readouterr().out
