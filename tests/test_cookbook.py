@@ -25,4 +25,9 @@ def test_notebook_executes(path, monkeypatch):
 
 def test_every_notebook_is_collected():
     names = {p.name for p in NOTEBOOKS}
-    assert {"01_langchain_quickstart.ipynb", "02_llamaindex_query_engine.ipynb", "03_nest_vs_in_context_rag.ipynb"} <= names
+    assert {
+        "01_langchain_quickstart.ipynb",
+        "02_llamaindex_query_engine.ipynb",
+        "03_nest_vs_in_context_rag.ipynb",
+        "04_own_documents.ipynb",
+    } <= names
