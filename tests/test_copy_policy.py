@@ -48,3 +48,10 @@ def test_follow_ups_take_the_earlier_question_along():
     assert retrieval_query(fresh) == fresh[-1]["content"]
     assert retrieval_query([{"role": "system", "content": "Be brief."}]) == ""
     assert is_follow_up("why?") and not is_follow_up("Which module parses command-line arguments in Python?")
+
+
+def test_an_answer_window_takes_in_the_line_that_heads_it():
+    doc = Passage(id="shutil", text="copy2(src, dst)\nCopy data and metadata.\n\nrmtree(path, ignore_errors=False)\n"
+                  "Recursively delete a directory tree and everything in it.")
+    window = focus_window("How do I delete a directory and everything in it?", [doc])
+    assert window is not None and doc.text[window.start:window.end].startswith("rmtree(path")

@@ -102,7 +102,6 @@ def test_any_message_list_generates_or_raises_value_or_type_error(decoder, promp
     decoder.generate(prompt, **GEN)
 
 
-@pytest.mark.xfail(strict=True, reason="stream() checks the prompt only after retrieval, whose query builder fails first")
 @pytest.mark.parametrize("prompt", [["hello"], 5, {"role": "user", "content": "hi"}])
 def test_a_malformed_prompt_is_refused_before_retrieval_in_datastore_modes(decoder, prompt):
     with pytest.raises(EXPECTED, match="message|prompt"):
@@ -281,7 +280,7 @@ def test_a_corrupted_data_file_is_refused_with_a_value_error(saved, tiny_lm, tmp
         target.unlink()
     else:
         target.write_bytes(data.draw(st.binary(max_size=64)))
-    # A tamperer who also fixes the checksum: text files only for now (binary ones: the xfail tests below).
+    # A tamperer who also fixes the checksum: text files only for now (binary ones: the two tests below).
     if target.exists() and target.suffix in (".json", ".jsonl") and data.draw(st.booleans()):
         manifest = json.loads((folder / "manifest.json").read_text())
         manifest["checksums"][name] = sha256_file(target)
@@ -289,7 +288,6 @@ def test_a_corrupted_data_file_is_refused_with_a_value_error(saved, tiny_lm, tmp
     _load(folder, tiny_lm, embedder)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="DenseRetriever.load lets FAISS's RuntimeError through")
 def test_a_truncated_faiss_file_with_a_fixed_checksum_is_a_value_error(saved, tiny_lm, tmp_path):
     from nest_integrations.safe_io import sha256_file
 
@@ -305,7 +303,6 @@ def test_a_truncated_faiss_file_with_a_fixed_checksum_is_a_value_error(saved, ti
         NestIndex.load(folder, tiny_lm, embedder=embedder)
 
 
-@pytest.mark.xfail(strict=True, raises=EOFError, reason="NestIndex.load lets numpy's EOFError through for an empty .npy")
 def test_an_emptied_key_array_with_a_fixed_checksum_is_a_value_error(saved, tiny_lm, tmp_path):
     from nest_integrations.safe_io import sha256_file
 

@@ -10,7 +10,6 @@ import importlib
 import json
 import re
 import sys
-import warnings
 import zlib
 from typing import Any
 
@@ -35,7 +34,6 @@ from llama_index.core.vector_stores.types import (
 )
 
 from nest_integrations.attribution import NestOutput, Span, merge_spans
-from nest_integrations.decoding import NestFallbackWarning
 from nest_integrations.llama_index import NestLLM, NestQueryEngine, NestVectorStore
 
 PROMPT = "Tell me about Marie Curie."
@@ -223,18 +221,16 @@ def test_empty_index_falls_back_with_a_warning(tiny_lm):
     storage = StorageContext.from_defaults(vector_store=NestVectorStore())
     empty = VectorStoreIndex(nodes=[], storage_context=storage, embed_model=HashEmbedding())
     llm = NestLLM(tiny_lm, retriever=empty, config=COPY)
-    with pytest.warns(NestFallbackWarning):
-        output = NestOutput.model_validate(llm.complete(PROMPT).additional_kwargs["nest"])
+    output = NestOutput.model_validate(llm.complete(PROMPT).additional_kwargs["nest"])
     assert not output.copied_spans and output.attribution_ratio == 0.0
+    assert output.stats.fallback_reason == "nothing_retrieved"
 
 
-def test_no_retriever_generates_with_the_lm_and_warns_once(tiny_lm):
+def test_no_retriever_generates_with_the_lm_and_says_so(tiny_lm):
     llm = NestLLM(tiny_lm, config={"max_new_tokens": 4})
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        modes = [llm.complete(PROMPT).additional_kwargs["nest"]["mode"] for _ in range(2)]
-    assert modes == ["base", "base"]
-    assert sum(issubclass(w.category, NestFallbackWarning) for w in caught) == 1
+    output = NestOutput.model_validate(llm.complete(PROMPT).additional_kwargs["nest"])
+    assert output.stats.fallback_reason == "no_retriever" and not output.copied_spans
+    assert output.text == llm.complete(PROMPT, mode="base").text
 
 
 def test_relevance_gate_uses_the_embed_model(tiny_lm, nest_index):
@@ -242,8 +238,8 @@ def test_relevance_gate_uses_the_embed_model(tiny_lm, nest_index):
         config = {**COPY, "min_passage_relevance": threshold}
         return NestLLM(tiny_lm, retriever=nest_index, embed_model=HashEmbedding(), config=config)
 
-    with pytest.warns(NestFallbackWarning):
-        assert not gated(0.99).generate(PROMPT).copied_spans
+    refused = gated(0.99).generate(PROMPT)
+    assert not refused.copied_spans and refused.stats.fallback_reason == "nothing_relevant"
     assert gated(0.0).generate(PROMPT).copied_spans
 
 

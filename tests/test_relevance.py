@@ -44,7 +44,8 @@ def test_gate_combines_similarity_margin_and_coverage():
     assert gate("Marie Curie", [MARIE], [0.2]).reason == "nothing_relevant"
     seq = Passage(id="s", text="Sequences support slicing; reversed() returns a reverse iterator over a sequence.")
     assert coverage("reverse a string in JavaScript", seq.text) < 0.5
-    assert gate("reverse a string in JavaScript", [seq], [0.5]).kept == []
+    assert gate("reverse a string in JavaScript", [seq], [0.32]).kept == [], "measured: off-corpus questions <= 0.36"
+    assert gate("How do I reverse a list in place?", [seq], [0.5]).kept == [seq], "a close paraphrase needs no coverage"
     far = Passage(id="f", text="A sequence is an ordered collection, and slicing a sequence returns a new one.")
     assert gate("How does slicing a sequence work?", [seq, far], [0.7, 0.45]).kept == [seq], "outside the margin"
     with pytest.raises(ValueError):

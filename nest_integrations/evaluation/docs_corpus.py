@@ -10,15 +10,18 @@ second, and not cached).
 
 Two passage views of the same documents (:func:`docs_passages`):
 
-* :func:`docs_corpus` -- whole documents, what ``nest index build`` makes of a
-  folder with its default settings (one passage per document);
-* :func:`docs_splitter_chunks` -- the documents cut the way the integrations'
-  users cut them by default: LangChain's ``RecursiveCharacterTextSplitter()``
-  (4,000 characters, 200 overlap, ``add_start_index=True``) when
-  ``langchain_text_splitters`` is installed, else
-  :func:`nest_integrations.corpus.chunk_passages` (its defaults). Every chunk
-  keeps ``doc_id`` = the module name and ``doc_char_start`` = its offset in the
-  document.
+* ``"cli"`` -- what ``nest index build`` makes of a folder of these documents
+  with its default settings: :func:`nest_integrations.corpus.chunk_passages`
+  at :data:`~nest_integrations.corpus.DEFAULT_CHUNK_TOKENS` tokens of the
+  default LM;
+* ``"splitter"`` (:func:`docs_splitter_chunks`) -- the documents cut the way
+  the integrations' users cut them by default: LangChain's
+  ``RecursiveCharacterTextSplitter()`` (4,000 characters, 200 overlap,
+  ``add_start_index=True``) when ``langchain_text_splitters`` is installed,
+  else :func:`nest_integrations.corpus.chunk_passages` (its defaults).
+
+Every chunk keeps ``doc_id`` = the module name and ``doc_char_start`` = its
+offset in the document.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import platform
 import re
 from collections.abc import Sequence
 
-from nest_integrations.corpus import Passage, chunk_passages
+from nest_integrations.corpus import DEFAULT_CHUNK_TOKENS, Passage, chunk_passages
 
 __all__ = [
     "DOCS_CHUNKINGS",
@@ -54,8 +57,8 @@ DOCS_MODULES: tuple[str, ...] = (
 )
 """Modules of the corpus, one document each."""
 
-DOCS_CHUNKINGS: tuple[str, ...] = ("documents", "splitter")
-"""Passage views of :func:`docs_passages`: whole documents or the integrations' default chunks."""
+DOCS_CHUNKINGS: tuple[str, ...] = ("cli", "splitter")
+"""Passage views of :func:`docs_passages`: the CLI's default chunks or the integrations' default chunks."""
 
 
 def _signature(member: object) -> str:
@@ -205,9 +208,9 @@ def docs_splitter_chunks(documents: Sequence[Passage] | None = None) -> list[Pas
     return _langchain_chunks(documents)
 
 
-def docs_passages(chunking: str = "documents") -> list[Passage]:
-    """The corpus as passages to index: ``"documents"`` (:func:`docs_corpus`,
-    what ``nest index build`` keeps of a folder by default) or ``"splitter"``
+def docs_passages(chunking: str = "cli") -> list[Passage]:
+    """The corpus as passages to index: ``"cli"`` (what ``nest index build`` keeps
+    of a folder of these documents by default) or ``"splitter"``
     (:func:`docs_splitter_chunks`, the integrations' default chunking).
 
     Raises:
@@ -216,4 +219,11 @@ def docs_passages(chunking: str = "documents") -> list[Passage]:
     if chunking not in DOCS_CHUNKINGS:
         raise ValueError(f"unknown docs chunking {chunking!r}; choose from {DOCS_CHUNKINGS}")
     documents = docs_corpus()
-    return documents if chunking == "documents" else docs_splitter_chunks(documents)
+    if chunking == "splitter":
+        return docs_splitter_chunks(documents)
+    from transformers import AutoTokenizer
+
+    from nest_integrations.lm import default_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    return chunk_passages(documents, max_tokens=DEFAULT_CHUNK_TOKENS, tokenizer=tokenizer)

@@ -144,6 +144,7 @@ class ChatNest(NestModelBase, BaseChatModel):
         return {
             **output.to_dict(),
             "finish_reason": output.stats.finish_reason,
+            "fallback_reason": output.stats.fallback_reason,
             "model_name": self.model,
             "model_provider": "nest",
         }

@@ -72,7 +72,7 @@ class NestLLM(NestModelBase, BaseLLM):
         generations = []
         for prompt in prompts:
             output = self._nest_generate(prompt, prompt, stop, kwargs)
-            info = {**output.to_dict(), "finish_reason": output.stats.finish_reason}
+            info = {**output.to_dict(), "finish_reason": output.stats.finish_reason, "fallback_reason": output.stats.fallback_reason}
             generations.append([Generation(text=output.text, generation_info=info)])
         return LLMResult(generations=generations, llm_output={"model_name": self.model})
 

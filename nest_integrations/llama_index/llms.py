@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import warnings
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Iterator, Optional, Sequence, TypeVar, Union
 
 import numpy as np
@@ -136,8 +135,8 @@ class NestLLM(CustomLLM):
             response = llm.complete("Tell me a bio of Marie Curie.")
             response.additional_kwargs["nest"]["spans"]
 
-    Without a retriever (and without ``nodes=``) it generates with the LM alone
-    and warns once (``NestFallbackWarning``). As the llm of LlamaIndex's own
+    Without a retriever (and without ``nodes=``) it generates with the LM alone,
+    and the output says so (``stats.fallback_reason == "no_retriever"``). As the llm of LlamaIndex's own
     engines (``index.as_query_engine(llm=...)``, ``CitationQueryEngine``) use
     ``mode="base"``: their prompts already hold the context. Any NestConfig
     knob is a constructor keyword (or pass ``config=``).
@@ -189,7 +188,6 @@ class NestLLM(CustomLLM):
     _datastore: Optional[TokenDatastore] = PrivateAttr(default=None)
     _embed_model: Optional[BaseEmbedding] = PrivateAttr(default=None)
     _lock: threading.RLock = PrivateAttr(default_factory=threading.RLock)
-    _warned_no_retriever: bool = PrivateAttr(default=False)
 
     def __init__(
         self,
@@ -280,22 +278,10 @@ class NestLLM(CustomLLM):
 
     def _decoder_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Decoder keyword arguments from call kwargs (``nodes`` become ``passages``)."""
-        from ..decoding import NestFallbackWarning
-
         kwargs = to_nest_names(kwargs)
         nodes = kwargs.pop("nodes", None)
         if nodes is not None:
             kwargs["passages"] = nodes_to_scored_passages(nodes)
-        elif self._retriever is None and kwargs.get("mode", self.config.mode) != "base":
-            if not self._warned_no_retriever:
-                self._warned_no_retriever = True
-                warnings.warn(
-                    "NestLLM has no retriever, so it generates with the LM alone (mode 'base'); "
-                    "pass retriever= (an index or a LlamaIndex retriever) for NEST",
-                    NestFallbackWarning,
-                    stacklevel=3,
-                )
-            kwargs["mode"] = "base"
         return kwargs
 
     # ------------------------------------------------------------------ NEST entry points

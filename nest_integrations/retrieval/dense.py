@@ -403,7 +403,10 @@ class DenseRetriever(BatchRetrieverMixin):
             raise ValueError(f"{folder} does not contain {_INDEX_FILE} and {_META_FILE}")
         meta = _read_meta(meta_path)
         passages = list(passages)
-        index = faiss.read_index(str(index_path))
+        try:
+            index = faiss.read_index(str(index_path))
+        except RuntimeError as err:  # FAISS reports a truncated or foreign file this way
+            raise ValueError(f"{index_path} is not a readable FAISS index: {err}") from err
         if not (meta.count == index.ntotal == len(passages)):
             raise ValueError(
                 f"the index in {folder} holds {index.ntotal} vectors (metadata: {meta.count}) "
