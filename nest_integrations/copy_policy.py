@@ -27,10 +27,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .corpus import Passage, sentence_spans
-from .relevance import content_words, is_name_query, stem
+from .relevance import content_words, is_name_query, text_stems
 
 CONTINUATION_WORDS = 2
 """Words of the text so far that must precede a mid-sentence copy in its source."""
@@ -126,39 +126,58 @@ class Window:
     score: float
 
 
-def focus_window(query: str, passages: Sequence[Passage]) -> Window | None:
-    """The passage sentence that best answers ``query``, or None when none shares a word with it.
+Similarity = Callable[[str, Sequence[str]], Sequence[float]]
+"""``(query, texts) -> cosine similarity of each text to the query``."""
 
-    A sentence scores the sum of ``log(1 + N / n_w)`` over the query's content
-    words ``w`` it contains, where ``N`` is the number of sentences in
-    ``passages`` and ``n_w`` those containing ``w``: a word every sentence has
-    (the topic of the document) counts little, the one that singles out the
-    answer counts most. Ties go to the earlier passage (retrieval order) and
-    sentence. The window starts at the line heading the sentence, if one does
-    (:func:`_is_heading`), and is extended over the following sentences while
-    it has fewer than ``MIN_WINDOW_WORDS`` words.
+FOCUS_CANDIDATES = 8
+"""Windows, best by word overlap, that the dense similarity re-ranks."""
+
+
+def _windows(passage: Passage) -> list[tuple[int, int, int]]:
+    """``(start, sentence_end, end)`` of one candidate answer window per sentence of
+    ``passage``: from the line heading the sentence (:func:`_is_heading`) to the
+    sentence's end, then extended over the following sentences while it has fewer
+    than ``MIN_WINDOW_WORDS`` words. Windows are scored on ``[start, sentence_end)``."""
+    spans = sentence_spans(passage.text)
+    windows = []
+    for i, (start, end) in enumerate(spans):
+        if i and _is_heading(passage.text, *spans[i - 1], start):
+            start = spans[i - 1][0]
+        core_end, j = end, i
+        while len(_fold_words(passage.text[start:end])) < MIN_WINDOW_WORDS and j + 1 < len(spans):
+            j += 1
+            end = spans[j][1]
+        windows.append((start, core_end, end))
+    return windows
+
+
+def focus_window(query: str, passages: Sequence[Passage], similarity: Similarity | None = None) -> Window | None:
+    """The window of the kept passages that best answers ``query``, or None when none shares a word with it.
+
+    Each sentence's window (:func:`_windows`) scores the sum of
+    ``log(1 + N / n_w)`` over the query's content words ``w`` it contains,
+    where ``N`` is the number of windows and ``n_w`` those containing ``w``: a
+    word every window has (the topic of the document) counts little, the one
+    that singles out the answer counts most. With ``similarity`` (the dense
+    embedder), the ``FOCUS_CANDIDATES`` best windows are re-ranked by that
+    score relative to the best one plus their cosine to the query (lexical
+    overlap alone ties "load(fp)" with "dump(obj, fp)" for "write JSON into a
+    file"). Ties go to the earlier passage (retrieval order) and window.
     """
     wanted = content_words(query)
     if not wanted:
         return None
-    sentences = [(p, s, e, {stem(w) for w in _fold_words(p.text[s:e])}) for p in passages for s, e in sentence_spans(p.text)]
-    if not sentences:
+    windows = [(p, s, e, text_stems(p.text[s:core])) for p in passages for s, core, e in _windows(p)]
+    counts = {w: sum(w in words for *_, words in windows) for w in wanted}
+    weight = {w: math.log1p(len(windows) / n) for w, n in counts.items() if n}
+    scores = [sum(weight.get(w, 0.0) for w in wanted & words) for *_, words in windows]
+    ranked = sorted((i for i, score in enumerate(scores) if score > 0), key=lambda i: -scores[i])[:FOCUS_CANDIDATES]
+    if not ranked:
         return None
-    counts = {w: sum(w in words for *_, words in sentences) for w in wanted}
-    weight = {w: math.log1p(len(sentences) / n) for w, n in counts.items() if n}
-    best, best_score = None, 0.0
-    for i, (_, _, _, words) in enumerate(sentences):
-        score = sum(weight.get(w, 0.0) for w in wanted & words)
-        if score > best_score:
-            best, best_score = i, score
-    if best is None:
-        return None
-    passage, start, end, _ = sentences[best]
-    spans = sentence_spans(passage.text)
-    heading = [(s, e) for s, e in spans if e <= start][-1:]
-    if heading and _is_heading(passage.text, *heading[0], start):
-        start = heading[0][0]
-    following = [e for s, e in spans if s >= end]
-    while len(_fold_words(passage.text[start:end])) < MIN_WINDOW_WORDS and following:
-        end = following.pop(0)
-    return Window(passage.id, start, end, best_score)
+    best = ranked[0]
+    if similarity is not None and len(ranked) > 1:
+        cosines = similarity(query, [windows[i][0].text[windows[i][1] : windows[i][2]] for i in ranked])
+        combined = [scores[i] / scores[ranked[0]] + float(c) for i, c in zip(ranked, cosines)]
+        best = ranked[max(range(len(ranked)), key=lambda j: (combined[j], -ranked[j]))]
+    passage, start, end, _ = windows[best]
+    return Window(passage.id, start, end, scores[best])

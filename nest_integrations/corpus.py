@@ -39,10 +39,17 @@ _WIKI_FILE = Path("data") / "summaries_en-us.json"
 
 # A sentence ends at a run of terminal punctuation, optionally followed by
 # closing quotes/brackets, when whitespace (or the end of the text) follows.
-# A newline ends one too (headings, list items, paragraphs) unless the next
-# line goes on in lower case: hard-wrapped prose (docstrings, man pages,
-# Markdown) breaks its lines mid-sentence.
-_SENTENCE_END = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)|\n(?![ \t]*[a-z])")
+# A line break ends one too (headings, list items, paragraphs), except where
+# hard-wrapped prose (docstrings, man pages, Markdown) breaks a line
+# mid-sentence: before a line that goes on in lower case, or after a line
+# ending in a lower-case letter or a comma unless a capital, digit or list
+# marker follows.
+_SENTENCE_END = re.compile(
+    r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)"  # terminal punctuation
+    r"|\n(?=[ \t]*\n)"  # a blank line
+    r"|(?<=[^a-z,]\n)(?![ \t]*[a-z])"  # a line break after a line that does not end mid-phrase...
+    r"|(?<=\n)(?=[ \t]*[A-Z0-9*#>|\u2022-])"  # ...or before a capital, a digit or a list marker
+)
 _WORD = re.compile(r"\S+")
 
 
@@ -468,6 +475,17 @@ def _pack(
     return chunks
 
 
+def _glue_headings(text: str, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Join each heading line (no terminal punctuation, then a line break) to the sentence
+    after it, so a chunk never ends with the title, signature or term that heads the next."""
+    glued: list[tuple[int, int]] = []
+    for start, end in spans:
+        if glued and "\n" in text[glued[-1][1] : start] and not text[glued[-1][0] : glued[-1][1]].endswith((".", "!", "?", ":", ";")):
+            start = glued.pop()[0]
+        glued.append((start, end))
+    return glued
+
+
 def chunk_text(
     text: str, *, max_words: int = 100, max_tokens: int | None = None, tokenizer: TokenCounter | None = None
 ) -> list[tuple[int, int]]:
@@ -496,7 +514,7 @@ def chunk_text(
     """
     cost, budget = _budget(max_words, max_tokens, tokenizer)
     pieces: list[tuple[int, int]] = []
-    for span in sentence_spans(text):
+    for span in _glue_headings(text, sentence_spans(text)):
         if cost(text[span[0] : span[1]]) <= budget:
             pieces.append(span)
         else:

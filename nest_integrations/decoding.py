@@ -546,6 +546,10 @@ class NestDecoder:
             gen.lead_in = str(prompt)
         return context
 
+    def _window_similarity(self, query: str, texts: Sequence[str]) -> list[float]:
+        """Cosine of each candidate answer window to ``query``, through the relevance function."""
+        return self.relevance(query, [Passage(id=f"\x00window:{text}", text=text) for text in texts])  # type: ignore[misc]
+
     def _plan_opening(self, gen: _Generation, query: str, kept: list[Passage]) -> None:
         """Where the answer's first copy is proposed (checked by the LM like any span).
 
@@ -560,7 +564,7 @@ class NestDecoder:
         assert gen.candidates is not None and self.datastore is not None
         candidates = gen.candidates
         if gen.config.answer_focus and wants_focus(query):
-            window = focus_window(query, kept)
+            window = focus_window(query, kept, self._window_similarity if self.relevance is not None else None)
             if window is None:
                 return
             pidx = self.datastore.index_of(window.passage_id)

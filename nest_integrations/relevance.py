@@ -64,11 +64,13 @@ def _fold(text: str) -> str:
 
 
 def stem(word: str) -> str:
-    """A light English stem, enough to match "slicings" with "slicing" and "sorted" with "sort"."""
-    for suffix in ("ings", "ing", "ies", "es", "ed", "s"):
+    """A light English stem, enough to match "slicings" with "slicing", "sorted" with "sort"
+    and "indentation" with "indent"."""
+    for suffix in ("ations", "ation", "ments", "ment", "ings", "ing", "ies", "es", "ed", "s"):
         if len(word) > len(suffix) + 2 and word.endswith(suffix):
-            return word[: -len(suffix)] + ("y" if suffix == "ies" else "")
-    return word
+            word = word[: -len(suffix)] + ("y" if suffix == "ies" else "")
+            break
+    return word[:-1] if len(word) > 4 and word.endswith("e") else word  # "decode" and "decoded" meet
 
 
 def content_words(text: str) -> set[str]:
@@ -80,8 +82,15 @@ def content_words(text: str) -> set[str]:
     return {stem(w) for w in words if w not in _STOPWORDS and not w.isdigit()}
 
 
-def _text_stems(text: str) -> set[str]:
-    return {stem(w) for w in _WORD.findall(_fold(text))}
+_IDENTIFIER_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+
+
+def text_stems(text: str) -> set[str]:
+    """Stems of every word of ``text``, and of the parts of identifiers: "JSONDecodeError"
+    and "read_text" also give "json", "decode", "error", "read", "text"."""
+    words = _WORD.findall(text)
+    parts = [part for word in words if "_" in word or not word.islower() for part in _IDENTIFIER_PARTS.findall(word)]
+    return {stem(_fold(w)) for w in words + parts}
 
 
 def coverage(query: str, text: str) -> float:
@@ -89,7 +98,7 @@ def coverage(query: str, text: str) -> float:
     wanted = content_words(query)
     if not wanted:
         return 1.0
-    return len(wanted & _text_stems(text)) / len(wanted)
+    return len(wanted & text_stems(text)) / len(wanted)
 
 
 _NAME_PARTICLES = frozenset(
