@@ -52,6 +52,14 @@ def _setup_logging(verbose: bool) -> None:
     (hf_logging.enable_progress_bar if verbose else hf_logging.disable_progress_bar)()
 
 
+@app.callback()
+def _quiet_by_default(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show INFO logs and model-loading bars for any command."),
+) -> None:
+    """NEST: attributed, retrieval-grounded generation."""
+    _setup_logging(verbose)
+
+
 def _load_index(path: Optional[Path], model: Optional[str] = None) -> Any:
     from .index import NestIndex
     from .lm import load_lm

@@ -19,9 +19,19 @@ Then (section 3-4), in ``nest`` / ``ra_nest``:
 * A fully accepted span is continued from the same passage without a new
   span selection; copied entries are masked so a span is not copied twice.
 
-Beyond the paper, generation ends when copying reaches the last token of its
-passage and no retrieved passage continues it (``stop_at_source_end``): what a
-small LM writes after a fully copied source is its own, and mostly invented.
+Beyond the paper, each decision the loop takes is a small rule of its own:
+
+* which retrieved passages may be copied at all: :class:`~nest_integrations.relevance.RelevanceGate`
+  (none left: the LM writes alone and ``stats.fallback_reason`` says why);
+* where a copy may start: :func:`~nest_integrations.copy_policy.acceptable_start`
+  (``seams``), and where an answer opens: the start of the best kept passage for
+  a named subject, the answer window (:func:`~nest_integrations.copy_policy.focus_window`)
+  for a question (``answer_focus``);
+* when it ends: copying the answer window's last token (``answered``), or the
+  last token of a passage whose document's next chunk was not retrieved
+  (``stop_at_source_end``): what a small LM writes after a fully copied source
+  is its own, and mostly invented. A copy reaching a chunk's end goes on into
+  the next chunk of its document when that was retrieved.
 
 Batched generation is sequential (one prompt after another, each advancing by
 its own accepted length). ``nest bench`` measures what that leaves: the LM alone

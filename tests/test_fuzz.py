@@ -240,12 +240,18 @@ def _mutate(value: Any, data: Any) -> Any:
                                st.sampled_from([True, 0, -5, 99, "../secret.txt", "/etc/hostname", {}, []])))
 
 
+def _copy_of(saved, tmp_path_factory):
+    """A fresh copy of the saved index folder to corrupt, and its embedder."""
+    path, embedder = saved
+    folder = tmp_path_factory.mktemp("copy") / "index"
+    shutil.copytree(path, folder)
+    return folder, embedder
+
+
 @FEW
 @given(data=st.data())
 def test_a_corrupted_manifest_is_refused_with_a_value_error(saved, tiny_lm, tmp_path_factory, data):
-    path, embedder = saved
-    folder = tmp_path_factory.mktemp("m") / "index"
-    shutil.copytree(path, folder)
+    folder, embedder = _copy_of(saved, tmp_path_factory)
     manifest = json.loads((folder / "manifest.json").read_text())
     choice = data.draw(st.sampled_from(["mutate", "text", "deep"]))
     if choice == "mutate":
@@ -263,9 +269,7 @@ def test_a_corrupted_manifest_is_refused_with_a_value_error(saved, tiny_lm, tmp_
 def test_a_corrupted_data_file_is_refused_with_a_value_error(saved, tiny_lm, tmp_path_factory, data):
     from nest_integrations.safe_io import sha256_file
 
-    path, embedder = saved
-    folder = tmp_path_factory.mktemp("f") / "index"
-    shutil.copytree(path, folder)
+    folder, embedder = _copy_of(saved, tmp_path_factory)
     name = data.draw(st.sampled_from([f for f in _files(folder) if f != "manifest.json"]))
     target = folder / name
     how = data.draw(st.sampled_from(["flip", "truncate", "delete", "replace"]))
@@ -288,31 +292,22 @@ def test_a_corrupted_data_file_is_refused_with_a_value_error(saved, tiny_lm, tmp
     _load(folder, tiny_lm, embedder)
 
 
-def test_a_truncated_faiss_file_with_a_fixed_checksum_is_a_value_error(saved, tiny_lm, tmp_path):
+def _tamper_with_fixed_checksum(saved, tmp_path_factory, name: str, corrupt) -> tuple[Path, object]:
+    """A copy of the saved index whose file ``name`` is rewritten by ``corrupt(bytes) -> bytes``
+    and whose manifest checksum is fixed to match, as a tamperer would."""
     from nest_integrations.safe_io import sha256_file
 
-    path, embedder = saved
-    folder = tmp_path / "index"
-    shutil.copytree(path, folder)
-    target = folder / "dense.faiss"
-    target.write_bytes(target.read_bytes()[:10])
+    folder, embedder = _copy_of(saved, tmp_path_factory)
+    target = folder / name
+    target.write_bytes(corrupt(target.read_bytes()))
     manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["checksums"]["dense.faiss"] = sha256_file(target)
+    manifest["checksums"][name] = sha256_file(target)
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ValueError):
-        NestIndex.load(folder, tiny_lm, embedder=embedder)
+    return folder, embedder
 
 
-def test_an_emptied_key_array_with_a_fixed_checksum_is_a_value_error(saved, tiny_lm, tmp_path):
-    from nest_integrations.safe_io import sha256_file
-
-    path, embedder = saved
-    folder = tmp_path / "index"
-    shutil.copytree(path, folder)
-    target = folder / "keys" / "offsets.npy"
-    target.write_bytes(b"")
-    manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["checksums"]["keys/offsets.npy"] = sha256_file(target)
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+@pytest.mark.parametrize("name, corrupt", [("dense.faiss", lambda raw: raw[:10]), ("keys/offsets.npy", lambda raw: b"")])
+def test_an_unreadable_binary_file_with_a_fixed_checksum_is_a_value_error(saved, tiny_lm, tmp_path_factory, name, corrupt):
+    folder, embedder = _tamper_with_fixed_checksum(saved, tmp_path_factory, name, corrupt)
     with pytest.raises(ValueError):
         NestIndex.load(folder, tiny_lm, embedder=embedder)
