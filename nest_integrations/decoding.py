@@ -193,6 +193,7 @@ class NestDecoder:
         self._cache_arg = cache_argument(lm.model)
         self.vocab_size = int(lm.model.get_output_embeddings().weight.shape[0])
         self._eos_ids = self._find_eos_ids()
+        self._score_head_ok: Optional[bool] = None  # see _head_reproduces_logits
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -383,9 +384,8 @@ class NestDecoder:
     def _head_reproduces_logits(self) -> bool:
         """Whether the output embedding applied to ``get_decoder()``'s last hidden state gives the
         model's logits (so :meth:`score` can apply the head chunk by chunk); checked once on 4 tokens."""
-        known = self.__dict__.get("_score_head_ok")
-        if known is not None:
-            return known
+        if self._score_head_ok is not None:
+            return self._score_head_ok
         ok = False
         model = self.lm.model
         try:
@@ -401,7 +401,7 @@ class NestDecoder:
         except Exception:  # any model that does not fit the pattern scores through its own logits
             logger.debug("score: the output embedding does not reproduce the logits; using the model's", exc_info=True)
             ok = False
-        self.__dict__["_score_head_ok"] = ok
+        self._score_head_ok = ok
         return ok
 
     # ------------------------------------------------------------------ prompt
