@@ -35,6 +35,7 @@ from llama_index.core.vector_stores.types import (
 
 from nest_integrations.attribution import NestOutput, Span, merge_spans
 from nest_integrations.llama_index import NestLLM, NestQueryEngine, NestVectorStore
+from nest_integrations.llama_index._common import node_to_passage
 
 PROMPT = "Tell me about Marie Curie."
 # Retrieval dominates the random tiny LM: spans get proposed and accepted.
@@ -464,3 +465,15 @@ def test_chat_engine_keeps_citations_in_responses_and_history(llm, nest_index):
     assert len(engine.chat_history) == 4
     engine.reset()
     assert engine.chat_history == []
+
+
+def test_splitter_nodes_chain_into_their_document():
+    from llama_index.core.node_parser import SentenceSplitter
+
+    text = " ".join(f"Sentence number {i} tells the keeper's story of the northern cape." for i in range(30))
+    nodes = SentenceSplitter(chunk_size=64, chunk_overlap=16).get_nodes_from_documents([Document(text=text, id_="keeper")])
+    passages = [node_to_passage(node) for node in nodes]
+    assert len(passages) > 2 and {p.doc_id for p in passages} == {"keeper"}
+    assert all(text[p.doc_char_start : p.doc_char_end] == p.text for p in passages)
+    starts = [p.doc_char_start for p in passages]
+    assert starts == sorted(starts) and all(b <= a.doc_char_end + 2 for a, b in zip(passages, starts[1:])), "contiguous or overlapping"
