@@ -145,7 +145,7 @@ def test_langchain_store_refuses_bad_metadata_when_added():
     from nest_integrations.langchain import NestVectorStore
 
     store = NestVectorStore(DeterministicFakeEmbedding(size=8))
-    with pytest.raises(ValueError, match=r"metadata\['blob'\] is a builtins.bytes"):
+    with pytest.raises(ValueError, match=r"metadatas\[1\]\['blob'\] is a builtins.bytes"):
         store.add_texts(["a", "b"], metadatas=[{"ok": np.float32(1)}, {"blob": b"x"}], ids=["a", "b"])
     assert len(store) == 0
     store.add_texts(["a"], metadatas=[{"ok": np.float32(1)}], ids=["a"])
@@ -204,3 +204,15 @@ def test_llama_index_store_refuses_bad_metadata_naming_the_node():
     with pytest.raises(ValueError, match=r"Passage 'bad': metadata\['blob'\] is a builtins.bytes"):
         store.add([_node("ok", [1.0, 0.0], score=np.float32(1)), _node("bad", [0.0, 1.0], blob=b"x")])
     assert store.get_nodes() == []
+
+
+def test_numpy_and_date_metadata_survive_a_langchain_save(tmp_path):
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+
+    from nest_integrations.langchain import NestVectorStore
+
+    store = NestVectorStore(DeterministicFakeEmbedding(size=8))
+    store.add_texts(["a text"], [{"score": np.float32(0.5), "n": np.int64(3), "day": dt.date(2020, 1, 2)}], ids=["a"])
+    store.save_local(tmp_path / "store")
+    loaded = NestVectorStore.load_local(tmp_path / "store", DeterministicFakeEmbedding(size=8))
+    assert loaded.get_by_ids(["a"])[0].metadata == {"score": 0.5, "n": 3, "day": "2020-01-02"}

@@ -33,6 +33,7 @@ from langchain_core.vectorstores.utils import maximal_marginal_relevance
 from typing_extensions import Self
 
 from ..corpus import Passage
+from ..jsonsafe import json_safe
 from ..safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
 from ._common import cosine_to, default_embeddings, document_to_passage
 
@@ -182,12 +183,12 @@ class NestVectorStore(VectorStore):
         if vectors.ndim != 2 or vectors.shape[0] != len(texts):
             raise ValueError(f"the embeddings returned shape {vectors.shape} for {len(texts)} texts")
         out_ids = _resolve_ids(ids, len(texts))
+        # Metadata is stored as JSON values (numpy scalars, dates... converted), so answers and
+        # save_local carry it as is; what cannot be converted is refused before anything is stored.
         documents = [
-            Document(id=doc_id, page_content=text, metadata=dict(metadatas[n]) if metadatas else {})
+            Document(id=doc_id, page_content=text, metadata=json_safe(dict(metadatas[n]), f"metadatas[{n}]") if metadatas else {})
             for n, (doc_id, text) in enumerate(zip(out_ids, texts))
         ]
-        for document in documents:  # refuses metadata that cannot be made JSON, before anything is stored
-            document_to_passage(document)
         with self._lock:
             self._check_dimensions(vectors.shape[1])
             for document, vector in zip(documents, vectors):
