@@ -33,10 +33,10 @@ Beyond the paper, each decision the loop takes is a small rule of its own:
   is its own, and mostly invented. A copy reaching a chunk's end goes on into
   the next chunk of its document when that was retrieved.
 
-Batched generation is sequential (one prompt after another, each advancing by
-its own accepted length). ``nest bench`` measures what that leaves: the LM alone
-runs 4.7x faster in one padded batch of 8 on 2 CPU cores, while NEST one prompt
-at a time already outruns that batched LM (README: Speed).
+Batched generation (:meth:`NestDecoder.generate_batch`) runs the rows in shared
+forward passes over one KV cache, each row verifying its own draft and advancing
+by its own accepted length (:mod:`nest_integrations.batching`, the row scheduler);
+models with sliding-window attention generate one prompt after another.
 """
 
 from __future__ import annotations
@@ -227,10 +227,13 @@ class NestDecoder:
         prompts: Sequence[PromptLike],
         *,
         queries: Optional[Sequence[Optional[str]]] = None,
+        max_batch: Optional[int] = None,
         **overrides: Any,
     ) -> list[NestOutput]:
-        """Generate for several prompts; each advances by its own accepted length
-        (sequentially, see the module docstring). Equals one-by-one generation.
+        """Generate for several prompts in shared forward passes, at most ``max_batch``
+        rows at a time (None: all); each row advances by its own accepted length, and
+        a row that finishes leaves room for the next prompt (:mod:`~nest_integrations.batching`).
+        With greedy decoding (or a seed) this equals one-by-one generation.
 
         Every prompt is checked (:func:`check_prompt`) before the first generation starts.
 
@@ -253,6 +256,10 @@ class NestDecoder:
             got = "a string" if isinstance(queries, (str, bytes)) else f"{len(queries)} queries"
             raise ValueError(f"got {len(prompts)} prompts but {got}")
         queries = list(queries) if queries is not None else [None] * len(prompts)
+        from .batching import batched_generate, supports_batching
+
+        if supports_batching(self.lm.model):
+            return batched_generate(self, prompts, queries, max_batch=max_batch, **overrides)
         return [self.generate(p, query=q, **overrides) for p, q in zip(prompts, queries)]
 
     def stream(

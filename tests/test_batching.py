@@ -60,6 +60,16 @@ def _same(batched, single):
         )
 
 
+def _count_decoding_forwards(decoder, calls):
+    """Hook recording the rows of each decoding forward (those with a KV cache; datastore encoding has none)."""
+
+    def record(module, args, kwargs, out):
+        if kwargs.get(decoder._cache_arg) is not None:
+            calls.append(kwargs["input_ids"].shape[0])
+
+    return decoder.lm.model.register_forward_hook(record, with_kwargs=True)
+
+
 def _one_by_one(decoder, prompts, **overrides):
     return [decoder.generate(p, **overrides) for p in prompts]
 
@@ -80,7 +90,7 @@ def _one_by_one(decoder, prompts, **overrides):
 )
 def test_batch_equals_one_by_one(decoder, overrides):
     calls = []
-    hook = decoder.lm.model.register_forward_hook(lambda module, args, kwargs, out: calls.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    hook = _count_decoding_forwards(decoder, calls)
     try:
         batched = batched_generate(decoder, PROMPTS, [None] * len(PROMPTS), **overrides)
     finally:
@@ -185,3 +195,14 @@ def test_supports_batching(tiny_lm):
         config = Config()
 
     assert not supports_batching(Model())
+
+
+def test_generate_batch_runs_the_rows_together(decoder):
+    calls = []
+    hook = _count_decoding_forwards(decoder, calls)
+    try:
+        batched = decoder.generate_batch(PROMPTS, max_batch=4, mode="nest", **MIXED)
+    finally:
+        hook.remove()
+    assert max(calls) == 4
+    _same(batched, _one_by_one(decoder, PROMPTS, mode="nest", **MIXED))

@@ -23,8 +23,8 @@ chat-formatted prompts (what is compared is recorded in ``bench.json``):
   (recorded during the precompute and replayed), both per passage token;
   the goal is a ratio >= 0.9;
 * batching: the LM alone, every prompt in one left-padded HF ``generate``
-  batch vs one prompt at a time (the decoder's ``generate_batch`` runs
-  prompts one after another);
+  batch vs one prompt at a time (NEST's own batched decoding, the decoder's
+  ``generate_batch``, is not measured here yet);
 * memory: peak resident set size and bytes per stored key and per entry.
 
 All runs of one prompt (modes, lazy, precomputed, HF) run back to back, so load
