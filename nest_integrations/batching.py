@@ -8,26 +8,33 @@ called per row: :meth:`NestDecoder._prepare` (retrieval, gate, candidates, openi
 (append, stop rules), :meth:`~NestDecoder._mix` (p_M at the row's positions) and
 :meth:`~NestDecoder._output`. What the scheduler adds is only the sharing of the LM:
 
-* **One KV cache for the batch**, a transformers ``DynamicCache`` whose tensors
-  are (rows, heads, columns, head_dim), with a boolean ``valid`` (rows, columns)
-  matrix beside it. A row's valid columns are exactly its prompt and its
-  accepted tokens, in order; every other column (left padding, a step's right
-  padding, rejected draft tokens) is masked out of attention by the 2-D
-  attention mask. The cache is append-only within a step: a step feeds each row
-  ``[next token] + draft`` right-padded to the longest, all rows' columns grow by
-  that length, and after verification the columns past each row's accepted
-  length are marked invalid -- so a row that rejects early holds back no other.
-* **Explicit position ids**: a row's new token sits at position ``prompt +
-  accepted tokens`` whatever its column, so rotary embeddings are those of the
-  row generated alone.
+* **One KV cache for the batch, packed**: a transformers ``DynamicCache`` of
+  batch size 1 whose columns are the rows' tokens side by side, with
+  ``owner[c]``, the row that column ``c`` belongs to (-1: dead). A row's live
+  columns are exactly its prompt and its accepted tokens.
+* **One forward per step over every row's ``[next token] + draft``**, the rows'
+  fed tokens concatenated in one sequence with no padding, so a step costs the
+  tokens the rows actually verify (a row copying 64 tokens does not make the
+  rows writing one token at a time pay for 64). A 4-D additive attention mask
+  lets each fed token see its own row's live columns and the tokens its row fed
+  before it in this step, nothing else.
+* **Explicit position ids**: a row's token sits at position ``prompt + accepted
+  tokens`` whatever its column, so rotary embeddings are those of the row
+  generated alone.
+* **Per-row advance**: after verification each row keeps its next token and its
+  own accepted prefix; the columns of its rejected draft tokens die (owner -1),
+  so a row that rejects early holds back no other.
 * **Prefill per row** into a cache of its own (exactly the one-by-one prefill),
-  then the row *joins* the batch: both caches are left-padded with zero columns
-  (invalid) to a common length and concatenated on the row axis. Rows join
-  whenever there is room (``max_batch``), so a queue keeps the batch full.
-* **Rows leave** the batch as soon as they finish (row selection on the cache),
-  and the cache is **compacted** -- each row's valid columns gathered and
-  right-aligned -- once invalid columns exceed what the longest row holds by
-  more than half (or 64 columns), so masked slots never dominate attention.
+  whose columns are then appended to the batch's: a row *joins* whenever there
+  is room (``max_batch``), so a queue keeps the batch full.
+* **Rows leave** as soon as they finish (their columns die), and dead columns
+  are dropped (one ``index_select`` over the cache) once they outnumber a
+  quarter of the live ones, so masked columns never dominate attention.
+
+The price of packing is attention: each fed token's scores are computed against
+all rows' columns (and masked), i.e. attention work grows with the batch's total
+length, while the projections and MLP -- most of a small LM's work at these
+lengths -- cost exactly the fed tokens.
 
 With greedy decoding each row takes the decisions it takes alone, so outputs,
 spans and attribution equal one-by-one generation (up to float rounding of a
@@ -36,8 +43,9 @@ tests' models). ``stats.forward_passes`` counts the shared forwards a row took
 part in (its prefill included) -- the same count as alone; ``decode_s`` runs
 from the row's prefill to its finish, ``wall_s`` from the batch's start to it.
 
-Models with sliding-window attention layers are generated one by one: a masked
-column would still count against the window.
+Models with sliding-window or chunked attention layers, and attention kernels
+that take no 4-D mask (flash attention, flex attention), are generated one by
+one (:func:`supports_batching`): a foreign column would count against a window.
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["batched_generate", "supports_batching"]
 
 _COMPACT_SLACK = 64
-"""Invalid columns tolerated beyond half the longest row before the cache is compacted."""
+"""Dead columns always tolerated; beyond them the cache is compacted once they exceed a quarter of the live ones."""
 
 
 def supports_batching(model: Any) -> bool:
@@ -72,7 +80,10 @@ def supports_batching(model: Any) -> bool:
         return False
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return False
-    return not getattr(config, "attention_chunk_size", None)
+    if getattr(config, "attention_chunk_size", None):
+        return False
+    # The shared forward passes a 4-D additive mask, which these attention kernels take as it is.
+    return getattr(config, "_attn_implementation", None) in (None, "sdpa", "eager")
 
 
 @dataclass
@@ -97,79 +108,57 @@ class _Row:
         return len(self.prompt_ids) + len(self.gen.records)
 
 
-class _BatchCache:
-    """A ``DynamicCache`` shared by the rows, and which of its columns each row may attend to."""
+class _PackedCache:
+    """One ``DynamicCache`` of batch size 1 holding every row's columns side by side.
+
+    ``owner[c]`` is the row that column ``c`` belongs to, -1 for a dead column (a
+    rejected draft token, a finished row's). A row attends to its own live columns
+    only, so the order of the columns between rows does not matter.
+    """
 
     def __init__(self) -> None:
         self.cache: Any = None
-        self.valid = torch.zeros((0, 0), dtype=torch.bool)
-
-    @property
-    def rows(self) -> int:
-        return int(self.valid.shape[0])
+        self.owner = torch.zeros(0, dtype=torch.long)
 
     @property
     def columns(self) -> int:
-        return int(self.valid.shape[1])
+        return int(self.owner.shape[0])
 
-    def _layers(self, cache: Any) -> list[Any]:
+    @staticmethod
+    def _layers(cache: Any) -> list[Any]:
         layers = getattr(cache, "layers", None)
         if layers is None or not all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
             raise TypeError(f"batched decoding needs a DynamicCache with per-layer keys/values, got {type(cache).__name__}")
         return list(layers)
 
-    def join(self, cache: Any, length: int) -> None:
-        """Append a row whose own cache holds ``length`` valid columns."""
-        valid = torch.ones((1, length), dtype=torch.bool)
+    def join(self, cache: Any, owner: int) -> None:
+        """Append the columns of a row's own (batch size 1) cache, owned by ``owner``."""
+        length = int(self._layers(cache)[0].keys.shape[2])
         if self.cache is None:
-            self._layers(cache)
-            self.cache, self.valid = cache, valid
-            return
-        width = max(self.columns, length)
-        for mine, theirs in zip(self._layers(self.cache), self._layers(cache)):
-            mine.keys = torch.cat([_left_pad(mine.keys, width), _left_pad(theirs.keys, width)], dim=0)
-            mine.values = torch.cat([_left_pad(mine.values, width), _left_pad(theirs.values, width)], dim=0)
-        pad = lambda v: torch.cat([torch.zeros((v.shape[0], width - v.shape[1]), dtype=torch.bool), v], dim=1)  # noqa: E731
-        self.valid = torch.cat([pad(self.valid), pad(valid)], dim=0)
+            self.cache = cache
+        else:
+            for mine, theirs in zip(self._layers(self.cache), self._layers(cache)):
+                mine.keys = torch.cat([mine.keys, theirs.keys], dim=2)
+                mine.values = torch.cat([mine.values, theirs.values], dim=2)
+        self.owner = torch.cat([self.owner, torch.full((length,), owner, dtype=torch.long)])
 
-    def keep_rows(self, rows: Sequence[int]) -> None:
-        """Drop every row not in ``rows`` (indices into the current rows, in order)."""
-        if len(rows) == self.rows:
-            return
-        if not rows:
-            self.cache, self.valid = None, torch.zeros((0, 0), dtype=torch.bool)
-            return
-        index = torch.tensor(list(rows), dtype=torch.long)
-        for layer in self._layers(self.cache):
-            layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))
-            layer.values = layer.values.index_select(0, index.to(layer.values.device))
-        self.valid = self.valid.index_select(0, index)
+    def release(self, owner: int) -> None:
+        """Mark a finished row's columns dead."""
+        self.owner[self.owner == owner] = -1
 
     def compact_if_sparse(self) -> None:
-        """Gather each row's valid columns, right-aligned, when invalid ones are too many."""
+        """Drop dead columns once they outnumber a quarter of the live ones (and ``_COMPACT_SLACK``)."""
         if self.cache is None:
             return
-        counts = self.valid.sum(1)
-        width = int(counts.max())
-        if self.columns - width <= max(_COMPACT_SLACK, width // 2):
+        live = self.owner >= 0
+        alive = int(live.sum())
+        if self.columns - alive <= max(_COMPACT_SLACK, alive // 4):
             return
-        # Valid columns sort after invalid ones, each group in column order (a stable sort).
-        order = torch.sort(self.valid.to(torch.int8), dim=1, stable=True).indices[:, -width:]
-        self.valid = torch.gather(self.valid, 1, order)
+        index = live.nonzero().squeeze(1)
         for layer in self._layers(self.cache):
-            for name in ("keys", "values"):
-                tensor = getattr(layer, name)
-                index = order.to(tensor.device)[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
-                setattr(layer, name, torch.gather(tensor, 2, index))
-
-
-def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """Zero columns before ``tensor``'s (dimension 2) up to ``width``; zeros, never NaN, in masked slots."""
-    missing = width - tensor.shape[2]
-    if missing <= 0:
-        return tensor
-    shape = (tensor.shape[0], tensor.shape[1], missing, tensor.shape[3])
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=2)
+            layer.keys = layer.keys.index_select(2, index.to(layer.keys.device))
+            layer.values = layer.values.index_select(2, index.to(layer.values.device))
+        self.owner = self.owner[index]
 
 
 def batched_generate(
@@ -196,7 +185,7 @@ def batched_generate(
     started = time.perf_counter()
     outputs: list[Optional[NestOutput]] = [None] * len(prompts)
     waiting = list(range(len(prompts)))
-    batch = _BatchCache()
+    batch = _PackedCache()
     active: list[_Row] = []
 
     def finish(row: _Row) -> None:
@@ -222,7 +211,7 @@ def batched_generate(
             cache = DynamicCache()
             logits, keys = decoder._forward(prompt_ids, cache, gen.stats, keep=1)
             row.step = decoder._mix(logits, keys, gen)
-            batch.join(cache, len(prompt_ids))
+            batch.join(cache, i)
             active.append(row)
         if not active:
             continue
@@ -234,11 +223,11 @@ def batched_generate(
             first, draft = decoder._decide(row.gen, row.step, row.at, row.continuation, row.generator)
             decoder._commit(row.gen, [first])
             if row.gen.finished:
+                batch.release(row.index)
                 finish(row)
                 continue
             row.first, row.draft = first, draft[: config.max_new_tokens - len(row.gen.records)]
             staying.append(position)
-        batch.keep_rows(staying)
         active = [active[p] for p in staying]
         if not active:
             continue
@@ -249,19 +238,20 @@ def batched_generate(
         logits, keys = _shared_forward(decoder, batch, active, fed)
 
         staying = []
+        offset = 0
         for position, row in enumerate(active):
             n = len(fed[position])
             row.gen.stats.forward_passes += 1
-            row.step = decoder._mix(logits[position, :n], keys[position, :n], row.gen)
+            row.step = decoder._mix(logits[offset : offset + n], keys[offset : offset + n], row.gen)
             accepted = _verify(decoder, row)
-            # The row keeps its token and its accepted draft; its other new columns are masked out.
-            batch.valid[position, first_column + 1 + accepted :] = False
+            # The row keeps its token and its accepted draft; its other new columns die.
+            batch.owner[first_column + offset + 1 + accepted : first_column + offset + n] = -1
+            offset += n
             if row.gen.finished:
+                batch.release(row.index)
                 finish(row)
                 continue
-            assert int(batch.valid[position].sum()) == row.cached
             staying.append(position)
-        batch.keep_rows(staying)
         active = [active[p] for p in staying]
         batch.compact_if_sparse()
 
@@ -292,33 +282,35 @@ def _verify(decoder: "NestDecoder", row: _Row) -> int:
 
 
 def _shared_forward(
-    decoder: "NestDecoder", batch: _BatchCache, rows: Sequence[_Row], fed: Sequence[list[int]]
+    decoder: "NestDecoder", batch: _PackedCache, rows: Sequence[_Row], fed: Sequence[list[int]]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One LM call over every row's fed tokens, right-padded to the longest.
+    """One LM call over every row's fed tokens, packed one row after another in one sequence.
 
-    Returns logits (rows, L, V) float32 and query vectors (rows, L, d), L the longest
-    fed length; positions past a row's own length are padding. Extends ``batch.valid``
-    by L columns, valid where a row fed a real token.
+    A fed token attends to its row's live cache columns and to the tokens its row
+    fed before it in this step (a 4-D mask); its position id is the row's own.
+    Returns logits (Q, V) float32 and query vectors (Q, d), Q the fed tokens of all
+    rows in order. Appends the Q new columns to ``batch``, owned by their rows.
     """
     lm = decoder.lm
-    width = max(len(f) for f in fed)
-    pad = next(iter(decoder._eos_ids), 0)
-    input_ids = torch.tensor([f + [pad] * (width - len(f)) for f in fed], dtype=torch.long)
-    lengths = torch.tensor([len(f) for f in fed])
-    new = torch.arange(width)[None, :] < lengths[:, None]
-    start = torch.tensor([row.cached - 1 for row in rows])  # the fed token is already committed
-    position_ids = start[:, None] + torch.arange(width)[None, :]
-    mask = torch.cat([batch.valid, new], dim=1)
+    tokens = [t for f in fed for t in f]
+    owners = torch.tensor([row.index for row, f in zip(rows, fed) for _ in f], dtype=torch.long)
+    # the fed first token is already committed, so it sits at position ``cached - 1``
+    positions = torch.tensor([row.cached - 1 + j for row, f in zip(rows, fed) for j in range(len(f))], dtype=torch.long)
+    q, past = len(tokens), batch.columns
+    columns = torch.cat([batch.owner, owners])
+    allowed = (columns[None, :] == owners[:, None]) & (torch.arange(past + q)[None, :] <= past + torch.arange(q)[:, None])
+    dtype = lm.model.dtype if lm.model.dtype.is_floating_point else torch.float32
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
     with torch.inference_mode(), lm.forward_lock, decoder.reader.capture() as captured:
         outputs = lm.model(
-            input_ids=input_ids.to(lm.device),
-            attention_mask=mask.to(torch.long).to(lm.device),
-            position_ids=position_ids.to(lm.device),
+            input_ids=torch.tensor([tokens], dtype=torch.long, device=lm.device),
+            attention_mask=mask[None, None].to(lm.device),
+            position_ids=positions[None].to(lm.device),
             use_cache=True,
             **{decoder._cache_arg: batch.cache},
-            logits_to_keep=width,
+            logits_to_keep=q,
             **decoder.reader.forward_kwargs(),
         )
         keys = decoder.reader.keys_from(captured, outputs)
-    batch.valid = mask
-    return outputs.logits[:, -width:].float().cpu(), keys[:, -width:].float().cpu()
+    batch.owner = columns
+    return outputs.logits[0, -q:].float().cpu(), keys[0, -q:].float().cpu()

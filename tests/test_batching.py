@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nest_integrations import batching
-from nest_integrations.batching import _BatchCache, batched_generate, supports_batching
+from nest_integrations.batching import _PackedCache, batched_generate, supports_batching
 from nest_integrations.config import NestConfig
 from nest_integrations.corpus import Passage
 from nest_integrations.datastore import PassageEncoder, TokenDatastore
@@ -61,13 +61,27 @@ def _same(batched, single):
 
 
 def _count_decoding_forwards(decoder, calls):
-    """Hook recording the rows of each decoding forward (those with a KV cache; datastore encoding has none)."""
+    """Hook recording each decoding forward (those with a KV cache; datastore encoding has none)."""
 
     def record(module, args, kwargs, out):
         if kwargs.get(decoder._cache_arg) is not None:
-            calls.append(kwargs["input_ids"].shape[0])
+            calls.append(kwargs["input_ids"].shape[1])
 
     return decoder.lm.model.register_forward_hook(record, with_kwargs=True)
+
+
+@pytest.fixture
+def shared_rows(monkeypatch):
+    """Rows taking part in each shared forward of the scheduler."""
+    rows = []
+    forward = batching._shared_forward
+
+    def counted(decoder, batch, active, fed):
+        rows.append(len(active))
+        return forward(decoder, batch, active, fed)
+
+    monkeypatch.setattr(batching, "_shared_forward", counted)
+    return rows
 
 
 def _one_by_one(decoder, prompts, **overrides):
@@ -88,7 +102,7 @@ def _one_by_one(decoder, prompts, **overrides):
     ],
     ids=["nest-copying", "nest-default", "nest-strict", "nest-mixed", "nest-rejecting", "base", "knnlm", "nest-plain-text"],
 )
-def test_batch_equals_one_by_one(decoder, overrides):
+def test_batch_equals_one_by_one(decoder, overrides, shared_rows):
     calls = []
     hook = _count_decoding_forwards(decoder, calls)
     try:
@@ -98,7 +112,8 @@ def test_batch_equals_one_by_one(decoder, overrides):
     single = _one_by_one(decoder, PROMPTS, **overrides)
     _same(batched, single)
     # One prefill per row, then shared forwards: far fewer LM calls than one by one.
-    assert max(calls) == len(PROMPTS) and len(calls) < sum(o.stats.forward_passes for o in single)
+    assert max(shared_rows) == len(PROMPTS) and len(calls) == len(PROMPTS) + len(shared_rows)
+    assert len(calls) < sum(o.stats.forward_passes for o in single)
 
 
 @pytest.mark.parametrize(
@@ -123,14 +138,14 @@ def test_queue_joins_rows_into_a_running_batch(decoder):
 def test_compaction_keeps_outputs(decoder, monkeypatch):
     monkeypatch.setattr(batching, "_COMPACT_SLACK", 0)
     compactions = []
-    compact = _BatchCache.compact_if_sparse
+    compact = _PackedCache.compact_if_sparse
 
     def counted(self):
         columns = self.columns
         compact(self)
         compactions.append(self.columns < columns)
 
-    monkeypatch.setattr(_BatchCache, "compact_if_sparse", counted)
+    monkeypatch.setattr(_PackedCache, "compact_if_sparse", counted)
     overrides = dict(mode="nest", **MIXED)
     _same(batched_generate(decoder, PROMPTS, [None] * len(PROMPTS), **overrides), _one_by_one(decoder, PROMPTS, **overrides))
     assert any(compactions)
@@ -161,28 +176,32 @@ def test_per_row_queries_and_passages(decoder, small_passages):
     assert {s.id for s in batched[0].sources} <= {"curie"} and {s.id for s in batched[1].sources} <= {"turing"}
 
 
-def test_batch_cache_compaction_right_aligns_valid_columns():
+def test_packed_cache_joins_releases_and_compacts():
     from transformers import DynamicCache
 
-    batch = _BatchCache()
-    for length, seed in ((3, 0), (5, 1)):
+    batch = _PackedCache()
+    originals = []
+    for owner, length in ((3, 2), (8, 3)):
         cache = DynamicCache()
-        torch.manual_seed(seed)
-        cache.update(torch.randn(1, 2, length, 4), torch.randn(1, 2, length, 4), 0)
-        batch.join(cache, length)
-    assert batch.valid.tolist() == [[False, False, True, True, True], [True] * 5]
+        keys = torch.randn(1, 2, length, 4)
+        cache.update(keys, keys + 1, 0)
+        originals.append(keys)
+        batch.join(cache, owner)
     layer = batch.cache.layers[0]
-    before = layer.keys.clone()
-    batch.valid[1, 1] = False  # as if a draft token there was rejected
-    batch.valid = torch.cat([batch.valid, torch.zeros(2, 200, dtype=torch.bool)], 1)
-    layer.keys = torch.cat([layer.keys, torch.zeros(2, 2, 200, 4)], 2)
-    layer.values = torch.cat([layer.values, torch.zeros(2, 2, 200, 4)], 2)
-    batch.compact_if_sparse()
-    assert batch.valid.tolist() == [[False, True, True, True], [True] * 4]
-    torch.testing.assert_close(layer.keys[0, :, 1:], before[0, :, 2:])
-    torch.testing.assert_close(layer.keys[1], before[1][:, [0, 2, 3, 4]])
-    batch.keep_rows([1])
-    assert batch.rows == 1 and layer.keys.shape[0] == 1
+    assert batch.owner.tolist() == [3, 3, 8, 8, 8] and layer.keys.shape[2] == 5
+    batch.owner[3] = -1  # a rejected draft token of row 8
+    batch.compact_if_sparse()  # one dead column: not worth a copy
+    assert batch.columns == 5
+    batch.release(3)
+    old_slack = batching._COMPACT_SLACK
+    batching._COMPACT_SLACK = 0
+    try:
+        batch.compact_if_sparse()
+    finally:
+        batching._COMPACT_SLACK = old_slack
+    assert batch.owner.tolist() == [8, 8]
+    torch.testing.assert_close(layer.keys, originals[1][:, :, [0, 2]])
+    torch.testing.assert_close(layer.values, originals[1][:, :, [0, 2]] + 1)
 
 
 def test_supports_batching(tiny_lm):
@@ -197,12 +216,7 @@ def test_supports_batching(tiny_lm):
     assert not supports_batching(Model())
 
 
-def test_generate_batch_runs_the_rows_together(decoder):
-    calls = []
-    hook = _count_decoding_forwards(decoder, calls)
-    try:
-        batched = decoder.generate_batch(PROMPTS, max_batch=4, mode="nest", **MIXED)
-    finally:
-        hook.remove()
-    assert max(calls) == 4
+def test_generate_batch_runs_the_rows_together(decoder, shared_rows):
+    batched = decoder.generate_batch(PROMPTS, max_batch=4, mode="nest", **MIXED)
+    assert max(shared_rows) == 4
     _same(batched, _one_by_one(decoder, PROMPTS, mode="nest", **MIXED))
