@@ -10,7 +10,8 @@ a whole passage from its first word to its last. Two small rules fix that:
   of its source when the text so far is empty or ends a sentence, and
   otherwise only where the source really continues the text so far (its last
   ``CONTINUATION_WORDS`` words precede the copy in the source too) and not
-  inside a bracket or quotation the text so far never opened.
+  inside a bracket or quotation the text so far never opened; never to
+  repeat what the text so far already says.
 * **Answer focus** (:func:`focus_window`): for a question, the sentence of the
   kept passages that shares the most (rarest) words with it, extended while
   it is shorter than ``MIN_WINDOW_WORDS``, and taking in the line that heads
@@ -34,6 +35,9 @@ from .relevance import content_words, is_name_query, text_stems
 
 CONTINUATION_WORDS = 2
 """Words of the text so far that must precede a mid-sentence copy in its source."""
+
+REPEAT_CHARS = 24
+"""A copy whose first this many characters the text so far already holds is refused (no repeats)."""
 
 MIN_WINDOW_WORDS = 12
 """An answer window shorter than this takes in the following sentence too."""
@@ -82,6 +86,9 @@ def acceptable_start(generated: str, source: str, char_pos: int, starts: Sequenc
         starts: the sentence starts of ``source`` (:func:`sentence_starts`).
     """
     begin = char_pos + len(source[char_pos:]) - len(source[char_pos:].lstrip())
+    ahead = source[begin : begin + REPEAT_CHARS]
+    if len(ahead) == REPEAT_CHARS and ahead in generated:
+        return False  # the text so far already says this (a completion prompt's own first sentence)
     if ends_sentence(generated):
         return begin in starts or begin == 0
     wanted = _fold_words(generated)[-CONTINUATION_WORDS:]

@@ -55,3 +55,8 @@ def test_an_answer_window_takes_in_the_line_that_heads_it():
                   "Recursively delete a directory tree and everything in it.")
     window = focus_window("How do I delete a directory and everything in it?", [doc])
     assert window is not None and doc.text[window.start:window.end].startswith("rmtree(path")
+
+
+def test_a_copy_never_repeats_the_text_so_far():
+    assert not _ok(ADA[:117], "Augusta"), "a completion prompt's own first sentence is not copied again"
+    assert _ok(ADA[:117], " She is chiefly")
