@@ -75,6 +75,16 @@ def _sentence_start_before(source: str, char_pos: int, starts: Sequence[int]) ->
     return max((s for s in starts if s <= char_pos), default=0)
 
 
+def continues(generated: str, source: str, char_pos: int) -> bool:
+    """Whether ``source[char_pos:]`` really continues ``generated``: the source's last
+    ``CONTINUATION_WORDS`` words before ``char_pos`` are the last words written, and
+    ``char_pos`` does not split a word."""
+    wanted = _fold_words(generated)[-CONTINUATION_WORDS:]
+    before = source[:char_pos]
+    splits_word = bool(before) and before[-1].isalnum() and source[char_pos : char_pos + 1].isalnum()
+    return bool(wanted) and _fold_words(before)[-len(wanted) :] == wanted and not splits_word
+
+
 def acceptable_start(generated: str, source: str, char_pos: int, starts: Sequence[int]) -> bool:
     """Whether a copy of ``source[char_pos:]`` may follow ``generated`` (see the module docstring).
 
@@ -91,11 +101,9 @@ def acceptable_start(generated: str, source: str, char_pos: int, starts: Sequenc
         return False  # the text so far already says this (a completion prompt's own first sentence)
     if ends_sentence(generated):
         return begin in starts or begin == 0
-    wanted = _fold_words(generated)[-CONTINUATION_WORDS:]
-    before = source[:char_pos]
-    if not wanted or _fold_words(before)[-len(wanted):] != wanted or (before and before[-1].isalnum() and source[char_pos:char_pos + 1].isalnum()):
+    if not continues(generated, source, char_pos):
         return False
-    sentence = before[_sentence_start_before(source, char_pos, starts):]
+    sentence = source[_sentence_start_before(source, char_pos, starts) : char_pos]
     return unclosed_brackets(sentence) <= unclosed_brackets(generated)
 
 

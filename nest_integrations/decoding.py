@@ -62,7 +62,7 @@ from .attribution import (
 )
 from .config import MODES, NestConfig
 from .conversation import retrieval_query
-from .copy_policy import acceptable_start, focus_window, sentence_starts, wants_focus
+from .copy_policy import acceptable_start, continues, focus_window, sentence_starts, wants_focus
 from .corpus import Passage
 from .datastore import CandidateSet, EncodedPassage, EncodeStats, TokenDatastore
 from .lm import KeyReader, cache_argument
@@ -733,18 +733,26 @@ class NestDecoder:
 
     def _select_span(self, gen: _Generation, p_m: torch.Tensor, values: torch.Tensor, entries: torch.Tensor) -> Optional[tuple[int, int]]:
         """(passage index, start position) of the neighbour whose value has the highest p_M
-        among those where a copy may start (:meth:`_seam_ok`; the first ``_SEAM_TRIES``)."""
+        among those where a copy may start (:meth:`_seam_ok`; the first ``_SEAM_TRIES``),
+        preferring one whose source continues the text so far (:meth:`_continues`)."""
         assert gen.candidates is not None
         live = values >= 0
         if not bool(live.any()):
             return None
         probs = torch.where(live, p_m[values.clamp_min(0)], torch.full_like(values, -1.0, dtype=p_m.dtype))
         order = probs.argsort(descending=True)[: int(live.sum())]
-        for best in order[:_SEAM_TRIES].tolist():
-            source = gen.candidates.entry_source(int(entries[best]))
-            if self._seam_ok(gen, *source):
-                return source
-        return None
+        allowed = [
+            source for source in (gen.candidates.entry_source(int(entries[best])) for best in order[:_SEAM_TRIES].tolist())
+            if self._seam_ok(gen, *source)
+        ]
+        # A neighbour where its source really continues the text so far beats a mere sentence start.
+        return next((source for source in allowed if self._continues(gen, *source)), allowed[0] if allowed else None)
+
+    def _continues(self, gen: _Generation, pidx: int, pos: int) -> bool:
+        """Whether token ``pos`` of passage ``pidx`` starts where its source continues the text so far."""
+        assert gen.candidates is not None and self.datastore is not None
+        char_pos = int(gen.candidates.passage(pidx).char_spans[pos, 0])
+        return continues(gen.lead_in + gen.text, self.datastore.passages[pidx].text, char_pos)
 
     def _seam_ok(self, gen: _Generation, pidx: int, pos: int) -> bool:
         """Whether a copy from token ``pos`` of passage ``pidx`` may follow the text so far
