@@ -44,9 +44,9 @@ any_text = st.one_of(
     st.builds(lambda c, n: c * n, st.characters(), st.integers(200, 2000)),
     st.just(""),
 )
-json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=10))
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_subnormal=False), st.text(max_size=10))
 anything = st.recursive(
-    st.one_of(json_scalars, st.binary(max_size=4), st.complex_numbers(max_magnitude=5), st.just(object())),
+    st.one_of(json_scalars, st.binary(max_size=4), st.complex_numbers(max_magnitude=5, allow_subnormal=False), st.just(object())),
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.one_of(st.text(max_size=4), st.integers()), inner, max_size=3)),
     max_leaves=8,
 )
@@ -119,7 +119,7 @@ def test_generate_batch_takes_only_a_list_of_prompts(decoder, prompts):
 
 
 # --------------------------------------------------------------------------- NestConfig
-floats = st.one_of(st.floats(), st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-300]))
+floats = st.one_of(st.floats(allow_subnormal=False), st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-300]))
 config_values = {
     "alpha": floats,
     "tau": floats,
@@ -173,7 +173,7 @@ def test_max_new_tokens_either_fits_the_context_or_is_refused(decoder, max_new_t
 @FAST
 @given(metadata=st.dictionaries(st.text(max_size=5), st.one_of(
     anything,
-    st.builds(np.float32, st.floats(width=32)),
+    st.builds(np.float32, st.floats(width=32, allow_subnormal=False)),
     st.builds(np.int64, st.integers(-(2**63), 2**63 - 1)),
     st.builds(np.array, st.lists(st.integers(-100, 100), max_size=4)),
     st.dates(),

@@ -479,7 +479,7 @@ def test_load_local_of_a_tampered_folder_fails_clearly(tmp_path, store, embeddin
 
 def test_non_json_metadata_is_refused_when_added(embeddings):
     store = NestVectorStore.from_texts(["a"], embeddings)
-    with pytest.raises(ValueError, match=r"metadata\['bad'\] is a builtins.object, which cannot be made JSON"):
+    with pytest.raises(ValueError, match=r"metadatas\[0\]\['bad'\] is a builtins.object, which cannot be made JSON"):
         store.add_texts(["x"], metadatas=[{"bad": object()}])
     assert len(store) == 1
 
