@@ -17,6 +17,16 @@ def smol_tokenizer():
     return AutoTokenizer.from_pretrained(default_model_path())
 
 
+class ListRetriever:
+    """A first stage that returns its passages in order, each scored 1.0."""
+
+    def __init__(self, passages):
+        self.passages = list(passages)
+
+    def retrieve(self, query, k):
+        return [(p, 1.0) for p in self.passages][:k]
+
+
 def make_tiny_lm(tokenizer, seed: int = 0) -> LoadedLM:
     """A 2-layer, hidden-64 random Llama over the SmolLM2 vocabulary (built in ~1 s)."""
     from transformers import LlamaConfig, LlamaForCausalLM

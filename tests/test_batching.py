@@ -11,6 +11,7 @@ from nest_integrations.config import NestConfig
 from nest_integrations.corpus import Passage
 from nest_integrations.datastore import PassageEncoder, TokenDatastore
 from nest_integrations.decoding import NestDecoder
+from conftest import ListRetriever
 
 COPY = dict(alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6)
 # Short spans, strict acceptance, no source-end or answer stops: rows mix copies, rejections and LM
@@ -26,14 +27,6 @@ PROMPTS = [
     "and what became of their notebooks after the war ended.",
     "Hi",
 ]
-
-
-class ListRetriever:
-    def __init__(self, passages):
-        self.passages = list(passages)
-
-    def retrieve(self, query, k):
-        return [(p, 1.0) for p in self.passages][:k]
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from nest_integrations.config import NestConfig
 from nest_integrations.corpus import Passage
 from nest_integrations.datastore import PassageEncoder, TokenDatastore
 from nest_integrations.decoding import NestDecoder
+from conftest import ListRetriever
 from nest_integrations.mixture import knn_distribution, mix, rrc_lambda
 
 PROMPT = "Tell me about the comet catalogue."
@@ -17,14 +18,6 @@ PROMPT = "Tell me about the comet catalogue."
 COPY = dict(alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6)
 UNIQUE = "Quixotic zebras juggle seventeen luminous marmalade jars beneath Harrogate."
 KEEPER = " Their keeper, Ottoline Frump, counts every jar at dawn."
-
-
-class ListRetriever:
-    def __init__(self, passages):
-        self.passages = list(passages)
-
-    def retrieve(self, query, k):
-        return [(p, 1.0) for p in self.passages][:k]
 
 
 @pytest.fixture
