@@ -349,21 +349,43 @@ def evaluate(
 @app.command()
 def bench(
     datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
-    n: int = typer.Option(8, help="Prompts."),
+    n: Optional[int] = typer.Option(None, help="Prompts (default: 8; 16 with --batching)."),
     max_new_tokens: int = typer.Option(64, help="Tokens per generation."),
-    out: Path = typer.Option(Path("runs/bench"), help="Output folder (bench.json, bench.md)."),
+    out: Optional[Path] = typer.Option(
+        None, help="Output folder for bench.json and bench.md (default: runs/bench; runs/bench-batching with --batching)."
+    ),
+    batching: bool = typer.Option(
+        False, "--batching",
+        help="Throughput instead of the mode table: NEST one by one, batched (B = 1, 4, 8, 16), 8 concurrent callers "
+        "(threads, ChatNest async), the LM alone batched, in-context RAG and prompt lookup, with answer quality; "
+        "about 12 minutes for --n 16 on 2 CPU cores.",
+    ),
+    seed: int = typer.Option(0, help="Sampling seed of the --batching prompts."),
     sweep: Optional[str] = typer.Option(None, help="Also sweep one knob: gamma, delta or alpha."),
     values: Optional[str] = typer.Option(None, help="Comma-separated values for --sweep."),
 ) -> None:
-    """Speed: every mode against plain transformers generate, in one run; optional knob sweep."""
+    """Speed: every mode against plain transformers generate, in one run; or --batching throughput; optional knob sweep."""
     from .evaluation.bench import run_bench, run_sweep
 
+    if batching and sweep:
+        _fail("--sweep runs with the mode table, not with --batching")
+    if sweep and not values:
+        _fail("--sweep needs --values")
+    n = n if n is not None else (16 if batching else 8)
+    out = out or Path("runs/bench-batching" if batching else "runs/bench")
     index = _load_index(datastore)
-    run_bench(index, n=n, max_new_tokens=max_new_tokens, out_dir=out)
+    try:
+        if batching:
+            from .evaluation.throughput import run_throughput
+
+            run_throughput(index, n=n, seed=seed, max_new_tokens=max_new_tokens, out_dir=out)
+        else:
+            run_bench(index, n=n, max_new_tokens=max_new_tokens, out_dir=out)
+    except (ValueError, ImportError) as err:
+        _fail(str(err))
     console.print((out / "bench.md").read_text())
     if sweep:
-        if not values:
-            _fail("--sweep needs --values")
+        assert values is not None  # checked above
         run_sweep(index, param=sweep, values=[float(v) for v in values.split(",")], n=n, out_dir=out)
 
 

@@ -40,7 +40,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,16 @@ from nest_integrations.evaluation.runner import (
 from nest_integrations.index import NestIndex
 from nest_integrations.lm import LoadedLM
 
-__all__ = ["BENCH_MODES", "SWEEP_PARAMS", "run_bench", "run_sweep"]
+__all__ = [
+    "BENCH_MODES",
+    "SWEEP_PARAMS",
+    "hf_generate",
+    "peak_rss_mib",
+    "precomputed_datastore",
+    "prompt_ids",
+    "run_bench",
+    "run_sweep",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +109,7 @@ def _requests(index: NestIndex, prompts: Sequence[str] | None, n: int, seed: int
     return [(item.prompt, item.query) for item in load_items("bio", n, seed=seed, passages=index.passages)]
 
 
-def _precomputed_datastore(index: NestIndex, requests: Sequence[Request], k: int) -> tuple[TokenDatastore, str]:
+def precomputed_datastore(index: NestIndex, requests: Sequence[Request], k: int) -> tuple[TokenDatastore, str]:
     """A datastore whose keys for the requests' passages are precomputed, and what it holds.
 
     The index's datastore when its keys are precomputed; else a side datastore
@@ -180,15 +189,30 @@ def _summarize_runs(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _hf_generate_seconds(lm: LoadedLM, batch: Sequence[Sequence[int]], count: int) -> float:
-    """Seconds of one greedy Hugging Face ``generate`` over ``batch`` (prompt ids,
-    left-padded into one batch), every row producing exactly ``count`` tokens.
+def hf_generate(
+    lm: LoadedLM,
+    batch: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    stop_ids: Collection[int] = (),
+    **generate_kwargs: Any,
+) -> tuple[float, list[list[int]]]:
+    """One greedy Hugging Face ``generate`` over ``batch`` (prompt ids, left-padded into one batch).
 
-    Raises:
-        RuntimeError: if ``generate`` returned another number of tokens.
+    Args:
+        lm: the loaded LM.
+        batch: one list of prompt token ids per row (ints; rows may differ in length).
+        max_new_tokens: budget per row.
+        stop_ids: token ids that end a row (EOS); a row's tokens are cut before the
+            first of them, so the padding ``generate`` appends to a row that finished
+            before the others is cut too.
+        **generate_kwargs: passed to ``generate`` (e.g. ``min_new_tokens``,
+            ``prompt_lookup_num_tokens``).
+
+    Returns:
+        Wall seconds of the ``generate`` call alone (padding and decoding excluded)
+        and the new token ids of each row.
     """
-    if count == 0:
-        return 0.0
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.tokenizer.eos_token_id
     width = max(len(ids) for ids in batch)
     input_ids = torch.tensor([[pad] * (width - len(ids)) + list(ids) for ids in batch], dtype=torch.long, device=lm.device)
@@ -199,14 +223,32 @@ def _hf_generate_seconds(lm: LoadedLM, batch: Sequence[Sequence[int]], count: in
             input_ids=input_ids,
             attention_mask=attention_mask,
             do_sample=False,
-            max_new_tokens=count,
-            min_new_tokens=count,
+            max_new_tokens=max_new_tokens,
             pad_token_id=pad,
+            **generate_kwargs,
         )
         seconds = time.perf_counter() - start
-    produced = out.shape[1] - input_ids.shape[1]
-    if produced != count:
-        raise RuntimeError(f"Hugging Face generate produced {produced} tokens instead of {count}")
+    ends = set(stop_ids)
+    rows = []
+    for row in out[:, width:].tolist():
+        cut = next((i for i, token in enumerate(row) if token in ends), len(row))
+        rows.append(row[:cut])
+    return seconds, rows
+
+
+def _hf_generate_seconds(lm: LoadedLM, batch: Sequence[Sequence[int]], count: int) -> float:
+    """Seconds of one greedy Hugging Face ``generate`` over ``batch`` (prompt ids,
+    left-padded into one batch), every row producing exactly ``count`` tokens.
+
+    Raises:
+        RuntimeError: if ``generate`` returned another number of tokens.
+    """
+    if count == 0:
+        return 0.0
+    seconds, rows = hf_generate(lm, batch, count, min_new_tokens=count)
+    produced = {len(row) for row in rows}
+    if produced != {count}:
+        raise RuntimeError(f"Hugging Face generate produced {sorted(produced)} tokens instead of {count}")
     return seconds
 
 
@@ -229,10 +271,11 @@ def _batching(lm: LoadedLM, prompt_ids: Sequence[Sequence[int]], count: int) -> 
     }
 
 
-def _prompt_ids(decoder: NestDecoder, prompt: str) -> list[int]:
-    """The token ids the decoder feeds for ``prompt`` in base mode (chat template applied)."""
-    config = decoder.config.updated(mode="base")
-    return decoder._prompt_ids(decoder.format_prompt(prompt, config), config, GenerationStats())
+def prompt_ids(decoder: NestDecoder, prompt: str, mode: str = "base", context: Sequence[Passage] = ()) -> list[int]:
+    """The token ids the decoder feeds for ``prompt`` in ``mode`` (chat template applied),
+    with ``context`` passages in the prompt as the rag modes put them."""
+    config = decoder.config.updated(mode=mode)
+    return decoder._prompt_ids(decoder.format_prompt(prompt, config, context), config, GenerationStats())
 
 
 def _time_prompt(
@@ -317,16 +360,21 @@ def _datastore_build(index: NestIndex, passages: Sequence[Passage]) -> tuple[dic
     return build, keys
 
 
-def _memory(keys: PrecomputedKeys) -> dict[str, Any]:
-    """Peak RSS of this process (MiB; None where ``resource`` is unavailable) and
-    storage per key (float16 key row) and per datastore entry (all arrays / entries)."""
+def peak_rss_mib() -> float | None:
+    """The peak resident set size of this process so far, in MiB (None where
+    ``resource`` is unavailable, i.e. not on Unix)."""
     try:
         import resource
     except ImportError:  # not on Unix
-        peak_mib = None
-    else:
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        peak_mib = rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
+        return None
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
+
+
+def _memory(keys: PrecomputedKeys) -> dict[str, Any]:
+    """Peak RSS of this process (MiB; None where ``resource`` is unavailable) and
+    storage per key (float16 key row) and per datastore entry (all arrays / entries)."""
+    peak_mib = peak_rss_mib()
     arrays = (keys.token_ids, keys.char_spans, keys.keys, keys.valid, keys.offsets)
     entries = int(keys.valid.sum())
     return {
@@ -466,14 +514,14 @@ def run_bench(
     requests = _requests(index, prompts, n, seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    datastore, precomputed_source = _precomputed_datastore(index, requests, config.passage_k)
+    datastore, precomputed_source = precomputed_datastore(index, requests, config.passage_k)
     decoder = decoder_over(index, datastore, config)
-    prompt_ids = [_prompt_ids(decoder, prompt) for prompt, _ in requests]
+    ids_per_prompt = [prompt_ids(decoder, prompt) for prompt, _ in requests]
     warm_decoder = decoder_over(index, fresh_lazy_datastore(index), config.updated(max_new_tokens=2))
     _stream_run(warm_decoder, requests[0], "nest")  # untimed warm-ups
-    _hf_generate_seconds(index.lm, [prompt_ids[0]], 2)
+    _hf_generate_seconds(index.lm, [ids_per_prompt[0]], 2)
     bar = tqdm(requests, desc="bench", unit="prompt", disable=not show_progress)
-    timings = [_time_prompt(index, decoder, request, ids, modes) for request, ids in zip(bar, prompt_ids)]
+    timings = [_time_prompt(index, decoder, request, ids, modes) for request, ids in zip(bar, ids_per_prompt)]
 
     mode_rows = {mode: _summarize_runs([t["modes"][mode] for t in timings]) for mode in modes}
     base_rate = mode_rows["base"]["tokens_per_s"] if "base" in mode_rows else None
@@ -483,7 +531,7 @@ def run_bench(
         row["speedup_vs_base"] = ratio(row["tokens_per_s"], base_rate)
     keys = {name: _summarize_runs([t["keys"][name] for t in timings]) for name in ("lazy", "precomputed")}
     keys["speedup_precomputed_vs_lazy"] = ratio(keys["lazy"]["wall_s"], keys["precomputed"]["wall_s"])
-    batching = _batching(index.lm, prompt_ids, max_new_tokens)
+    batching = _batching(index.lm, ids_per_prompt, max_new_tokens)
     build, build_keys = _datastore_build(index, index.passages[:build_passages])
 
     bench = {
