@@ -361,6 +361,11 @@ def bench(
         "about 12 minutes for --n 16 on 2 CPU cores.",
     ),
     seed: int = typer.Option(0, help="Sampling seed of the --batching prompts."),
+    kinds: str = typer.Option(
+        "bio,wiki-qa,wiki-qa-outside",
+        help="--batching prompt kinds, in equal shares: bio, wiki-qa (people in the index), wiki-qa-outside "
+        "(topics the index lacks: NEST writes with the LM alone).",
+    ),
     sweep: Optional[str] = typer.Option(None, help="Also sweep one knob: gamma, delta or alpha."),
     values: Optional[str] = typer.Option(None, help="Comma-separated values for --sweep."),
 ) -> None:
@@ -378,7 +383,10 @@ def bench(
         if batching:
             from .evaluation.throughput import run_throughput
 
-            run_throughput(index, n=n, seed=seed, max_new_tokens=max_new_tokens, out_dir=out)
+            run_throughput(
+                index, n=n, seed=seed, max_new_tokens=max_new_tokens, out_dir=out,
+                kinds=[kind.strip() for kind in kinds.split(",") if kind.strip()],
+            )
         else:
             run_bench(index, n=n, max_new_tokens=max_new_tokens, out_dir=out)
     except (ValueError, ImportError) as err:

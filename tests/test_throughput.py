@@ -28,6 +28,8 @@ def test_items_mix_the_kinds_in_turn_and_outside_questions_are_not_in_the_index(
     for item in items:
         assert (item.meta["passage_id"] in in_index) == (item.meta["kind"] != "wiki-qa-outside")
     assert throughput_items(index, 7, seed=1) == items
+    outside = throughput_items(index, 2, seed=1, kinds=("wiki-qa-outside",))
+    assert [item.id for item in outside] == [item.id for item in items if item.meta["kind"] == "wiki-qa-outside"]
 
 
 def test_throughput_writes_every_configuration_with_quality_and_memory(index, tmp_path):
@@ -71,6 +73,8 @@ def test_throughput_writes_every_configuration_with_quality_and_memory(index, tm
         ({"batch_sizes": (0, 4)}, "batch_sizes"),
         ({"concurrency": 0}, "concurrency"),
         ({"prompt_lookup_tokens": 0}, "prompt_lookup_tokens"),
+        ({"kinds": ("bio", "completion")}, "unknown prompt kind"),
+        ({"kinds": ()}, "at least one prompt kind"),
         ({"config_overrides": {"mode": "rag"}}, "runner sets them"),
     ],
 )
@@ -78,3 +82,12 @@ def test_throughput_rejects_bad_arguments_before_writing(index, tmp_path, kwargs
     with pytest.raises(ValueError, match=message):
         run_throughput(index, out_dir=tmp_path / "out", **{"n": 3, **kwargs})
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_a_sweep_with_batching_before_loading_anything():
+    from typer.testing import CliRunner
+
+    from nest_integrations.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "--batching", "--sweep", "gamma", "--values", "0.1"])
+    assert result.exit_code == 2 and "--sweep runs with the mode table" in result.output

@@ -48,15 +48,16 @@ Quality per configuration: mean ROUGE-1 F1 against the reference over the
 biography items and mean answer recall over the question items
 (:mod:`~nest_integrations.evaluation.metrics`).
 
-Prompt set (:func:`throughput_items`): ``n`` items drawn with ``seed``, a third of
-each kind of :data:`PROMPT_KINDS`, interleaved so every batch mixes them:
+Prompt set (:func:`throughput_items`): ``n`` items drawn with ``seed``, by default a
+third of each kind of :data:`PROMPT_KINDS`, interleaved so every batch mixes them:
 biographies of people in the index (NEST copies most of the answer in about two
 forwards), questions about people in the index (NEST copies a short answer
 window and stops), and questions about things the index does not hold (the
 other topics of the bundled Wikipedia summaries: the relevance gate keeps
 nothing and NEST writes with the LM alone, one token per forward). The last kind
-is where batching has decoding steps to share; the mix is fixed, not chosen
-per run.
+is where batching has decoding steps to share; ``kinds`` (``--kinds``) picks a
+subset, e.g. ``wiki-qa-outside`` alone for the case where every row decodes token
+by token. The items are drawn by seed, not chosen.
 
 Memory, during ``nest batch`` at the largest B: the peak bytes of the KV cache
 handed to any forward (the packed cache of all rows, live and dead columns, with
@@ -83,6 +84,7 @@ from nest_integrations.decoding import NestDecoder
 from nest_integrations.evaluation.bench import hf_generate, peak_rss_mib, precomputed_datastore, prompt_ids
 from nest_integrations.evaluation.metrics import aggregate, answer_recall, rouge_scores
 from nest_integrations.evaluation.runner import (
+    _checked_choices,
     decoder_over,
     format_cell,
     markdown_table,
@@ -142,33 +144,41 @@ def _split(n: int, parts: int) -> list[int]:
     return [n // parts + (i < n % parts) for i in range(parts)]
 
 
-def throughput_items(index: NestIndex, n: int, seed: int = 0) -> list[EvalItem]:
-    """The bench's prompt set: ``n`` items, a third of each of :data:`PROMPT_KINDS`, interleaved.
+def _kind_items(index: NestIndex, kind: str, count: int, seed: int) -> list[EvalItem]:
+    """``count`` items of one of :data:`PROMPT_KINDS`, each with ``meta["kind"]``."""
+    if kind == "bio":
+        items = bio_items(count, seed, passages=index.passages)
+    elif kind == "wiki-qa":
+        items = wiki_qa_items(count, seed, passages=index.passages)
+    else:  # questions about the bundled summaries the index does not hold (by id and title)
+        known_ids = {p.id for p in index.passages}
+        known_titles = {p.title for p in index.passages if p.title}
+        pool = [p for p in load_wikipedia_summaries() if p.id not in known_ids and p.title not in known_titles]
+        items = [replace(item, id=f"{kind}/{item.id.split('/', 1)[1]}") for item in wiki_qa_items(count, seed, passages=pool)]
+    return [replace(item, meta={**item.meta, "kind": kind}) for item in items]
+
+
+def throughput_items(
+    index: NestIndex, n: int, seed: int = 0, kinds: Sequence[str] = PROMPT_KINDS
+) -> list[EvalItem]:
+    """The bench's prompt set: ``n`` items, an equal share of each of ``kinds``, interleaved.
 
     Biographies and questions about people come from the index's corpus
     (:func:`~.tasks.bio_items`, :func:`~.tasks.wiki_qa_items`); the outside
-    questions from the bundled Wikipedia summaries that are not in the index
-    (by id and title). Each item's ``meta["kind"]`` names its kind.
+    questions from the bundled Wikipedia summaries that are not in the index.
+    Each item's ``meta["kind"]`` names its kind; the first kinds get one more
+    item when ``n`` does not divide evenly.
 
     Raises:
-        ValueError: ``n < 1``, or too few qualifying items of a kind (an index
-            that is not over Wikipedia people, or one holding every summary).
+        ValueError: ``n < 1``, empty, repeated or unknown kinds, or too few
+            qualifying items of a kind (an index that is not over Wikipedia
+            people, or one holding every summary).
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    bios, inside, outside = _split(n, len(PROMPT_KINDS))
-    known_ids = {p.id for p in index.passages}
-    known_titles = {p.title for p in index.passages if p.title}
-    pool = [p for p in load_wikipedia_summaries() if p.id not in known_ids and p.title not in known_titles]
-    kinds = [
-        [replace(item, meta={**item.meta, "kind": "bio"}) for item in bio_items(bios, seed, passages=index.passages)],
-        [replace(item, meta={**item.meta, "kind": "wiki-qa"}) for item in wiki_qa_items(inside, seed, passages=index.passages)],
-        [
-            replace(item, id=f"wiki-qa-outside/{item.id.split('/', 1)[1]}", meta={**item.meta, "kind": "wiki-qa-outside"})
-            for item in wiki_qa_items(outside, seed, passages=pool)
-        ],
-    ]
-    return [kind[i] for i in range(max(len(k) for k in kinds)) for kind in kinds if i < len(kind)]
+    kinds = _checked_choices(kinds, PROMPT_KINDS, "prompt kind")
+    shares = [_kind_items(index, kind, count, seed) for kind, count in zip(kinds, _split(n, len(kinds)))]
+    return [share[i] for i in range(len(shares[0])) for share in shares if i < len(share)]
 
 
 def _quality(item: EvalItem, text: str) -> dict[str, float | None]:
@@ -491,6 +501,7 @@ def run_throughput(
     batch_sizes: Sequence[int] = BATCH_SIZES,
     concurrency: int = CONCURRENCY,
     prompt_lookup_tokens: int = PROMPT_LOOKUP_TOKENS,
+    kinds: Sequence[str] = PROMPT_KINDS,
     config_overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Measure every configuration of the module docstring on the same prompts; write ``bench.json`` and ``bench.md``.
@@ -509,6 +520,7 @@ def run_throughput(
             measured at the largest.
         concurrency: callers of the thread and async rows.
         prompt_lookup_tokens: ``prompt_lookup_num_tokens`` of the prompt lookup row.
+        kinds: the prompt kinds, in equal shares (:func:`throughput_items`).
         config_overrides: :class:`NestConfig` fields (not mode, max_new_tokens, use_chat_template).
 
     Returns:
@@ -519,13 +531,14 @@ def run_throughput(
         vs_prompt_lookup, texts), ``targets`` and ``memory``.
 
     Raises:
-        ValueError: invalid n, batch sizes, concurrency, prompt_lookup_tokens or
-            overrides; too few items of a kind.
+        ValueError: invalid n, batch sizes, concurrency, prompt_lookup_tokens,
+            kinds or overrides; too few items of a kind.
         ImportError: LangChain missing (the ChatNest rows).
     """
     sizes = _check_widths(batch_sizes, concurrency, prompt_lookup_tokens)
+    kinds = _checked_choices(kinds, PROMPT_KINDS, "prompt kind")
     config = run_config(config_overrides, max_new_tokens)
-    items = throughput_items(index, n, seed)
+    items = throughput_items(index, n, seed, kinds)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     datastore, precomputed_source = precomputed_datastore(index, [(i.prompt, i.query) for i in items], config.passage_k)
@@ -542,13 +555,13 @@ def run_throughput(
     memory: dict[str, Any] = {}
     largest = f"nest batch {sizes[-1]}"
     for spec in configs:
-        logger.info("throughput: %s", spec.name)
         with _memory_probe(index.lm.model) if spec.name == largest else nullcontext({}) as probed:
             start = time.perf_counter()
             generated = spec.run(items, max_new_tokens)
             wall = time.perf_counter() - start
         memory.update(probed)
         rows[spec.name] = _row(spec, items, generated, wall)
+        logger.info("throughput: %s, %d tokens in %.1f s", spec.name, rows[spec.name]["new_tokens"], wall)
     _add_ratios(rows)
 
     bench = {
@@ -557,7 +570,7 @@ def run_throughput(
         "seed": seed,
         "max_new_tokens": max_new_tokens,
         "item_ids": [item.id for item in items],
-        "prompt_kinds": {kind: sum(item.meta["kind"] == kind for item in items) for kind in PROMPT_KINDS},
+        "prompt_kinds": {kind: sum(item.meta["kind"] == kind for item in items) for kind in kinds},
         "precomputed_source": precomputed_source,
         "rows": rows,
         "targets": _targets(rows, concurrency),
