@@ -361,6 +361,9 @@ def bench(
         "about 12 minutes for --n 16 on 2 CPU cores.",
     ),
     seed: int = typer.Option(0, help="Sampling seed of the --batching prompts."),
+    repeats: int = typer.Option(
+        1, help="--batching rounds over all configurations; each row keeps its fastest (each round costs a full run)."
+    ),
     kinds: str = typer.Option(
         "bio,wiki-qa,wiki-qa-outside",
         help="--batching prompt kinds, in equal shares: bio, wiki-qa (people in the index), wiki-qa-outside "
@@ -384,7 +387,7 @@ def bench(
             from .evaluation.throughput import run_throughput
 
             run_throughput(
-                index, n=n, seed=seed, max_new_tokens=max_new_tokens, out_dir=out,
+                index, n=n, seed=seed, max_new_tokens=max_new_tokens, out_dir=out, repeats=repeats,
                 kinds=[kind.strip() for kind in kinds.split(",") if kind.strip()],
             )
         else:

@@ -38,7 +38,9 @@ tokens after EOS and padding are not counted):
 Throughput is generated tokens / wall seconds over the whole prompt set, per
 configuration. NEST's wall time holds everything a caller waits for (retrieval,
 relevance gate, formatting, detokenisation); the peers' prompts are built,
-retrieval included, before their timer starts, which favours the peers. Ratios
+retrieval included, before their timer starts, which favours the peers. With
+``repeats`` > 1 every configuration runs in that many interleaved rounds and
+keeps its fastest (the least disturbed on a shared machine). Ratios
 are within the run: ``vs nest`` (tokens/s over ``nest``'s), ``vs prompt lookup``,
 and ``same text`` (share of prompts whose text equals that of the configuration
 named in ``reference``: ``nest`` for the NEST rows, ``ChatNest`` for its async
@@ -51,15 +53,16 @@ biography items and mean answer recall over the question items
 Prompt set (:func:`throughput_items`): ``n`` items drawn with ``seed``, by default a
 third of each kind of :data:`PROMPT_KINDS`, interleaved so every batch mixes them:
 biographies of people in the index (NEST copies most of the answer in about two
-forwards), questions about people in the index (NEST copies a short answer
-window and stops), and questions about things the index does not hold (the
+forwards), questions about people in the index (NEST opens at the passage
+window that answers and copies in a few forwards), and questions about things the index does not hold (the
 other topics of the bundled Wikipedia summaries: the relevance gate keeps
 nothing and NEST writes with the LM alone, one token per forward). The last kind
 is where batching has decoding steps to share; ``kinds`` (``--kinds``) picks a
 subset, e.g. ``wiki-qa-outside`` alone for the case where every row decodes token
 by token. The items are drawn by seed, not chosen.
 
-Memory, during ``nest batch`` at the largest B: the peak bytes of the KV cache
+Memory, during ``nest batch`` at the largest B (all ``n`` prompts at once when
+``n`` is smaller): the peak bytes of the KV cache
 handed to any forward (the packed cache of all rows, live and dead columns, with
 its column count) and the peak RSS growth over the run (psutil, sampled every
 5 ms; without psutil the growth of the process's peak RSS, which only shows
@@ -107,7 +110,7 @@ CONCURRENCY = 8
 PROMPT_LOOKUP_TOKENS = 10
 """``prompt_lookup_num_tokens``: the longest n-gram continuation proposed from the prompt per step."""
 PROMPT_KINDS: tuple[str, ...] = ("bio", "wiki-qa", "wiki-qa-outside")
-"""The thirds of the prompt set (see the module docstring)."""
+"""The prompt kinds (see the module docstring); the default set is a third of each."""
 
 BATCH_TARGET = 3.0
 """Goal of ``nest batch 8`` tokens/s over ``nest`` tokens/s."""
@@ -117,7 +120,7 @@ _RSS_SAMPLE_S = 0.005
 
 
 @dataclass(frozen=True)
-class Generated:
+class _Generated:
     """One prompt's output in one configuration: its text and generated token count."""
 
     text: str
@@ -133,7 +136,7 @@ class _Config:
     width: int
     """Rows per forward (B) or concurrent callers."""
     reference: str | None
-    run: Callable[[Sequence[EvalItem], int], list[Generated]]
+    run: Callable[[Sequence[EvalItem], int], list[_Generated]]
 
 
 # --------------------------------------------------------------------------- prompts
@@ -194,20 +197,20 @@ def _quality(item: EvalItem, text: str) -> dict[str, float | None]:
 def _nest_configs(decoder: NestDecoder, batch_sizes: Sequence[int], concurrency: int) -> list[_Config]:
     """NEST one by one, batched at each B, and ``concurrency`` threads calling ``generate``."""
 
-    def one(item: EvalItem, max_new: int) -> Generated:
+    def one(item: EvalItem, max_new: int) -> _Generated:
         output = decoder.generate(item.prompt, query=item.query, max_new_tokens=max_new)
-        return Generated(output.text, output.stats.new_tokens)
+        return _Generated(output.text, output.stats.new_tokens)
 
-    def batched(b: int) -> Callable[[Sequence[EvalItem], int], list[Generated]]:
-        def run(items: Sequence[EvalItem], max_new: int) -> list[Generated]:
+    def batched(b: int) -> Callable[[Sequence[EvalItem], int], list[_Generated]]:
+        def run(items: Sequence[EvalItem], max_new: int) -> list[_Generated]:
             outputs = decoder.generate_batch(
                 [i.prompt for i in items], queries=[i.query for i in items], max_batch=b, max_new_tokens=max_new
             )
-            return [Generated(o.text, o.stats.new_tokens) for o in outputs]
+            return [_Generated(o.text, o.stats.new_tokens) for o in outputs]
 
         return run
 
-    def threads(items: Sequence[EvalItem], max_new: int) -> list[Generated]:
+    def threads(items: Sequence[EvalItem], max_new: int) -> list[_Generated]:
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             return list(pool.map(lambda item: one(item, max_new), items))
 
@@ -234,10 +237,10 @@ def _chat_configs(decoder: NestDecoder, concurrency: int) -> list[_Config]:
 
     chat = ChatNest.from_decoder(decoder)
 
-    def to_generated(message: Any) -> Generated:
-        return Generated(message.text, int(message.usage_metadata["output_tokens"]))
+    def to_generated(message: Any) -> _Generated:
+        return _Generated(message.text, int(message.usage_metadata["output_tokens"]))
 
-    def serial(items: Sequence[EvalItem], max_new: int) -> list[Generated]:
+    def serial(items: Sequence[EvalItem], max_new: int) -> list[_Generated]:
         return [to_generated(chat.invoke(i.prompt, query=i.query, max_new_tokens=max_new)) for i in items]
 
     async def gather(items: Sequence[EvalItem], max_new: int) -> list[Any]:
@@ -251,7 +254,7 @@ def _chat_configs(decoder: NestDecoder, concurrency: int) -> list[_Config]:
 
         return await asyncio.gather(*(one(item) for item in items))
 
-    def concurrent(items: Sequence[EvalItem], max_new: int) -> list[Generated]:
+    def concurrent(items: Sequence[EvalItem], max_new: int) -> list[_Generated]:
         return [to_generated(m) for m in asyncio.run(gather(items, max_new))]
 
     return [
@@ -277,13 +280,13 @@ def _peer_configs(
         rag[item.id] = prompt_ids(decoder, item.prompt, "rag", context)
     tokenizer, stop_ids = decoder.lm.tokenizer, decoder._eos_ids
 
-    def generate(ids: Mapping[str, list[int]], b: int, **kwargs: Any) -> Callable[[Sequence[EvalItem], int], list[Generated]]:
-        def run(batch_items: Sequence[EvalItem], max_new: int) -> list[Generated]:
+    def generate(ids: Mapping[str, list[int]], b: int, **kwargs: Any) -> Callable[[Sequence[EvalItem], int], list[_Generated]]:
+        def run(batch_items: Sequence[EvalItem], max_new: int) -> list[_Generated]:
             rows: list[list[int]] = []
             for start in range(0, len(batch_items), b):
                 chunk = [ids[item.id] for item in batch_items[start : start + b]]
                 rows += hf_generate(decoder.lm, chunk, max_new, stop_ids=stop_ids, **kwargs)[1]
-            return [Generated(tokenizer.decode(row, skip_special_tokens=True), len(row)) for row in rows]
+            return [_Generated(tokenizer.decode(row, skip_special_tokens=True), len(row)) for row in rows]
 
         return run
 
@@ -359,9 +362,13 @@ def _memory_probe(model: Any) -> Iterator[dict[str, Any]]:
 # --------------------------------------------------------------------------- rows and report
 
 
-def _row(config: _Config, items: Sequence[EvalItem], generated: Sequence[Generated], wall_s: float) -> dict[str, Any]:
-    """One configuration's totals: tokens, wall seconds, tokens/s, quality and texts."""
+def _row(
+    config: _Config, items: Sequence[EvalItem], generated: Sequence[_Generated], walls: Sequence[float]
+) -> dict[str, Any]:
+    """One configuration's totals: tokens, wall seconds (the fastest round, and every
+    round's), tokens/s, quality and texts."""
     tokens = sum(g.new_tokens for g in generated)
+    wall_s = min(walls)
     quality = aggregate([_quality(item, g.text) for item, g in zip(items, generated)], ("rouge1", "answer_recall"))
     return {
         "name": config.name,
@@ -371,6 +378,7 @@ def _row(config: _Config, items: Sequence[EvalItem], generated: Sequence[Generat
         "prompts": len(generated),
         "new_tokens": tokens,
         "wall_s": wall_s,
+        "wall_s_rounds": list(walls),
         "tokens_per_s": ratio(tokens, wall_s),
         "rouge1": quality["rouge1"],
         "answer_recall": quality["answer_recall"],
@@ -445,7 +453,8 @@ def _markdown(bench: Mapping[str, Any]) -> str:
             "# NEST throughput benchmark",
             "",
             f"- model: {bench['model']}; prompts: {bench['n']} ({kinds}; seed {bench['seed']}); "
-            f"max_new_tokens: {bench['max_new_tokens']}",
+            f"max_new_tokens: {bench['max_new_tokens']}; rounds: {bench['repeats']} (wall s: the fastest); "
+            f"whole run {format_cell(bench['bench_wall_s'])} s",
             f"- keys: {bench['precomputed_source']}",
             f"- date: {bench['date']}; command: `{bench['command']}`",
             "",
@@ -502,6 +511,7 @@ def run_throughput(
     concurrency: int = CONCURRENCY,
     prompt_lookup_tokens: int = PROMPT_LOOKUP_TOKENS,
     kinds: Sequence[str] = PROMPT_KINDS,
+    repeats: int = 1,
     config_overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Measure every configuration of the module docstring on the same prompts; write ``bench.json`` and ``bench.md``.
@@ -521,22 +531,29 @@ def run_throughput(
         concurrency: callers of the thread and async rows.
         prompt_lookup_tokens: ``prompt_lookup_num_tokens`` of the prompt lookup row.
         kinds: the prompt kinds, in equal shares (:func:`throughput_items`).
+        repeats: rounds over all configurations (each round runs every one in
+            turn); a row's ``wall_s`` is its fastest round, the least disturbed by
+            other work on a shared machine. Each round costs a full run.
         config_overrides: :class:`NestConfig` fields (not mode, max_new_tokens, use_chat_template).
 
     Returns:
         The benchmark as written to ``bench.json``: run metadata, ``n``, ``seed``,
         ``max_new_tokens``, ``item_ids``, ``prompt_kinds`` (count per kind),
-        ``rows`` (per configuration: what, width, prompts, new_tokens, wall_s,
-        tokens_per_s, rouge1, answer_recall, reference, same_text, vs_nest,
+        ``repeats``, ``bench_wall_s`` (the whole run, warm-ups and set-up
+        included), ``rows`` (per configuration: what, width, prompts,
+        new_tokens, wall_s, wall_s_rounds, tokens_per_s, rouge1, answer_recall, reference, same_text, vs_nest,
         vs_prompt_lookup, texts), ``targets`` and ``memory``.
 
     Raises:
         ValueError: invalid n, batch sizes, concurrency, prompt_lookup_tokens,
-            kinds or overrides; too few items of a kind.
+            kinds, repeats or overrides; too few items of a kind.
         ImportError: LangChain missing (the ChatNest rows).
     """
+    began = time.perf_counter()
     sizes = _check_widths(batch_sizes, concurrency, prompt_lookup_tokens)
     kinds = _checked_choices(kinds, PROMPT_KINDS, "prompt kind")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     config = run_config(config_overrides, max_new_tokens)
     items = throughput_items(index, n, seed, kinds)
     out = Path(out_dir)
@@ -551,17 +568,23 @@ def run_throughput(
     for spec in configs:  # untimed warm-ups
         spec.run(items[:2], 2)
 
-    rows: dict[str, dict[str, Any]] = {}
+    walls: dict[str, list[float]] = {spec.name: [] for spec in configs}
+    outputs: dict[str, list[_Generated]] = {}
     memory: dict[str, Any] = {}
     largest = f"nest batch {sizes[-1]}"
-    for spec in configs:
-        with _memory_probe(index.lm.model) if spec.name == largest else nullcontext({}) as probed:
-            start = time.perf_counter()
-            generated = spec.run(items, max_new_tokens)
-            wall = time.perf_counter() - start
-        memory.update(probed)
-        rows[spec.name] = _row(spec, items, generated, wall)
-        logger.info("throughput: %s, %d tokens in %.1f s", spec.name, rows[spec.name]["new_tokens"], wall)
+    for round_ in range(repeats):  # rounds interleave the configurations, so load drift hits them all
+        for spec in configs:
+            probe = _memory_probe(index.lm.model) if round_ == 0 and spec.name == largest else nullcontext({})
+            with probe as probed:
+                start = time.perf_counter()
+                generated = spec.run(items, max_new_tokens)
+                wall = time.perf_counter() - start
+            memory.update(probed)
+            walls[spec.name].append(wall)
+            outputs[spec.name] = generated  # greedy decoding: every round writes the same
+            logger.info("throughput round %d: %s, %d tokens in %.1f s", round_ + 1, spec.name,
+                        sum(g.new_tokens for g in generated), wall)
+    rows = {spec.name: _row(spec, items, outputs[spec.name], walls[spec.name]) for spec in configs}
     _add_ratios(rows)
 
     bench = {
@@ -569,12 +592,14 @@ def run_throughput(
         "n": len(items),
         "seed": seed,
         "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
         "item_ids": [item.id for item in items],
         "prompt_kinds": {kind: sum(item.meta["kind"] == kind for item in items) for kind in kinds},
         "precomputed_source": precomputed_source,
         "rows": rows,
         "targets": _targets(rows, concurrency),
         "memory": {"batch": sizes[-1], **memory},
+        "bench_wall_s": time.perf_counter() - began,
     }
     write_json(out / "bench.json", bench)
     (out / "bench.md").write_text(_markdown(bench), encoding="utf-8")
