@@ -358,7 +358,7 @@ def bench(
         False, "--batching",
         help="Throughput instead of the mode table: NEST one by one, batched (B = 1, 4, 8, 16), 8 concurrent callers "
         "(threads, ChatNest async), the LM alone batched, in-context RAG and prompt lookup, with answer quality; "
-        "about 12 minutes for --n 16 on 2 CPU cores.",
+        "about 15 minutes for --n 16 on 2 lightly loaded CPU cores, twice that under heavy load.",
     ),
     seed: int = typer.Option(0, help="Sampling seed of the --batching prompts."),
     repeats: int = typer.Option(

@@ -66,7 +66,9 @@ Memory, during ``nest batch`` at the largest B (all ``n`` prompts at once when
 handed to any forward (the packed cache of all rows, live and dead columns, with
 its column count) and the peak RSS growth over the run (psutil, sampled every
 5 ms; without psutil the growth of the process's peak RSS, which only shows
-growth beyond the earlier peak, so a lower bound).
+growth beyond the earlier peak, so a lower bound). RSS growth counts only memory
+the process did not hold already (the allocator reuses what warm-ups and earlier
+rows freed), so it can read near 0; the KV cache figure is the direct one.
 """
 
 from __future__ import annotations
