@@ -1,12 +1,15 @@
 """Batched NEST: a row scheduler that advances many generations by shared forward passes.
 
-Each prompt is a *row*: its own :class:`~nest_integrations.decoding._Generation`
+Each prompt is a :class:`Row`: its own :class:`~nest_integrations.decoding._Generation`
 (candidate set, used-entry mask, opening, records), its own sampling generator and
-its own next-step distribution. Every decision a row takes is the decoder's own,
-called per row: :meth:`NestDecoder._prepare` (retrieval, gate, candidates, opening),
-:meth:`~NestDecoder._decide` (next token and draft), :meth:`~NestDecoder._commit`
-(append, stop rules), :meth:`~NestDecoder._mix` (p_M at the row's positions) and
-:meth:`~NestDecoder._output`. What the scheduler adds is only the sharing of the LM:
+its own next-step distribution. Every decision a row takes is its decoder's own,
+called per row: :meth:`NestDecoder.prepare_row` (retrieval, gate, candidates,
+opening; in the caller's thread), :meth:`~NestDecoder._decide` (next token and
+draft), :meth:`~NestDecoder._commit` (append, stop rules), :meth:`~NestDecoder._mix`
+(p_M at the row's positions), :meth:`~NestDecoder._accept` (relaxed verification)
+and :meth:`~NestDecoder._output`. Rows of different decoders (other datastores,
+other configs) share a batch when they share the LM and its key layer. What the
+:class:`RowScheduler` adds is only the sharing of the LM:
 
 * **One KV cache for the batch, packed**: a transformers ``DynamicCache`` of
   batch size 1 whose columns are the rows' tokens side by side, with
@@ -27,7 +30,8 @@ called per row: :meth:`NestDecoder._prepare` (retrieval, gate, candidates, openi
 * **Prefill per row** into a cache of its own (exactly the one-by-one prefill),
   whose columns are then appended to the batch's: a row *joins* whenever there
   is room (``max_batch``), so a queue keeps the batch full.
-* **Rows leave** as soon as they finish (their columns die), and dead columns
+* **Rows leave** as soon as they finish or their consumer stops listening
+  (``Row.cancelled``; their columns die), and dead columns
   are dropped (one ``index_select`` over the cache) once they outnumber a
   quarter of the live ones, so masked columns never dominate attention.
 
@@ -41,7 +45,12 @@ spans and attribution equal one-by-one generation (up to float rounding of a
 batched matmul against an unbatched one, which does not flip a decision on the
 tests' models). ``stats.forward_passes`` counts the shared forwards a row took
 part in (its prefill included) -- the same count as alone; ``decode_s`` runs
-from the row's prefill to its finish, ``wall_s`` from the batch's start to it.
+from the row's prefill to its finish, ``wall_s`` from its submission to it.
+
+A :class:`RowListener` hears of each row's progress (for streaming), its output
+or its error. :func:`batched_generate` runs a fixed list of rows in the calling
+thread; :class:`~nest_integrations.serving.BatchingService` keeps a scheduler
+running for concurrent callers.
 
 Models with sliding-window or chunked attention layers, and attention kernels
 that take no 4-D mask (flash attention, flex attention), are generated one by
@@ -50,20 +59,20 @@ one (:func:`supports_batching`): a foreign column would count against a window.
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
 from .attribution import NestOutput, TokenRecord
-from .config import MODES, NestConfig
-from .mixture import accepted_prefix_length, relaxed_accept_ratio
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .decoding import NestDecoder, PromptLike, ScoredPassages, _Generation, _Step
+    from .decoding import NestDecoder, _Generation, _Step
 
-__all__ = ["batched_generate", "supports_batching"]
+__all__ = ["Row", "RowListener", "RowScheduler", "batched_generate", "supports_batching"]
 
 _COMPACT_SLACK = 64
 """Dead columns always tolerated; beyond them the cache is compacted once they exceed a quarter of the live ones."""
@@ -87,13 +96,24 @@ def supports_batching(model: Any) -> bool:
 
 
 @dataclass
-class _Row:
-    """One prompt's place in the batch."""
+class Row:
+    """One prompt's place in the batch: a prepared generation and where it stands.
 
-    index: int
+    Built by :meth:`NestDecoder.prepare_row` (retrieval, gate, candidates and the
+    prompt's token ids, all in the caller's thread); the scheduler runs the rest.
+    """
+
+    decoder: "NestDecoder"
     gen: "_Generation"
     prompt_ids: list[int]
     generator: Optional[torch.Generator]
+    listener: Optional["RowListener"] = None
+    submitted: float = field(default_factory=time.perf_counter)
+    """When the row was prepared; ``stats.wall_s`` runs from here to its finish."""
+    cancelled: bool = False
+    """Set by a consumer that stopped listening (an abandoned stream); the row leaves at the next step."""
+    owner: int = -1
+    """The row's id in the packed cache, given when it joins."""
     step: Optional["_Step"] = None
     at: int = 0
     """Which position of ``step`` holds the next token's distribution."""
@@ -106,6 +126,20 @@ class _Row:
     def cached(self) -> int:
         """Tokens the row holds in the cache: its prompt and its accepted tokens."""
         return len(self.prompt_ids) + len(self.gen.records)
+
+
+class RowListener:
+    """What a row tells whoever waits for it. The scheduler calls these from the
+    thread that runs it, so they must be quick (hand the result over, nothing more)."""
+
+    def progress(self, row: Row) -> None:
+        """Tokens were committed to ``row.gen`` (a streaming consumer reads them now)."""
+
+    def finished(self, row: Row, output: NestOutput) -> None:
+        """The row is done; ``output`` is its complete result."""
+
+    def failed(self, row: Row, error: BaseException) -> None:
+        """The row cannot go on (its prefill or a shared forward raised ``error``)."""
 
 
 class _PackedCache:
@@ -161,129 +195,178 @@ class _PackedCache:
         self.owner = self.owner[index]
 
 
-def batched_generate(
-    decoder: "NestDecoder",
-    prompts: Sequence["PromptLike"],
-    queries: Sequence[Optional[str]],
-    passages: Optional[Sequence[Optional["ScoredPassages"]]] = None,
-    *,
-    max_batch: Optional[int] = None,
-    **overrides: Any,
-) -> list[NestOutput]:
-    """Generate for every prompt, at most ``max_batch`` rows sharing each forward.
+class RowScheduler:
+    """Rows advancing together: each :meth:`step` admits waiting rows (up to
+    ``max_batch`` in the batch), takes every row's next token and draft, runs one
+    shared forward and lets each row verify its own draft.
 
-    Prompts are assumed checked (:func:`~nest_integrations.decoding.check_prompt`).
-    Outputs are in prompt order. ``max_batch`` None: all prompts at once.
+    One thread calls :meth:`step`; :meth:`add` may be called from any thread at
+    any time (a row added while a step prefills others joins in that same step).
+
+    Args:
+        max_batch: rows sharing a forward at most (>= 1); more wait and join as
+            rows finish. Memory grows with it: every row holds its own KV columns.
     """
-    from .decoding import _Generation
 
-    config: NestConfig = decoder.config.updated(**overrides) if overrides else decoder.config
-    if config.mode not in MODES:  # validated by pydantic; kept for clarity of the error
-        raise ValueError(f"unknown mode {config.mode!r}; choose from {MODES}")
-    passages = list(passages) if passages is not None else [None] * len(prompts)
-    limit = max(int(max_batch), 1) if max_batch else max(len(prompts), 1)
-    started = time.perf_counter()
-    outputs: list[Optional[NestOutput]] = [None] * len(prompts)
-    waiting = list(range(len(prompts)))
-    batch = _PackedCache()
-    active: list[_Row] = []
+    def __init__(self, *, max_batch: int = 16):
+        if int(max_batch) < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.max_batch = int(max_batch)
+        self.waiting: deque[Row] = deque()  # appended by any thread, popped by the stepping one
+        self.active: list[Row] = []
+        self.admitting: Optional[Row] = None
+        """The row being prefilled, between ``waiting`` and ``active``."""
+        self.batch = _PackedCache()
+        self._owners = itertools.count()
 
-    def finish(row: _Row) -> None:
-        row.gen.stats.decode_s = time.perf_counter() - row.t_decode if row.t_decode else 0.0
-        row.gen.stats.wall_s = time.perf_counter() - started
-        outputs[row.index] = decoder._output(row.gen)
+    def __len__(self) -> int:
+        """Rows waiting, joining or running."""
+        return len(self.waiting) + len(self.active) + (self.admitting is not None)
 
-    while waiting or active:
-        while waiting and len(active) < limit:
-            i = waiting.pop(0)
-            gen = _Generation(config=config)
-            context = decoder._prepare(gen, prompts[i], queries[i], passages[i])
-            prompt_ids = decoder._prompt_ids(decoder.format_prompt(prompts[i], config, context), config, gen.stats)
-            generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
-            row = _Row(i, gen, prompt_ids, generator)
-            if config.max_new_tokens == 0:
-                gen.finish("length")
-                finish(row)
-                continue
-            row.t_decode = time.perf_counter()
-            from transformers import DynamicCache
+    @property
+    def busy(self) -> bool:
+        """Whether any row waits or runs."""
+        return len(self) > 0
 
-            cache = DynamicCache()
-            logits, keys = decoder._forward(prompt_ids, cache, gen.stats, keep=1)
-            row.step = decoder._mix(logits, keys, gen)
-            batch.join(cache, i)
-            active.append(row)
-        if not active:
-            continue
+    def add(self, row: Row) -> None:
+        """Queue a prepared row; it joins as soon as a step has room."""
+        self.waiting.append(row)
 
-        # Each row's next token and draft (its own decisions); rows that finish leave.
-        staying = []
-        for position, row in enumerate(active):
-            assert row.step is not None
-            first, draft = decoder._decide(row.gen, row.step, row.at, row.continuation, row.generator)
-            decoder._commit(row.gen, [first])
-            if row.gen.finished:
-                batch.release(row.index)
-                finish(row)
-                continue
-            row.first, row.draft = first, draft[: config.max_new_tokens - len(row.gen.records)]
-            staying.append(position)
-        active = [active[p] for p in staying]
-        if not active:
-            continue
-
-        # One shared forward over every row's [token] + draft.
-        fed = [[row.first.token_id] + [r.token_id for r in row.draft] for row in active]  # type: ignore[union-attr]
-        first_column = batch.columns
-        logits, keys = _shared_forward(decoder, batch, active, fed)
-
-        staying = []
-        offset = 0
-        for position, row in enumerate(active):
-            n = len(fed[position])
+    def step(self) -> None:
+        """Advance every row by one shared forward (admitting waiting rows first)."""
+        self._drop_cancelled()
+        self._admit()
+        self.active = [row for row in self.active if self._propose(row)]
+        if not self.active:
+            return
+        fed = [[row.first.token_id] + [r.token_id for r in row.draft] for row in self.active]  # type: ignore[union-attr]
+        first_column = self.batch.columns
+        try:
+            logits, keys = _shared_forward(self.batch, self.active, fed)
+        except Exception as error:  # the batch's cache is unusable now: every row in it fails
+            self.fail_all(error)
+            return
+        staying, offset = [], 0
+        for row, tokens in zip(self.active, fed):
+            n = len(tokens)
             row.gen.stats.forward_passes += 1
-            row.step = decoder._mix(logits[offset : offset + n], keys[offset : offset + n], row.gen)
-            accepted = _verify(decoder, row)
+            row.step = row.decoder._mix(logits[offset : offset + n], keys[offset : offset + n], row.gen)
+            row.at, row.continuation = row.decoder._accept(row.gen, row.step, row.first, row.draft)  # type: ignore[arg-type]
             # The row keeps its token and its accepted draft; its other new columns die.
-            batch.owner[first_column + offset + 1 + accepted : first_column + offset + n] = -1
+            self.batch.owner[first_column + offset + 1 + row.at : first_column + offset + n] = -1
             offset += n
+            if row.at:
+                self._notify(row)
             if row.gen.finished:
-                batch.release(row.index)
-                finish(row)
-                continue
-            staying.append(position)
-        active = [active[p] for p in staying]
-        batch.compact_if_sparse()
+                self._finish(row)
+            else:
+                staying.append(row)
+        self.active = staying
+        self.batch.compact_if_sparse()
 
-    assert all(o is not None for o in outputs)
-    return outputs  # type: ignore[return-value]
+    def fail_all(self, error: BaseException) -> None:
+        """Fail every waiting and running row with ``error`` and start afresh (rows
+        added meanwhile by other threads stay queued)."""
+        failing, self.active, self.batch = self.active, [], _PackedCache()
+        while self.waiting:
+            failing.append(self.waiting.popleft())
+        for row in failing:
+            if row.listener is not None:
+                row.listener.failed(row, error)
+
+    # ------------------------------------------------------------------ phases of a step
+    def _drop_cancelled(self) -> None:
+        for row in [r for r in self.active if r.cancelled]:
+            self.batch.release(row.owner)
+        self.active = [r for r in self.active if not r.cancelled]
+
+    def _admit(self) -> None:
+        """Prefill waiting rows (each in a cache of its own, as alone) and join them to the batch."""
+        from transformers import DynamicCache
+
+        while self.waiting and len(self.active) < self.max_batch:
+            row = self.admitting = self.waiting.popleft()
+            try:
+                if row.cancelled:
+                    continue
+                if row.gen.config.max_new_tokens == 0:
+                    row.gen.finish("length")
+                    self._finish(row)
+                    continue
+                row.t_decode = time.perf_counter()
+                row.owner = next(self._owners)
+                cache = DynamicCache()
+                try:
+                    logits, keys = row.decoder._forward(row.prompt_ids, cache, row.gen.stats, keep=1)
+                except Exception as error:  # this row only: the batch's cache is untouched
+                    if row.listener is not None:
+                        row.listener.failed(row, error)
+                    continue
+                row.step = row.decoder._mix(logits, keys, row.gen)
+                self.batch.join(cache, row.owner)
+                self.active.append(row)
+            finally:
+                self.admitting = None
+
+    def _propose(self, row: Row) -> bool:
+        """The row's next token and draft (its own decisions); False when it finished."""
+        assert row.step is not None
+        first, draft = row.decoder._decide(row.gen, row.step, row.at, row.continuation, row.generator)
+        row.decoder._commit(row.gen, [first])
+        self._notify(row)
+        if row.gen.finished:
+            self._finish(row)
+            return False
+        row.first, row.draft = first, draft[: row.gen.config.max_new_tokens - len(row.gen.records)]
+        return True
+
+    def _notify(self, row: Row) -> None:
+        if row.listener is not None:
+            row.listener.progress(row)
+
+    def _finish(self, row: Row) -> None:
+        now = time.perf_counter()
+        row.gen.stats.decode_s = now - row.t_decode if row.t_decode else 0.0
+        row.gen.stats.wall_s = now - row.submitted
+        if row.owner >= 0:
+            self.batch.release(row.owner)
+        if row.listener is not None:
+            row.listener.finished(row, row.decoder._output(row.gen))
 
 
-def _verify(decoder: "NestDecoder", row: _Row) -> int:
-    """Accept the longest acceptable prefix of the row's draft (relaxed speculative decoding),
-    commit it, and set where the next proposal continues. Returns the accepted length;
-    the next token's distribution is at that position of ``row.step``."""
-    gen, draft, first = row.gen, row.draft, row.first
-    assert row.step is not None and first is not None
-    accepted = 0
-    if draft:
-        ratios = relaxed_accept_ratio(
-            row.step.p_m[: len(draft)], torch.tensor([r.token_id for r in draft]), gen.config.effective_gamma
-        )
-        accepted = accepted_prefix_length(ratios, gen.config.accept_threshold)
-        decoder._commit(gen, draft[:accepted])
-    row.at = accepted
-    row.continuation = None
-    if draft and accepted == len(draft) and draft[-1].passage_index is not None:
-        row.continuation = (draft[-1].passage_index, draft[-1].position + 1)  # type: ignore[operator]
-    elif not draft and first.passage_index is not None:
-        row.continuation = (first.passage_index, first.position + 1)  # type: ignore[operator]
-    return accepted
+class _Collect(RowListener):
+    """Keeps each row's output (or error) by its place in the prompt list."""
+
+    def __init__(self, count: int):
+        self.outputs: list[Optional[NestOutput]] = [None] * count
+        self.places: dict[int, int] = {}
+        self.error: Optional[BaseException] = None
+
+    def finished(self, row: Row, output: NestOutput) -> None:
+        self.outputs[self.places[id(row)]] = output
+
+    def failed(self, row: Row, error: BaseException) -> None:
+        self.error = self.error or error
 
 
-def _shared_forward(
-    decoder: "NestDecoder", batch: _PackedCache, rows: Sequence[_Row], fed: Sequence[list[int]]
-) -> tuple[torch.Tensor, torch.Tensor]:
+def batched_generate(rows: Sequence[Row], *, max_batch: int) -> list[NestOutput]:
+    """Run prepared ``rows`` to the end in this thread, at most ``max_batch`` sharing
+    each forward; outputs in the rows' order. Raises the first row's error, if any."""
+    collect = _Collect(len(rows))
+    scheduler = RowScheduler(max_batch=max_batch)
+    started = time.perf_counter()
+    for place, row in enumerate(rows):
+        collect.places[id(row)] = place
+        row.listener, row.submitted = collect, started
+        scheduler.add(row)
+    while scheduler.busy:
+        scheduler.step()
+    if collect.error is not None:
+        raise collect.error
+    return collect.outputs  # type: ignore[return-value]
+
+
+def _shared_forward(batch: _PackedCache, rows: Sequence[Row], fed: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """One LM call over every row's fed tokens, packed one row after another in one sequence.
 
     A fed token attends to its row's live cache columns and to the tokens its row
@@ -291,9 +374,12 @@ def _shared_forward(
     Returns logits (Q, V) float32 and query vectors (Q, d), Q the fed tokens of all
     rows in order. Appends the Q new columns to ``batch``, owned by their rows.
     """
+    # Rows of one scheduler share the LM and its key layer (one service per both), so
+    # any row's decoder reads the keys of all.
+    decoder = rows[0].decoder
     lm = decoder.lm
     tokens = [t for f in fed for t in f]
-    owners = torch.tensor([row.index for row, f in zip(rows, fed) for _ in f], dtype=torch.long)
+    owners = torch.tensor([row.owner for row, f in zip(rows, fed) for _ in f], dtype=torch.long)
     # the fed first token is already committed, so it sits at position ``cached - 1``
     positions = torch.tensor([row.cached - 1 + j for row, f in zip(rows, fed) for j in range(len(f))], dtype=torch.long)
     q, past = len(tokens), batch.columns

@@ -33,19 +33,22 @@ Beyond the paper, each decision the loop takes is a small rule of its own:
   is its own, and mostly invented. A copy reaching a chunk's end goes on into
   the next chunk of its document when that was retrieved.
 
-Batched generation (:meth:`NestDecoder.generate_batch`) runs the rows in shared
-forward passes over one KV cache, each row verifying its own draft and advancing
-by its own accepted length (:mod:`nest_integrations.batching`, the row scheduler);
-models with sliding-window attention generate one prompt after another.
+Generations share forward passes: :meth:`NestDecoder.generate_batch` and
+concurrent callers (threads, :meth:`~NestDecoder.agenerate` tasks) run as rows
+of one KV cache, each row verifying its own draft and advancing by its own
+accepted length (:mod:`nest_integrations.batching`, the row scheduler;
+:mod:`nest_integrations.serving`, one running batch per LM). Models with
+sliding-window attention generate one prompt after another (:meth:`NestDecoder._run`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -70,6 +73,7 @@ from .mixture import accepted_prefix_length, distance_ratio, knn_distribution, m
 from .relevance import RelevanceGate, subject_name
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .batching import Row
     from .lm import LoadedLM
     from .retrieval.base import PassageRetriever
 
@@ -91,6 +95,31 @@ class StreamChunk:
     text: str
     spans: list[Span]
     output: Optional[NestOutput] = None
+
+
+class StreamCursor:
+    """What of one generation has been streamed: turns its growing text into
+    :class:`StreamChunk` s, each the newly stable text (never past a possible
+    stop-string start) with its spans."""
+
+    def __init__(self, decoder: "NestDecoder"):
+        self.decoder = decoder
+        self.emitted = 0
+        """Characters of the output already streamed."""
+
+    def advance(self, gen: "_Generation") -> Optional[StreamChunk]:
+        """The chunk of text that became stable since the last call, or None."""
+        stable = self.decoder._stable_length(gen)
+        if stable <= self.emitted:
+            return None
+        spans = self.decoder._spans(gen)[0]
+        chunk = StreamChunk(gen.text[self.emitted : stable], shift_spans(spans, self.emitted, stable))
+        self.emitted = stable
+        return chunk
+
+    def last(self, output: NestOutput) -> StreamChunk:
+        """The final chunk: the rest of the text and the complete output."""
+        return StreamChunk(output.text[self.emitted :], shift_spans(output.spans, self.emitted, len(output.text)), output)
 
 
 @dataclass
@@ -194,6 +223,7 @@ class NestDecoder:
         self.vocab_size = int(lm.model.get_output_embeddings().weight.shape[0])
         self._eos_ids = self._find_eos_ids()
         self._score_head_ok: Optional[bool] = None  # see _head_reproduces_logits
+        self._supports_batching: Optional[bool] = None  # see _batches
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -206,6 +236,10 @@ class NestDecoder:
     ) -> NestOutput:
         """Generate one attributed continuation.
 
+        Concurrent calls on one LM (threads, :meth:`agenerate` tasks) decode
+        together in shared forward passes (:mod:`~nest_integrations.serving`);
+        a call alone decodes as a batch of one.
+
         Args:
             prompt: a string (wrapped in the chat template when the model has one
                 and ``use_chat_template``) or a list of ``{"role", "content"}``
@@ -216,11 +250,46 @@ class NestDecoder:
                 instead of the decoder's retriever.
             **overrides: any :class:`NestConfig` field for this call.
         """
+        if self._batches:
+            return self.submit(prompt, query=query, passages=passages, **overrides).result()
         output = None
         for chunk in self.stream(prompt, query=query, passages=passages, **overrides):
             output = chunk.output
         assert output is not None
         return output
+
+    def submit(
+        self,
+        prompt: PromptLike,
+        *,
+        query: Optional[str] = None,
+        passages: Optional[ScoredPassages] = None,
+        **overrides: Any,
+    ) -> "Future[NestOutput]":
+        """Prepare one generation here (retrieval, gate, prompt checks: their errors
+        raise now) and queue it to decode with the LM's other callers; the future
+        resolves to its :class:`NestOutput`. Models that cannot share a batch
+        (:func:`~nest_integrations.batching.supports_batching`) decode it now."""
+        if not self._batches:
+            future: "Future[NestOutput]" = Future()
+            future.set_result(self.generate(prompt, query=query, passages=passages, **overrides))
+            return future
+        from .serving import shared_service
+
+        return shared_service(self).submit(self.prepare_row(prompt, query, passages, self._call_config(overrides)))
+
+    async def agenerate(
+        self,
+        prompt: PromptLike,
+        *,
+        query: Optional[str] = None,
+        passages: Optional[ScoredPassages] = None,
+        **overrides: Any,
+    ) -> NestOutput:
+        """:meth:`generate` for asyncio: preparation runs in a worker thread, decoding
+        in the LM's shared batch, and no thread waits for the result."""
+        future = await asyncio.to_thread(self.submit, prompt, query=query, passages=passages, **overrides)
+        return await asyncio.wrap_future(future)
 
     def generate_batch(
         self,
@@ -230,16 +299,25 @@ class NestDecoder:
         max_batch: Optional[int] = None,
         **overrides: Any,
     ) -> list[NestOutput]:
-        """Generate for several prompts in shared forward passes, at most ``max_batch``
-        rows at a time (None: all); each row advances by its own accepted length, and
-        a row that finishes leaves room for the next prompt (:mod:`~nest_integrations.batching`).
-        With greedy decoding (or a seed) this equals one-by-one generation.
+        """Generate for several prompts in shared forward passes; each row advances by
+        its own accepted length, and a row that finishes leaves room for the next
+        prompt (:mod:`~nest_integrations.batching`). With greedy decoding (or a seed)
+        this equals one-by-one generation.
+
+        Args:
+            max_batch: None: the rows join the LM's shared batch
+                (:class:`~nest_integrations.serving.BatchingService`, up to its
+                ``max_batch`` rows, together with any concurrent callers), each
+                decoding as soon as it is prepared. A number: exactly this many
+                rows at most share each forward, in a batch of this call's own
+                run in this thread.
 
         Every prompt is checked (:func:`check_prompt`) before the first generation starts.
 
         Raises:
             TypeError: ``prompts`` is a string (or not a list), or a prompt has the wrong type.
-            ValueError: a malformed prompt (named by its index), or ``queries`` of another length.
+            ValueError: a malformed prompt (named by its index), ``queries`` of another length,
+                or ``max_batch`` < 1.
         """
         if isinstance(prompts, (str, bytes, Mapping)) or not isinstance(prompts, Sequence):
             raise TypeError(
@@ -255,12 +333,21 @@ class NestDecoder:
         if queries is not None and (isinstance(queries, (str, bytes)) or len(queries) != len(prompts)):
             got = "a string" if isinstance(queries, (str, bytes)) else f"{len(queries)} queries"
             raise ValueError(f"got {len(prompts)} prompts but {got}")
+        if max_batch is not None and int(max_batch) < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         queries = list(queries) if queries is not None else [None] * len(prompts)
-        from .batching import batched_generate, supports_batching
+        if not self._batches:
+            return [self.generate(p, query=q, **overrides) for p, q in zip(prompts, queries)]
+        config = self._call_config(overrides)
+        if max_batch is None:
+            from .serving import shared_service
 
-        if supports_batching(self.lm.model):
-            return batched_generate(self, prompts, queries, max_batch=max_batch, **overrides)
-        return [self.generate(p, query=q, **overrides) for p, q in zip(prompts, queries)]
+            service = shared_service(self)
+            futures = [service.submit(self.prepare_row(p, q, None, config)) for p, q in zip(prompts, queries)]
+            return [future.result() for future in futures]
+        from .batching import batched_generate
+
+        return batched_generate([self.prepare_row(p, q, None, config) for p, q in zip(prompts, queries)], max_batch=int(max_batch))
 
     def stream(
         self,
@@ -275,23 +362,76 @@ class NestDecoder:
         Concatenating the chunks' texts gives the output text, and
         :func:`~nest_integrations.attribution.merge_spans` of their spans gives
         its spans. The last chunk carries the complete :class:`NestOutput`.
+        Nothing runs before the first ``next``; closing the iterator early stops
+        the generation.
         """
         check_prompt(prompt)
+        config = self._call_config(overrides)
+        if self._batches:
+            from .serving import shared_service
+
+            yield from shared_service(self).stream(self.prepare_row(prompt, query, passages, config))
+            return
+        prepared = self.prepare_row(prompt, query, passages, config)
+        cursor = StreamCursor(self)
+        for _ in self._run(prepared):
+            if (chunk := cursor.advance(prepared.gen)) is not None:
+                yield chunk
+        prepared.gen.stats.wall_s = time.perf_counter() - prepared.submitted
+        yield cursor.last(self._output(prepared.gen))
+
+    async def astream(
+        self,
+        prompt: PromptLike,
+        *,
+        query: Optional[str] = None,
+        passages: Optional[ScoredPassages] = None,
+        **overrides: Any,
+    ) -> AsyncIterator[StreamChunk]:
+        """:meth:`stream` for asyncio: preparation runs in a worker thread, the chunks
+        arrive from the LM's shared batch without a thread waiting for them."""
+        check_prompt(prompt)
+        config = self._call_config(overrides)
+        if not self._batches:
+            chunks = self.stream(prompt, query=query, passages=passages, **overrides)
+            done = object()
+            while (chunk := await asyncio.to_thread(next, chunks, done)) is not done:
+                yield chunk  # type: ignore[misc]
+            return
+        from .serving import shared_service
+
+        row = await asyncio.to_thread(self.prepare_row, prompt, query, passages, config)
+        async for chunk in shared_service(self).astream(row):
+            yield chunk
+
+    def prepare_row(
+        self, prompt: PromptLike, query: Optional[str], passages: Optional[ScoredPassages], config: NestConfig
+    ) -> "Row":
+        """One generation made ready to decode in a batch: retrieval, gate, candidates,
+        opening and the prompt's token ids (:class:`~nest_integrations.batching.Row`).
+        The prompt is assumed checked (:func:`check_prompt`)."""
+        from .batching import Row
+
+        gen = _Generation(config=config)
+        context = self._prepare(gen, prompt, query, passages)
+        prompt_ids = self._prompt_ids(self.format_prompt(prompt, config, context), config, gen.stats)
+        generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
+        return Row(self, gen, prompt_ids, generator)
+
+    def _call_config(self, overrides: Mapping[str, Any]) -> NestConfig:
         config = self.config.updated(**overrides) if overrides else self.config
         if config.mode not in MODES:  # validated by pydantic; kept for clarity of the error
             raise ValueError(f"unknown mode {config.mode!r}; choose from {MODES}")
-        gen = _Generation(config=config)
-        started = time.perf_counter()
-        emitted = 0
-        for _ in self._run(gen, prompt, query, passages):
-            stable = self._stable_length(gen)
-            if stable > emitted:
-                spans = self._spans(gen)[0]
-                yield StreamChunk(gen.text[emitted:stable], shift_spans(spans, emitted, stable))
-                emitted = stable
-        gen.stats.wall_s = time.perf_counter() - started
-        output = self._output(gen)
-        yield StreamChunk(output.text[emitted:], shift_spans(output.spans, emitted, len(output.text)), output)
+        return config
+
+    @property
+    def _batches(self) -> bool:
+        """Whether this model's generations share batches (:func:`~nest_integrations.batching.supports_batching`)."""
+        if self._supports_batching is None:
+            from .batching import supports_batching
+
+            self._supports_batching = supports_batching(self.lm.model)
+        return self._supports_batching
 
     SCORE_CHUNK = 256
     """Continuation positions whose p_M :meth:`score` computes at once. Beyond the one forward
@@ -600,22 +740,21 @@ class NestDecoder:
             if pidx is not None and len(candidates.passage(pidx).token_ids):
                 gen.opening = (pidx, 0)
 
-    def _run(self, gen: _Generation, prompt: PromptLike, query: Optional[str], passages: Optional[ScoredPassages]) -> Iterator[None]:
-        context = self._prepare(gen, prompt, query, passages)
-        config = gen.config
-        stats = gen.stats
-        prompt_ids = self._prompt_ids(self.format_prompt(prompt, config, context), config, stats)
+    def _run(self, prepared: "Row") -> Iterator[None]:
+        """Decode one prepared generation alone, in its own KV cache (models that cannot
+        share a batch); yields whenever tokens were committed."""
+        gen, prompt_ids, generator = prepared.gen, prepared.prompt_ids, prepared.generator
+        config, stats = gen.config, gen.stats
         if config.max_new_tokens == 0:
             gen.finish("length")
             return
         t_decode = time.perf_counter()
-        generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
         from transformers import DynamicCache
 
         cache = DynamicCache()
         logits, queries = self._forward(prompt_ids, cache, stats, keep=1)
         step = self._mix(logits, queries, gen)
-        row = 0
+        row = 0  # the position of ``step`` that holds the next token's distribution
         continuation: Optional[tuple[int, int]] = None
         while not gen.finished:
             first, draft = self._decide(gen, step, row, continuation, generator)
@@ -628,23 +767,11 @@ class NestDecoder:
             fed = [first.token_id] + [r.token_id for r in draft]
             logits, queries = self._forward(fed, cache, stats, keep=len(fed))
             step = self._mix(logits, queries, gen)
-            accepted = 0
-            if draft:
-                ratios = relaxed_accept_ratio(
-                    step.p_m[: len(draft)], torch.tensor([r.token_id for r in draft]), config.effective_gamma
-                )
-                accepted = accepted_prefix_length(ratios, config.accept_threshold)
-                self._commit(gen, draft[:accepted])
+            row, continuation = self._accept(gen, step, first, draft)
             excess = cache.get_seq_length() - (len(prompt_ids) + len(gen.records))
             if excess > 0:  # negative: "remove this many", understood by old and new transformers
                 cache.crop(-excess)
-            row = accepted
-            continuation = None
-            if draft and accepted == len(draft) and draft[-1].passage_index is not None:
-                continuation = (draft[-1].passage_index, draft[-1].position + 1)  # type: ignore[operator]
-            elif not draft and first.passage_index is not None:
-                continuation = (first.passage_index, first.position + 1)  # type: ignore[operator]
-            if accepted:
+            if row:
                 yield
         stats.decode_s = time.perf_counter() - t_decode
 
@@ -697,6 +824,29 @@ class NestDecoder:
         lam = torch.where(has, lam, torch.ones_like(lam))
         values = nb.values.masked_fill(~torch.isfinite(nb.scores), -1)
         return _Step(mix(p_lm, p_knn, lam), lam, values, nb.entries, distance_ratio(nb.scores))
+
+    def _accept(
+        self, gen: _Generation, step: _Step, first: TokenRecord, draft: Sequence[TokenRecord]
+    ) -> tuple[int, Optional[tuple[int, int]]]:
+        """Verify ``draft`` (fed after ``first``; ``step`` holds p_M at each fed position)
+        by relaxed speculative acceptance and commit its longest acceptable prefix.
+
+        Returns the accepted length (which is also where in ``step`` the next
+        token's distribution sits) and where a copy goes on without a new span
+        selection: after a fully accepted draft, or after a copied single token.
+        """
+        config = gen.config
+        accepted = 0
+        if draft:
+            ratios = relaxed_accept_ratio(step.p_m[: len(draft)], torch.tensor([r.token_id for r in draft]), config.effective_gamma)
+            accepted = accepted_prefix_length(ratios, config.accept_threshold)
+            self._commit(gen, draft[:accepted])
+        continuation = None
+        if draft and accepted == len(draft) and draft[-1].passage_index is not None:
+            continuation = (draft[-1].passage_index, draft[-1].position + 1)
+        elif not draft and first.passage_index is not None:
+            continuation = (first.passage_index, first.position + 1)
+        return accepted, continuation  # type: ignore[return-value]
 
     def _decide(
         self,

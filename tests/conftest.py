@@ -66,3 +66,46 @@ def small_passages() -> list[Passage]:
 @pytest.fixture
 def tiny_datastore(tiny_lm, small_passages) -> TokenDatastore:
     return TokenDatastore(small_passages, PassageEncoder(tiny_lm, "ffn_input", "auto"))
+
+
+@pytest.fixture
+def shared_rows(monkeypatch):
+    """Rows taking part in each shared forward of the batching scheduler."""
+    from nest_integrations import batching
+
+    rows = []
+    forward = batching._shared_forward
+
+    def counted(batch, active, fed):
+        rows.append(len(active))
+        return forward(batch, active, fed)
+
+    monkeypatch.setattr(batching, "_shared_forward", counted)
+    return rows
+
+
+def held_back(lm, count):
+    """A started thread holding ``lm`` until ``count`` rows are queued in its batching
+    service, so concurrent callers decode together (the tests' only timing). Rows must
+    be preparable without the LM (precomputed keys), or they wait out the 60 s."""
+    import threading
+    import time
+
+    from nest_integrations.serving import _services
+
+    held = threading.Event()
+
+    def queued():
+        return sum(service.pending for (lm_id, _), service in list(_services.items()) if lm_id == id(lm))
+
+    def hold():
+        with lm.forward_lock:
+            held.set()
+            deadline = time.monotonic() + 60
+            while queued() < count and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    return holder

@@ -1,4 +1,5 @@
-"""The row scheduler (nest_integrations.batching): batched generation equals one-by-one generation."""
+"""The row scheduler (nest_integrations.batching): batched generation equals one-by-one generation
+(each prompt decoded alone in its own KV cache, the path of models that cannot share a batch)."""
 
 from __future__ import annotations
 
@@ -63,22 +64,23 @@ def _count_decoding_forwards(decoder, calls):
     return decoder.lm.model.register_forward_hook(record, with_kwargs=True)
 
 
-@pytest.fixture
-def shared_rows(monkeypatch):
-    """Rows taking part in each shared forward of the scheduler."""
-    rows = []
-    forward = batching._shared_forward
-
-    def counted(decoder, batch, active, fed):
-        rows.append(len(active))
-        return forward(decoder, batch, active, fed)
-
-    monkeypatch.setattr(batching, "_shared_forward", counted)
-    return rows
+def _one_by_one(decoder, prompts, queries=None, passages=None, **overrides):
+    """Each prompt decoded alone in its own KV cache (NestDecoder._run)."""
+    decoder._supports_batching = False
+    try:
+        queries = queries or [None] * len(prompts)
+        passages = passages or [None] * len(prompts)
+        return [decoder.generate(p, query=q, passages=ps, **overrides) for p, q, ps in zip(prompts, queries, passages)]
+    finally:
+        decoder._supports_batching = None
 
 
-def _one_by_one(decoder, prompts, **overrides):
-    return [decoder.generate(p, **overrides) for p in prompts]
+def _batched(decoder, prompts, queries=None, passages=None, max_batch=None, **overrides):
+    config = decoder._call_config(overrides)
+    queries = queries or [None] * len(prompts)
+    passages = passages or [None] * len(prompts)
+    rows = [decoder.prepare_row(p, q, ps, config) for p, q, ps in zip(prompts, queries, passages)]
+    return batched_generate(rows, max_batch=max_batch or max(len(prompts), 1))
 
 
 @pytest.mark.parametrize(
@@ -99,7 +101,7 @@ def test_batch_equals_one_by_one(decoder, overrides, shared_rows):
     calls = []
     hook = _count_decoding_forwards(decoder, calls)
     try:
-        batched = batched_generate(decoder, PROMPTS, [None] * len(PROMPTS), **overrides)
+        batched = _batched(decoder, PROMPTS, **overrides)
     finally:
         hook.remove()
     single = _one_by_one(decoder, PROMPTS, **overrides)
@@ -118,14 +120,14 @@ def test_rows_finish_at_different_steps_and_leave(decoder, overrides):
     prompts = ["Quixotic zebras", "Tell me about the comet catalogue.", "Alan Turing was", "Quixotic", "Who?"]
     single = _one_by_one(decoder, prompts, mode="nest", **overrides)
     assert len({o.stats.forward_passes for o in single}) > 1, "the rows end after different numbers of steps"
-    _same(batched_generate(decoder, prompts, [None] * len(prompts), mode="nest", **overrides), single)
+    _same(_batched(decoder, prompts, mode="nest", **overrides), single)
 
 
 def test_queue_joins_rows_into_a_running_batch(decoder):
     overrides = dict(mode="nest", **MIXED)
     single = _one_by_one(decoder, PROMPTS, **overrides)
     for max_batch in (1, 3):
-        _same(batched_generate(decoder, PROMPTS, [None] * len(PROMPTS), max_batch=max_batch, **overrides), single)
+        _same(_batched(decoder, PROMPTS, max_batch=max_batch, **overrides), single)
 
 
 def test_compaction_keeps_outputs(decoder, monkeypatch):
@@ -140,32 +142,29 @@ def test_compaction_keeps_outputs(decoder, monkeypatch):
 
     monkeypatch.setattr(_PackedCache, "compact_if_sparse", counted)
     overrides = dict(mode="nest", **MIXED)
-    _same(batched_generate(decoder, PROMPTS, [None] * len(PROMPTS), **overrides), _one_by_one(decoder, PROMPTS, **overrides))
+    _same(_batched(decoder, PROMPTS, **overrides), _one_by_one(decoder, PROMPTS, **overrides))
     assert any(compactions)
 
 
 def test_sampling_with_a_seed_equals_one_by_one(decoder):
     overrides = dict(mode="nest", do_sample=True, temperature=0.8, seed=7)
-    _same(batched_generate(decoder, PROMPTS, [None] * len(PROMPTS), **overrides), _one_by_one(decoder, PROMPTS, **overrides))
+    _same(_batched(decoder, PROMPTS, **overrides), _one_by_one(decoder, PROMPTS, **overrides))
 
 
 def test_edge_cases(decoder):
-    assert batched_generate(decoder, [], []) == []
-    out = batched_generate(decoder, PROMPTS[:2], [None, None], max_new_tokens=0)
+    assert _batched(decoder, []) == []
+    out = _batched(decoder, PROMPTS[:2], max_new_tokens=0)
     assert [o.text for o in out] == ["", ""] and all(o.stats.finish_reason == "length" for o in out)
-    _same(batched_generate(decoder, ["", "Hi"], [None, None], use_chat_template=False, max_new_tokens=4),
+    _same(_batched(decoder, ["", "Hi"], use_chat_template=False, max_new_tokens=4),
           _one_by_one(decoder, ["", "Hi"], use_chat_template=False, max_new_tokens=4))
 
 
 def test_per_row_queries_and_passages(decoder, small_passages):
     curie, turing = small_passages[0], small_passages[1]
     prompts = ["Tell me a bio.", "Tell me a bio."]
-    batched = batched_generate(decoder, prompts, ["Marie Curie", "Alan Turing"], [[(curie, 1.0)], [(turing, 1.0)]], **COPY)
-    single = [
-        decoder.generate(prompts[0], query="Marie Curie", passages=[(curie, 1.0)], **COPY),
-        decoder.generate(prompts[1], query="Alan Turing", passages=[(turing, 1.0)], **COPY),
-    ]
-    _same(batched, single)
+    queries, passages = ["Marie Curie", "Alan Turing"], [[(curie, 1.0)], [(turing, 1.0)]]
+    batched = _batched(decoder, prompts, queries, passages, **COPY)
+    _same(batched, _one_by_one(decoder, prompts, queries, passages, **COPY))
     assert {s.id for s in batched[0].sources} <= {"curie"} and {s.id for s in batched[1].sources} <= {"turing"}
 
 

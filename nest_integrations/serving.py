@@ -1,0 +1,179 @@
+"""Concurrent callers served together: one running batch per LM.
+
+Threads calling ``decoder.generate`` / ``decoder.stream`` at once, asyncio tasks
+awaiting ``decoder.agenerate`` / ``decoder.astream``, LangChain ``batch`` /
+``abatch`` and LlamaIndex's async calls all hand their prepared rows
+(:meth:`NestDecoder.prepare_row`: retrieval, gate and candidates, in the caller's
+own thread) to the :class:`BatchingService` of their LM. One worker thread runs a
+:class:`~nest_integrations.batching.RowScheduler`: a row joins the running batch
+at its next step, so a caller arriving while others decode does not wait for
+them to finish, and a caller alone decodes as before (a batch of one).
+
+The worker exists only while there is work: it starts with the first row and
+ends when the last one finishes, so an idle LM holds no thread.
+
+A service belongs to an LM *and* a key layer (rows of one forward read their keys
+at one layer); decoders over other datastores or with other configs share it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import weakref
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Optional, Union
+
+from .batching import Row, RowListener, RowScheduler
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .attribution import NestOutput
+    from .decoding import NestDecoder, StreamChunk
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_MAX_BATCH", "BatchingService", "shared_service"]
+
+DEFAULT_MAX_BATCH = 16
+"""Rows sharing a forward at most. Every row holds its own KV columns (about 46 KB
+per token in float32 on the default 135M model, so 16 rows of 1,000 tokens hold
+~0.7 GB); more callers wait and join as rows finish."""
+
+
+class BatchingService:
+    """A queue of prepared rows and the worker thread that decodes them in shared batches.
+
+    Thread-safe: any thread may :meth:`submit` or :meth:`stream`.
+
+    Args:
+        max_batch: rows sharing a forward at most (>= 1).
+    """
+
+    def __init__(self, max_batch: int = DEFAULT_MAX_BATCH):
+        self._scheduler = RowScheduler(max_batch=max_batch)
+        self._lock = threading.Lock()  # guards starting and ending the worker
+        self._worker: Optional[threading.Thread] = None
+
+    @property
+    def pending(self) -> int:
+        """Rows queued or decoding now."""
+        return len(self._scheduler)
+
+    @property
+    def max_batch(self) -> int:
+        return self._scheduler.max_batch
+
+    @max_batch.setter
+    def max_batch(self, value: int) -> None:
+        if int(value) < 1:
+            raise ValueError(f"max_batch must be >= 1, got {value}")
+        self._scheduler.max_batch = int(value)
+
+    def submit(self, row: Row) -> "Future[NestOutput]":
+        """Queue ``row``; the future resolves to its output (or raises its error)."""
+        future: "Future[NestOutput]" = Future()
+        row.listener = _Resolve(future)
+        self._enqueue(row)
+        return future
+
+    def stream(self, row: Row) -> Iterator["StreamChunk"]:
+        """Queue ``row`` and yield its chunks as they are accepted (the last one carries
+        the output). Closing the iterator early cancels the row."""
+        chunks: "queue.SimpleQueue[Union[StreamChunk, BaseException, None]]" = queue.SimpleQueue()
+        row.listener = _Forward(row.decoder, chunks.put)
+        self._enqueue(row)
+        try:
+            while (item := chunks.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            row.cancelled = True  # a no-op once the row finished
+
+    async def astream(self, row: Row) -> AsyncIterator["StreamChunk"]:
+        """:meth:`stream` for asyncio: the chunks reach the event loop without a thread waiting."""
+        loop = asyncio.get_running_loop()
+        chunks: "asyncio.Queue[Union[StreamChunk, BaseException, None]]" = asyncio.Queue()
+        row.listener = _Forward(row.decoder, lambda item: loop.call_soon_threadsafe(chunks.put_nowait, item))
+        self._enqueue(row)
+        try:
+            while (item := await chunks.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            row.cancelled = True
+
+    # ------------------------------------------------------------------ worker
+    def _enqueue(self, row: Row) -> None:
+        with self._lock:
+            self._scheduler.add(row)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="nest-batching", daemon=True)
+                self._worker.start()
+
+    def _work(self) -> None:
+        scheduler = self._scheduler
+        while True:
+            with self._lock:
+                if not scheduler.busy:
+                    self._worker = None
+                    return
+            try:
+                scheduler.step()
+            except BaseException as error:  # a bug in a row's decisions: fail the batch, keep serving
+                logger.exception("batched decoding step failed; failing %d rows", len(scheduler.active))
+                scheduler.fail_all(error)
+
+
+class _Resolve(RowListener):
+    """Resolves a future with the row's output or error."""
+
+    def __init__(self, future: "Future[NestOutput]"):
+        self.future = future
+
+    def finished(self, row: Row, output: "NestOutput") -> None:
+        self.future.set_result(output)
+
+    def failed(self, row: Row, error: BaseException) -> None:
+        self.future.set_exception(error)
+
+
+class _Forward(RowListener):
+    """Hands a row's stream chunks to ``put``: chunks, then None at the end, or the error."""
+
+    def __init__(self, decoder: "NestDecoder", put: Callable[[Any], None]):
+        from .decoding import StreamCursor
+
+        self.cursor = StreamCursor(decoder)
+        self.put = put
+
+    def progress(self, row: Row) -> None:
+        chunk = self.cursor.advance(row.gen)
+        if chunk is not None:
+            self.put(chunk)
+
+    def finished(self, row: Row, output: "NestOutput") -> None:
+        self.put(self.cursor.last(output))
+        self.put(None)
+
+    def failed(self, row: Row, error: BaseException) -> None:
+        self.put(error)
+
+
+_services: dict[tuple[int, str], BatchingService] = {}
+_services_lock = threading.Lock()
+
+
+def shared_service(decoder: "NestDecoder") -> BatchingService:
+    """The service of ``decoder``'s LM and key layer (made on first use, dropped with the LM)."""
+    lm = decoder.lm
+    key = (id(lm), decoder.reader.key_layer)
+    with _services_lock:
+        service = _services.get(key)
+        if service is None:
+            service = _services[key] = BatchingService()
+            weakref.finalize(lm, _services.pop, key, None)
+        return service

@@ -1,0 +1,133 @@
+"""Concurrent callers share batches (nest_integrations.serving) and get what they get alone."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from nest_integrations import batching
+from nest_integrations.config import NestConfig
+from nest_integrations.datastore import PassageEncoder, TokenDatastore
+from nest_integrations.decoding import NestDecoder
+from nest_integrations.serving import shared_service
+from conftest import ListRetriever, held_back
+from test_batching import MIXED, PROMPTS, _one_by_one, _same
+
+OVERRIDES = dict(mode="nest", **MIXED)
+
+
+@pytest.fixture
+def decoder(tiny_lm, small_passages):
+    store = TokenDatastore(small_passages, PassageEncoder(tiny_lm))
+    store.precompute(show_progress=False)  # preparing a row then needs no forward of the LM
+    return NestDecoder(tiny_lm, store, ListRetriever(small_passages), NestConfig(max_new_tokens=24))
+
+
+def test_concurrent_threads_share_forwards_and_equal_alone(decoder, shared_rows):
+    single = _one_by_one(decoder, PROMPTS, **OVERRIDES)
+    results = [None] * len(PROMPTS)
+
+    def call(i):
+        results[i] = decoder.generate(PROMPTS[i], **OVERRIDES)
+
+    releaser = held_back(decoder.lm, len(PROMPTS))
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(PROMPTS))]
+    for thread in threads:
+        thread.start()
+    for thread in [*threads, releaser]:
+        thread.join(120)
+    _same(results, single)
+    assert max(shared_rows) == len(PROMPTS), "the callers decoded in one batch"
+
+
+def test_asyncio_tasks_share_forwards(decoder, shared_rows):
+    single = _one_by_one(decoder, PROMPTS, **OVERRIDES)
+
+    async def main():
+        return await asyncio.gather(*(decoder.agenerate(p, **OVERRIDES) for p in PROMPTS))
+
+    releaser = held_back(decoder.lm, len(PROMPTS))
+    _same(asyncio.run(main()), single)
+    releaser.join(60)
+    assert max(shared_rows) == len(PROMPTS)
+
+
+def test_streams_stream_while_sharing(decoder, shared_rows):
+    single = _one_by_one(decoder, PROMPTS[:3], **OVERRIDES)
+    pieces = [[] for _ in range(3)]
+
+    def consume(i):
+        pieces[i] = list(decoder.stream(PROMPTS[i], **OVERRIDES))
+
+    releaser = held_back(decoder.lm, 3)
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in [*threads, releaser]:
+        thread.join(120)
+    for chunks, alone in zip(pieces, single):
+        assert len(chunks) > 2, "text arrives in pieces, not at the end"
+        assert "".join(c.text for c in chunks) == alone.text
+        assert chunks[-1].output is not None and chunks[-1].output.spans == alone.spans
+    assert max(shared_rows) == 3
+
+
+def test_async_stream_matches_output(decoder):
+    async def main():
+        return [chunk async for chunk in decoder.astream(PROMPTS[1], **OVERRIDES)]
+
+    chunks = asyncio.run(main())
+    alone = _one_by_one(decoder, PROMPTS[1:2], **OVERRIDES)[0]
+    assert "".join(c.text for c in chunks) == alone.text and chunks[-1].output.text == alone.text
+
+
+def test_an_abandoned_stream_leaves_the_batch(decoder):
+    stream = decoder.stream(PROMPTS[3], **{**OVERRIDES, "max_new_tokens": 40})
+    next(stream)
+    stream.close()
+    # the other callers are served; the abandoned row is gone by then
+    out = decoder.generate(PROMPTS[0], **OVERRIDES)
+    assert out.text == _one_by_one(decoder, PROMPTS[:1], **OVERRIDES)[0].text
+    assert not shared_service(decoder)._scheduler.busy
+
+
+def test_a_failed_forward_fails_its_batch_and_the_service_goes_on(decoder, monkeypatch):
+    forward = batching._shared_forward
+    calls = []
+
+    def broken_once(batch, active, fed):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("out of memory")
+        return forward(batch, active, fed)
+
+    monkeypatch.setattr(batching, "_shared_forward", broken_once)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        decoder.generate(PROMPTS[0], **OVERRIDES)
+    assert decoder.generate(PROMPTS[0], **OVERRIDES).text == _one_by_one(decoder, PROMPTS[:1], **OVERRIDES)[0].text
+
+
+def test_bad_input_raises_in_the_callers_thread(decoder):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        decoder.generate("Hi", max_new_tokens=100_000)
+    with pytest.raises(ValueError, match="max_batch"):
+        decoder.generate_batch(PROMPTS, max_batch=0)
+    with pytest.raises(ValueError, match="max_batch"):
+        shared_service(decoder).max_batch = 0
+
+
+def test_the_worker_ends_when_idle(decoder):
+    decoder.generate(PROMPTS[0], **OVERRIDES)
+    service = shared_service(decoder)
+    deadline = time.monotonic() + 10
+    while service._worker is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert service._worker is None
+
+
+def test_decoders_of_one_lm_share_a_service(decoder, tiny_lm, small_passages):
+    other = NestDecoder(tiny_lm, TokenDatastore(small_passages[:2], PassageEncoder(tiny_lm)), ListRetriever(small_passages[:2]))
+    assert shared_service(other) is shared_service(decoder)
