@@ -516,3 +516,57 @@ def test_attributed_chain_and_cite(chat, docs):
     assert cite.invoke(plain) == "plain"
     with pytest.raises(ValueError, match="not a NEST result"):
         cite.invoke({"answer": "x"})
+
+
+# --------------------------------------------------------------------------- concurrency
+QUESTIONS = ["Who was Marie Curie?", "Who was Alan Turing?", "Tell me about the comet catalogue.", "What is radioactivity?"]
+
+
+def _precomputed(store, lm):
+    store.token_datastore(lm).precompute(show_progress=False)  # preparing a call then needs no LM forward
+
+
+def test_chat_batch_and_abatch_decode_in_one_shared_batch(chat, store, tiny_lm, shared_rows):
+    from conftest import held_back
+
+    _precomputed(store, tiny_lm)
+    alone = [chat.invoke(q) for q in QUESTIONS]
+    shared_rows.clear()
+    holder = held_back(tiny_lm, len(QUESTIONS))
+    batched = chat.batch(QUESTIONS)
+    holder.join()
+    assert max(shared_rows) == len(QUESTIONS)
+    assert [m.content for m in batched] == [m.content for m in alone]
+
+    shared_rows.clear()
+    holder = held_back(tiny_lm, len(QUESTIONS))
+    gathered = asyncio.run(chat.abatch(QUESTIONS))
+    holder.join()
+    assert max(shared_rows) == len(QUESTIONS)
+    assert [m.content for m in gathered] == [m.content for m in alone]
+    assert [m.response_metadata["spans"] for m in gathered] == [m.response_metadata["spans"] for m in alone]
+
+
+def test_llm_batch_shares_forwards_and_async_streams_stream(llm, store, tiny_lm, shared_rows):
+    from conftest import held_back
+
+    _precomputed(store, tiny_lm)
+    alone = [llm.invoke(q) for q in QUESTIONS]
+    shared_rows.clear()
+    holder = held_back(tiny_lm, len(QUESTIONS))
+    assert llm.batch(QUESTIONS) == alone
+    holder.join()
+    assert max(shared_rows) == len(QUESTIONS)
+
+    async def streams():
+        async def one(q):
+            return [chunk async for chunk in llm.astream(q)]
+
+        return await asyncio.gather(*(one(q) for q in QUESTIONS))
+
+    shared_rows.clear()
+    holder = held_back(tiny_lm, len(QUESTIONS))
+    pieces = asyncio.run(streams())
+    holder.join()
+    assert max(shared_rows) == len(QUESTIONS)
+    assert ["".join(p) for p in pieces] == alone

@@ -6,6 +6,7 @@ embedder, and ``Settings.llm`` / ``Settings.embed_model`` are set explicitly.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import re
@@ -477,3 +478,22 @@ def test_splitter_nodes_chain_into_their_document():
     assert all(text[p.doc_char_start : p.doc_char_end] == p.text for p in passages)
     starts = [p.doc_char_start for p in passages]
     assert starts == sorted(starts) and all(b <= a.doc_char_end + 2 for a, b in zip(passages, starts[1:])), "contiguous or overlapping"
+
+
+def test_concurrent_async_completions_share_forwards(llm, nest_index, tiny_lm, shared_rows):
+    from conftest import held_back
+
+    llm._token_datastore(tiny_lm).precompute(show_progress=False)  # preparing a call then needs no LM forward
+    prompts = ["Who was Marie Curie?", "Who was Alan Turing?", "Tell me about the comet catalogue."]
+    alone = [llm.complete(p).text for p in prompts]
+
+    async def gathered():
+        return await asyncio.gather(*(llm.acomplete(p) for p in prompts))
+
+    shared_rows.clear()
+    holder = held_back(tiny_lm, len(prompts))
+    responses = asyncio.run(gathered())
+    holder.join()
+    assert max(shared_rows) == len(prompts)
+    assert [r.text for r in responses] == alone
+    assert all("nest" in r.additional_kwargs for r in responses)

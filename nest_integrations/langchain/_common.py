@@ -14,10 +14,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import threading
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Optional, Sequence, TypeVar, Union
 
 import numpy as np
@@ -25,7 +27,6 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.documents import Document
 from langchain_core.outputs import ChatGenerationChunk, GenerationChunk
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables.config import run_in_executor
 from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from typing_extensions import Self
@@ -180,18 +181,24 @@ def report_tokens(chunks: Iterator[ChunkT], run_manager: Optional[CallbackManage
 
 
 async def areport_tokens(
-    chunks: Iterator[ChunkT], run_manager: Optional[AsyncCallbackManagerForLLMRun]
+    chunks: AsyncIterator[ChunkT], run_manager: Optional[AsyncCallbackManagerForLLMRun]
 ) -> AsyncIterator[ChunkT]:
-    """Async :func:`report_tokens`: each ``next`` of the blocking ``chunks`` runs in
-    the default executor, so the event loop stays free while the model decodes."""
-    done = object()
-    while True:
-        chunk = await run_in_executor(None, next, chunks, done)
-        if chunk is done:
-            return
+    """Async :func:`report_tokens`."""
+    async for chunk in chunks:
         if run_manager:
             await run_manager.on_llm_new_token(chunk.text, chunk=chunk)  # type: ignore[union-attr]
-        yield chunk  # type: ignore[misc]
+        yield chunk
+
+
+def all_at_once(config: Any, count: int) -> Any:
+    """``config`` of a LangChain ``batch`` with ``max_concurrency`` defaulting to
+    ``count``: every input in flight at once, so they decode in one shared batch
+    (LangChain's own default is a thread pool of ``cpu_count + 4``)."""
+    if isinstance(config, list):
+        return [all_at_once(c, count) for c in config]
+    config = dict(config or {})
+    config.setdefault("max_concurrency", max(count, 1))
+    return config
 
 
 # --------------------------------------------------------------------------- models
@@ -328,19 +335,12 @@ class NestModelBase(BaseModel):
                 "'query' or NestConfig fields."
             ) from err
 
-    def _nest_stream(
-        self,
-        prompt: "PromptLike",
-        default_query: str,
-        stop: Optional[list[str]],
-        kwargs: dict[str, Any],
-    ) -> Iterator["StreamChunk"]:
-        """Retrieve (when a LangChain retriever is set) and stream one generation.
+    def _nest_call(self, default_query: str, stop: Optional[list[str]], kwargs: dict[str, Any]) -> tuple["NestDecoder", dict[str, Any]]:
+        """The decoder and the keyword arguments of one call: retrieval (when a
+        LangChain retriever is set) done, the per-call options resolved.
 
         ``kwargs`` are the per-call options: ``query`` (the retrieval query,
-        default ``default_query``) and any NestConfig field. A generator:
-        nothing runs before the first ``next``, so the async methods retrieve
-        off the event loop too.
+        default ``default_query``) and any NestConfig field.
         """
         overrides = dict(kwargs)
         overrides.pop("stream", None)  # LangChain's streaming switch, already acted upon by the caller
@@ -352,21 +352,55 @@ class NestModelBase(BaseModel):
         if self.retriever is not None and config.mode != "base":
             passages = retrieve_passages(self.retriever, query, config.passage_k)
             logger.debug("retrieved %d passages for %r", len(passages), query)
-        yield from decoder.stream(prompt, query=query, passages=passages, **config.model_dump())
+        return decoder, {"query": query, "passages": passages, **config.model_dump()}
 
-    def _nest_generate(
+    def _nest_stream(
+        self,
+        prompt: "PromptLike",
+        default_query: str,
+        stop: Optional[list[str]],
+        kwargs: dict[str, Any],
+    ) -> Iterator["StreamChunk"]:
+        """Retrieve and stream one generation (see :meth:`_nest_call`). A generator:
+        nothing runs before the first ``next``."""
+        decoder, call = self._nest_call(default_query, stop, kwargs)
+        yield from decoder.stream(prompt, **call)
+
+    def _nest_submit(
+        self,
+        prompt: "PromptLike",
+        default_query: str,
+        stop: Optional[list[str]],
+        kwargs: dict[str, Any],
+    ) -> "Future[NestOutput]":
+        """Retrieve here and queue one generation in the LM's shared batch (models
+        that cannot share one generate it now); the future resolves to its output."""
+        decoder, call = self._nest_call(default_query, stop, kwargs)
+        return decoder.submit(prompt, **call)
+
+    async def _anest_generate(
         self,
         prompt: "PromptLike",
         default_query: str,
         stop: Optional[list[str]],
         kwargs: dict[str, Any],
     ) -> "NestOutput":
-        """One complete generation (see :meth:`_nest_stream`)."""
-        output = None
-        for chunk in self._nest_stream(prompt, default_query, stop, kwargs):
-            output = chunk.output
-        assert output is not None, "the decoder's last chunk carries the output"
-        return output
+        """One generation for asyncio: retrieval in a worker thread, decoding in the
+        LM's shared batch with the other callers, no thread waiting for it."""
+        decoder, call = await asyncio.to_thread(self._nest_call, default_query, stop, kwargs)
+        return await decoder.agenerate(prompt, **call)
+
+    async def _anest_stream(
+        self,
+        prompt: "PromptLike",
+        default_query: str,
+        stop: Optional[list[str]],
+        kwargs: dict[str, Any],
+    ) -> AsyncIterator["StreamChunk"]:
+        """:meth:`_anest_generate`, streamed."""
+        decoder, call = await asyncio.to_thread(self._nest_call, default_query, stop, kwargs)
+        async for piece in decoder.astream(prompt, **call):
+            yield piece
 
     def with_structured_output(self, schema: Any, **kwargs: Any) -> Any:
         """Not supported: NEST has no JSON mode or tool calling to steer its output into a schema.

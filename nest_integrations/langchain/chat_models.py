@@ -13,7 +13,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 
 from ..attribution import Span, merge_spans
 from ..conversation import retrieval_query
-from ._common import NestModelBase, areport_tokens, report_tokens
+from ._common import NestModelBase, all_at_once, areport_tokens, report_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..attribution import NestOutput
@@ -66,6 +66,12 @@ class ChatNest(NestModelBase, BaseChatModel):
         with the chunk that completes it, so summing the chunks gives the same
         text, citations and ``response_metadata`` as ``invoke``.
 
+    Concurrency:
+        Concurrent calls (threads, ``ainvoke`` tasks, ``batch`` / ``abatch``,
+        whose inputs are all in flight at once unless ``max_concurrency`` is
+        set) decode together in shared forward passes of the LM
+        (:mod:`nest_integrations.serving`), each with the output it gets alone.
+
     Tool calling and structured output are not supported: ``bind_tools`` and
     ``with_structured_output`` raise ``NotImplementedError``.
     """
@@ -85,6 +91,11 @@ class ChatNest(NestModelBase, BaseChatModel):
             "Use a tool-calling model for that step and ChatNest for the attributed answer."
         )
 
+    def batch(self, inputs: list[Any], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any) -> list[Any]:
+        """LangChain's ``batch`` with every input in flight at once (unless
+        ``max_concurrency`` is set), so they decode in one shared batch."""
+        return super().batch(inputs, all_at_once(config, len(inputs)), return_exceptions=return_exceptions, **kwargs)
+
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -93,7 +104,19 @@ class ChatNest(NestModelBase, BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         prompt, query = _to_prompt(messages)
-        output = self._nest_generate(prompt, query, stop, kwargs)
+        return self._result(self._nest_submit(prompt, query, stop, kwargs).result())
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: Optional[list[str]] = None,
+        run_manager: Optional[AsyncCallbackManagerForLLMRun] = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        prompt, query = _to_prompt(messages)
+        return self._result(await self._anest_generate(prompt, query, stop, kwargs))
+
+    def _result(self, output: "NestOutput") -> ChatResult:
         block = _text_block(output.text, [_citation(span) for span in output.spans if span.copied])
         message = AIMessage(
             content=[block],  # type: ignore[list-item]
@@ -102,24 +125,18 @@ class ChatNest(NestModelBase, BaseChatModel):
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
-    def _chunks(
-        self, messages: list[BaseMessage], stop: Optional[list[str]], kwargs: dict[str, Any]
-    ) -> Iterator[ChatGenerationChunk]:
-        prompt, query = _to_prompt(messages)
-        citations = _CitationStream()
-        for piece in self._nest_stream(prompt, query, stop, kwargs):
-            block = _text_block(piece.text, citations.feed(piece))
-            block["index"] = 0  # type: ignore[typeddict-unknown-key]  # chunks merge into one block
-            if piece.output is None:
-                message = AIMessageChunk(content=[block])  # type: ignore[list-item]
-            else:
-                message = AIMessageChunk(
-                    content=[block],  # type: ignore[list-item]
-                    response_metadata=self._response_metadata(piece.output),
-                    usage_metadata=_usage(piece.output),
-                    chunk_position="last",
-                )
-            yield ChatGenerationChunk(message=message)
+    def _chunk(self, piece: "StreamChunk", citations: "_CitationStream") -> ChatGenerationChunk:
+        block = _text_block(piece.text, citations.feed(piece))
+        block["index"] = 0  # type: ignore[typeddict-unknown-key]  # chunks merge into one block
+        if piece.output is None:
+            return ChatGenerationChunk(message=AIMessageChunk(content=[block]))  # type: ignore[list-item]
+        message = AIMessageChunk(
+            content=[block],  # type: ignore[list-item]
+            response_metadata=self._response_metadata(piece.output),
+            usage_metadata=_usage(piece.output),
+            chunk_position="last",
+        )
+        return ChatGenerationChunk(message=message)
 
     def _stream(
         self,
@@ -128,7 +145,10 @@ class ChatNest(NestModelBase, BaseChatModel):
         run_manager: Optional[CallbackManagerForLLMRun] = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        yield from report_tokens(self._chunks(messages, stop, kwargs), run_manager)
+        prompt, query = _to_prompt(messages)
+        citations = _CitationStream()
+        chunks = (self._chunk(piece, citations) for piece in self._nest_stream(prompt, query, stop, kwargs))
+        yield from report_tokens(chunks, run_manager)
 
     async def _astream(
         self,
@@ -137,7 +157,10 @@ class ChatNest(NestModelBase, BaseChatModel):
         run_manager: Optional[AsyncCallbackManagerForLLMRun] = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        async for chunk in areport_tokens(self._chunks(messages, stop, kwargs), run_manager):
+        prompt, query = _to_prompt(messages)
+        citations = _CitationStream()
+        chunks = (self._chunk(piece, citations) async for piece in self._anest_stream(prompt, query, stop, kwargs))
+        async for chunk in areport_tokens(chunks, run_manager):
             yield chunk
 
     def _response_metadata(self, output: "NestOutput") -> dict[str, Any]:

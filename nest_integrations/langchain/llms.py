@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Optional
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -11,6 +12,7 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from ._common import NestModelBase, areport_tokens, report_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..attribution import NestOutput
     from ..decoding import StreamChunk
 
 _STREAMED_SEPARATELY = ("text", "spans")
@@ -55,7 +57,10 @@ class NestLLM(NestModelBase, BaseLLM):
         info with the spans split at chunk boundaries
         (:func:`nest_integrations.attribution.merge_spans` joins them).
 
-    Calls run on the local model; the async methods run it in a worker thread.
+    Calls run on the local model. Concurrent calls (threads, async tasks) and the
+    prompts of one ``generate`` / ``batch`` decode together in shared forward
+    passes (:mod:`nest_integrations.serving`), each with the output it gets alone;
+    the async methods keep the event loop free.
     """
 
     @property
@@ -69,16 +74,28 @@ class NestLLM(NestModelBase, BaseLLM):
         run_manager: Optional[CallbackManagerForLLMRun] = None,
         **kwargs: Any,
     ) -> LLMResult:
-        generations = []
-        for prompt in prompts:
-            output = self._nest_generate(prompt, prompt, stop, kwargs)
-            info = {**output.to_dict(), "finish_reason": output.stats.finish_reason, "fallback_reason": output.stats.fallback_reason}
-            generations.append([Generation(text=output.text, generation_info=info)])
-        return LLMResult(generations=generations, llm_output={"model_name": self.model})
+        # Every prompt is queued as soon as it is retrieved for, so they decode in one shared batch.
+        futures = [self._nest_submit(prompt, prompt, stop, kwargs) for prompt in prompts]
+        return self._result([future.result() for future in futures])
 
-    def _chunks(self, prompt: str, stop: Optional[list[str]], kwargs: dict[str, Any]) -> Iterator[GenerationChunk]:
-        for piece in self._nest_stream(prompt, prompt, stop, kwargs):
-            yield _generation_chunk(piece)
+    async def _agenerate(
+        self,
+        prompts: list[str],
+        stop: Optional[list[str]] = None,
+        run_manager: Optional[AsyncCallbackManagerForLLMRun] = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        outputs = await asyncio.gather(*(self._anest_generate(prompt, prompt, stop, kwargs) for prompt in prompts))
+        return self._result(list(outputs))
+
+    def _result(self, outputs: list["NestOutput"]) -> LLMResult:
+        generations = [
+            [Generation(text=output.text, generation_info={
+                **output.to_dict(), "finish_reason": output.stats.finish_reason, "fallback_reason": output.stats.fallback_reason
+            })]
+            for output in outputs
+        ]
+        return LLMResult(generations=generations, llm_output={"model_name": self.model})
 
     def _stream(
         self,
@@ -87,7 +104,8 @@ class NestLLM(NestModelBase, BaseLLM):
         run_manager: Optional[CallbackManagerForLLMRun] = None,
         **kwargs: Any,
     ) -> Iterator[GenerationChunk]:
-        yield from report_tokens(self._chunks(prompt, stop, kwargs), run_manager)
+        chunks = (_generation_chunk(piece) for piece in self._nest_stream(prompt, prompt, stop, kwargs))
+        yield from report_tokens(chunks, run_manager)
 
     async def _astream(
         self,
@@ -96,7 +114,8 @@ class NestLLM(NestModelBase, BaseLLM):
         run_manager: Optional[AsyncCallbackManagerForLLMRun] = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
-        async for chunk in areport_tokens(self._chunks(prompt, stop, kwargs), run_manager):
+        chunks = (_generation_chunk(piece) async for piece in self._anest_stream(prompt, prompt, stop, kwargs))
+        async for chunk in areport_tokens(chunks, run_manager):
             yield chunk
 
 

@@ -30,10 +30,9 @@ variants, ``as_structured_llm`` and ``predict_and_call`` raise
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Iterator, Optional, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Iterator, Optional, Sequence, Union
 
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -71,7 +70,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
 _ROLES = {MessageRole.DEVELOPER: "system", MessageRole.CHATBOT: "assistant", MessageRole.MODEL: "assistant"}
 
 RetrieverSource = Union[BaseRetriever, BaseIndex]
@@ -113,14 +111,17 @@ def _chunk_kwargs(chunk: StreamChunk) -> dict[str, Any]:
     return kwargs
 
 
-async def _in_thread(items: Iterator[_T]) -> AsyncGenerator[_T, None]:
-    """Iterate a blocking iterator without blocking the event loop (one thread hop per item)."""
-    done = object()
-    while True:
-        item = await asyncio.to_thread(next, items, done)
-        if item is done:
-            return
-        yield item  # type: ignore[misc]
+class _SoFar:
+    """The text and merged spans of a stream so far, chunk by chunk."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.spans: list[Span] = []
+
+    def add(self, chunk: StreamChunk) -> tuple[str, list[Span], StreamChunk]:
+        self.text += chunk.text
+        self.spans = self.spans[:-1] + merge_spans([*self.spans[-1:], *chunk.spans])
+        return self.text, self.spans, chunk
 
 
 class NestLLM(CustomLLM):
@@ -294,47 +295,72 @@ class NestLLM(CustomLLM):
         prompt_like = prompt if isinstance(prompt, str) else _message_dicts(prompt)
         return self._decoder().generate(prompt_like, **self._decoder_kwargs(kwargs))
 
+    async def agenerate(self, prompt: Union[str, Sequence[ChatMessage]], **kwargs: Any) -> NestOutput:
+        """:meth:`generate` for asyncio: concurrent calls decode together in shared
+        forward passes (:mod:`nest_integrations.serving`); the event loop stays free."""
+        prompt_like = prompt if isinstance(prompt, str) else _message_dicts(prompt)
+        return await self._decoder().agenerate(prompt_like, **self._decoder_kwargs(kwargs))
+
     def _stream(
         self, prompt: Union[str, list[dict[str, str]]], kwargs: dict[str, Any]
     ) -> Iterator[tuple[str, list[Span], StreamChunk]]:
         """Decoder chunks with the text and merged spans accumulated so far."""
-        text = ""
-        spans: list[Span] = []
+        so_far = _SoFar()
         for chunk in self._decoder().stream(prompt, **self._decoder_kwargs(kwargs)):
-            text += chunk.text
-            spans = spans[:-1] + merge_spans([*spans[-1:], *chunk.spans])
-            yield text, spans, chunk
+            yield so_far.add(chunk)
+
+    async def _astream(
+        self, prompt: Union[str, list[dict[str, str]]], kwargs: dict[str, Any]
+    ) -> AsyncGenerator[tuple[str, list[Span], StreamChunk], None]:
+        """:meth:`_stream` for asyncio."""
+        so_far = _SoFar()
+        async for chunk in self._decoder().astream(prompt, **self._decoder_kwargs(kwargs)):
+            yield so_far.add(chunk)
 
     @staticmethod
     def _completion_kwargs(formatted: bool, kwargs: dict[str, Any]) -> dict[str, Any]:
         """A ``formatted`` prompt is already templated: it is fed to the LM as is."""
         return {"use_chat_template": False, **kwargs} if formatted else kwargs
 
-    def _complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
-        output = self.generate(prompt, **self._completion_kwargs(formatted, kwargs))
+    @staticmethod
+    def _completion(output: NestOutput) -> CompletionResponse:
         return CompletionResponse(text=output.text, additional_kwargs={"nest": output.to_dict()})
 
-    def _stream_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponseGen:
-        for text, _, chunk in self._stream(prompt, self._completion_kwargs(formatted, kwargs)):
-            yield CompletionResponse(text=text, delta=chunk.text, additional_kwargs=_chunk_kwargs(chunk))
+    @staticmethod
+    def _completion_delta(text: str, spans: list[Span], chunk: StreamChunk) -> CompletionResponse:
+        return CompletionResponse(text=text, delta=chunk.text, additional_kwargs=_chunk_kwargs(chunk))
 
-    def _chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
-        output = self.generate(messages, **kwargs)
+    @staticmethod
+    def _chat_response(output: NestOutput) -> ChatResponse:
         return ChatResponse(
             message=_assistant_message(output.text, output.spans), additional_kwargs={"nest": output.to_dict()}
         )
 
+    @staticmethod
+    def _chat_delta(text: str, spans: list[Span], chunk: StreamChunk) -> ChatResponse:
+        return ChatResponse(message=_assistant_message(text, spans), delta=chunk.text, additional_kwargs=_chunk_kwargs(chunk))
+
+    def _stream_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponseGen:
+        for so_far in self._stream(prompt, self._completion_kwargs(formatted, kwargs)):
+            yield self._completion_delta(*so_far)
+
     def _stream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseGen:
-        for text, spans, chunk in self._stream(_message_dicts(messages), kwargs):
-            yield ChatResponse(
-                message=_assistant_message(text, spans), delta=chunk.text, additional_kwargs=_chunk_kwargs(chunk)
-            )
+        for so_far in self._stream(_message_dicts(messages), kwargs):
+            yield self._chat_delta(*so_far)
+
+    async def _astream_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponseAsyncGen:
+        async for so_far in self._astream(prompt, self._completion_kwargs(formatted, kwargs)):
+            yield self._completion_delta(*so_far)
+
+    async def _astream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseAsyncGen:
+        async for so_far in self._astream(_message_dicts(messages), kwargs):
+            yield self._chat_delta(*so_far)
 
     # ------------------------------------------------------------------ LLM interface
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Generate for ``prompt`` (wrapped in the chat template unless ``formatted``)."""
-        return self._complete(prompt, formatted, kwargs)
+        return self._completion(self.generate(prompt, **self._completion_kwargs(formatted, kwargs)))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
@@ -344,7 +370,7 @@ class NestLLM(CustomLLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Answer ``messages`` through the model's chat template, with a ``CitationBlock`` per copied span."""
-        return self._chat(messages, kwargs)
+        return self._chat_response(self.generate(messages, **kwargs))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -353,19 +379,19 @@ class NestLLM(CustomLLM):
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return await asyncio.to_thread(self._complete, prompt, formatted, kwargs)
+        return self._completion(await self.agenerate(prompt, **self._completion_kwargs(formatted, kwargs)))
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
-        return _in_thread(self._stream_complete(prompt, formatted, kwargs))
+        return self._astream_complete(prompt, formatted, kwargs)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return await asyncio.to_thread(self._chat, messages, kwargs)
+        return self._chat_response(await self.agenerate(messages, **kwargs))
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        return _in_thread(self._stream_chat(messages, kwargs))
+        return self._astream_chat(messages, kwargs)
 
     # ------------------------------------------------------------------ not supported
     def _no_structured_output(self, *args: Any, **kwargs: Any) -> Any:
