@@ -431,6 +431,29 @@ def bench(
         run_sweep(index, param=sweep, values=[float(v) for v in values.split(",")], n=n, out_dir=out)
 
 
+@app.command("bench-ray")
+def bench_ray(
+    passages: int = typer.Option(500, help="Wikipedia summaries about people to build over."),
+    items: int = typer.Option(6, help="Biography prompts to generate for."),
+    max_new_tokens: int = typer.Option(48, help="Tokens per generation."),
+    batch_size: int = typer.Option(2, help="Items per batched-decoder call and per Ray task."),
+    workers: int = typer.Option(2, help="Ray workers, one CPU each."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster HOST:PORT (default: a local one)."),
+    out: Path = typer.Option(Path("runs/ray"), help="Output folder (ray.json, ray.md)."),
+) -> None:
+    """Ray against one process: index build and batch generation, timed in one run."""
+    from .evaluation.ray_bench import run_ray_bench
+
+    try:
+        run_ray_bench(
+            passages=passages, items=items, max_new_tokens=max_new_tokens, batch_size=batch_size,
+            workers=workers, address=ray_address, out_dir=out,
+        )
+    except (ValueError, ImportError) as err:
+        _fail(str(err))
+    console.print((out / "ray.md").read_text())
+
+
 @app.command()
 def calibrate(
     datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),

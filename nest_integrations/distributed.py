@@ -111,6 +111,12 @@ def _same_lm_as(lm: "LoadedLM") -> Callable[[list[dict[str, str]]], None]:
     return check
 
 
+def _last_error_line(message: str) -> str:
+    """The ``SomeError: message`` line closing a Ray error's remote traceback (else all of it)."""
+    lines = [line.strip() for line in message.splitlines() if "Error: " in line]
+    return lines[-1] if lines else message
+
+
 def _one_lm(workers: list[dict[str, str]]) -> None:
     """Raise ValueError unless every worker holds the same LM."""
     first = workers[0]
@@ -125,11 +131,18 @@ class _BuildWorker:
     def __init__(self, model: str, dtype: str, embedder: Optional[str], key_layer: str, encoding_prefix: Optional[str]):
         from .datastore import PassageEncoder
         from .lm import load_lm
-        from .retrieval.dense import load_embedder
 
         self.lm = load_lm(model, device="cpu", dtype=dtype)
         self.encoder = PassageEncoder(self.lm, key_layer, encoding_prefix)
-        self.embedder = load_embedder(embedder)
+        self.embedder_name = embedder
+        self.embedder: Any = None  # loaded by the first shard, after the driver has checked the LM
+
+    def _embedder(self) -> Any:
+        from .retrieval.dense import load_embedder
+
+        if self.embedder is None:
+            self.embedder = load_embedder(self.embedder_name)
+        return self.embedder
 
     def describe(self) -> dict[str, str]:
         return {
@@ -147,7 +160,7 @@ class _BuildWorker:
         start = time.perf_counter()
         passages = [Passage.from_dict(r) for r in records]
         keys = PrecomputedKeys.from_encoded(self.encoder.encode([p.text for p in passages]), self.encoder)
-        vectors = embed_texts(self.embedder, [index_text(p) for p in passages])
+        vectors = embed_texts(self._embedder(), [index_text(p) for p in passages])
         record = write_shard(Path(folder), keys, vectors)
         return {"record": record, "seconds": time.perf_counter() - start, "host": socket.gethostname()}
 
@@ -173,7 +186,11 @@ def _actors(
     them after the block (so a caller's long-lived Ray runtime gets its CPUs back)."""
     workers = _workers(ray, cls, count, cpus_per_worker, *args)
     try:
-        check(ray.get([w.describe.remote() for w in workers]))
+        try:
+            described = ray.get([w.describe.remote() for w in workers])
+        except ray.exceptions.RayActorError as err:  # the actor's __init__ raised: say what, not Ray's traceback
+            raise ValueError(f"a Ray worker could not start: {_last_error_line(str(err))}") from err
+        check(described)
         yield workers
     finally:
         for worker in workers:
