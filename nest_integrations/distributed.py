@@ -68,7 +68,8 @@ def ray_cluster(address: Optional[str] = None, *, num_cpus: Optional[int] = None
             prints it) or ``"auto"``; None joins the cluster named by
             ``$RAY_ADDRESS`` or one started on this machine with ``ray start``,
             else starts a local one for the block.
-        num_cpus: CPUs of a local cluster started here (None: all).
+        num_cpus: start a new local cluster of this many CPUs (with ``address``
+            None), even if another one runs on this machine.
 
     A connection made here is closed after the block; one made by the caller is left open.
     """
@@ -76,7 +77,9 @@ def ray_cluster(address: Optional[str] = None, *, num_cpus: Optional[int] = None
     if ray.is_initialized():
         yield ray
         return
-    ray.init(address=address, num_cpus=num_cpus if address is None else None, include_dashboard=False, log_to_driver=False)
+    if num_cpus is not None and address is None:
+        address = "local"
+    ray.init(address=address, num_cpus=num_cpus if address == "local" else None, include_dashboard=False, log_to_driver=False)
     try:
         yield ray
     finally:
@@ -94,6 +97,11 @@ def _lm_source(lm: "LoadedLM") -> tuple[str, str]:
             "load it with load_lm(PATH) first"
         )
     return name, str(lm.model.dtype).removeprefix("torch.")
+
+
+def _describe(lm: "LoadedLM") -> dict[str, str]:
+    """What a worker tells the driver of its LM: name, weight and tokenizer fingerprints, host."""
+    return {"name": lm.name, "fingerprint": lm.fingerprint(), "tokenizer": lm.tokenizer_fingerprint(), "host": socket.gethostname()}
 
 
 def _same_lm_as(lm: "LoadedLM") -> Callable[[list[dict[str, str]]], None]:
@@ -145,10 +153,7 @@ class _BuildWorker:
         return self.embedder
 
     def describe(self) -> dict[str, str]:
-        return {
-            "name": self.lm.name, "fingerprint": self.lm.fingerprint(),
-            "tokenizer": self.lm.tokenizer_fingerprint(), "host": socket.gethostname(),
-        }
+        return _describe(self.lm)
 
     def build_shard(self, folder: str, records: list[dict[str, Any]]) -> dict[str, Any]:
         """Embed and encode the passages ``records`` (Passage dicts) into the shard folder ``folder``."""
@@ -169,10 +174,13 @@ def _workers(ray: Any, cls: type, count: Optional[int], cpus_per_worker: float, 
     """``count`` actors of ``cls`` (None: as many as the cluster's CPUs allow), each reserving ``cpus_per_worker``."""
     if cpus_per_worker <= 0:
         raise ValueError(f"cpus_per_worker must be positive, got {cpus_per_worker}")
+    cpus = float(ray.cluster_resources().get("CPU", 0))
     if count is None:
-        count = max(1, int(ray.cluster_resources().get("CPU", 1) // cpus_per_worker))
+        count = max(1, int(cpus // cpus_per_worker))
     if count < 1:
         raise ValueError(f"workers must be at least 1, got {count}")
+    if count * cpus_per_worker > cpus:  # Ray would wait for CPUs that never come
+        raise ValueError(f"{count} workers of {cpus_per_worker} CPUs need {count * cpus_per_worker:g} CPUs; the Ray cluster has {cpus:g}")
     actor = ray.remote(num_cpus=cpus_per_worker)(cls)
     return [actor.remote(*args) for _ in range(count)]
 
@@ -300,8 +308,7 @@ class _GenerateWorker:
         self.max_batch = max_batch
 
     def describe(self) -> dict[str, str]:
-        lm = self.index.lm
-        return {"name": lm.name, "fingerprint": lm.fingerprint(), "tokenizer": lm.tokenizer_fingerprint(), "host": socket.gethostname()}
+        return _describe(self.index.lm)
 
     def generate(self, number: int, chunk: list[Any]) -> tuple[int, list[dict[str, Any]]]:
         from .jobs import generate_chunk

@@ -328,13 +328,6 @@ class _Counts(BaseModel):
     entries: Annotated[StrictInt, Field(ge=0)]
 
 
-class _ShardEntry(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-    passages: Annotated[StrictInt, Field(ge=1)]
-    tokens: Annotated[StrictInt, Field(ge=0)]
-    entries: Annotated[StrictInt, Field(ge=0)]
-
-
 class IndexManifest(ArtefactManifest):
     """``manifest.json`` of an index folder, typed (see the module docstring)."""
 
@@ -351,7 +344,7 @@ class IndexManifest(ArtefactManifest):
     retriever: Literal["hybrid", "dense", "bm25"]
     counts: _Counts
     precomputed_keys: StrictBool
-    key_shards: Optional[Annotated[list[_ShardEntry], Field(min_length=1)]] = None
+    key_shards: Optional[Annotated[list[_Counts], Field(min_length=1)]] = None
     """Passages, tokens and entries of each shard of sharded keys (format 2); None: one set of arrays."""
 
     @field_validator("key_layer")

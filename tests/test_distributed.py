@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from nest_integrations.cli import app
-from nest_integrations.corpus import load_wikipedia_summaries
+from nest_integrations.corpus import load_corpus, load_wikipedia_summaries, save_passages_jsonl
 from nest_integrations.index import NestIndex
 from nest_integrations.lm import load_lm
 
@@ -30,7 +30,7 @@ QUERIES = ["a painter born in Italy", "a scientist who studied physics", "an Ame
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never a cluster already running here
     yield
     ray.shutdown()
 
@@ -50,8 +50,15 @@ def path_lm(tiny_path):
 
 
 @pytest.fixture(scope="module")
-def corpus():
-    return load_wikipedia_summaries(topic="People", limit=10)
+def corpus_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "people.jsonl"
+    save_passages_jsonl(load_wikipedia_summaries(topic="People", limit=10), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(corpus_file):
+    return load_corpus(str(corpus_file))
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +67,15 @@ def single(corpus, path_lm):
 
 
 @pytest.fixture(scope="module")
-def on_ray(cluster, corpus, path_lm, tmp_path_factory):
+def on_ray(cluster, corpus_file, tiny_path, path_lm, tmp_path_factory):
+    """``nest index build --ray`` (which calls :func:`build_index_on_ray`), two workers, shards of 4 passages."""
     out = tmp_path_factory.mktemp("built") / "index"
-    return build_index_on_ray(corpus, path_lm, out, workers=2, shard_passages=4), out
+    result = CliRunner().invoke(app, [
+        "index", "build", str(corpus_file), "--out", str(out), "--model", str(tiny_path), "--max-tokens", "0",
+        "--ray", "--workers", "2", "--shard-passages", "4",
+    ])
+    assert result.exit_code == 0, result.output
+    return NestIndex.load(out, path_lm), out
 
 
 def test_ray_build_equals_the_single_process_build(single, on_ray, corpus):
@@ -76,8 +89,9 @@ def test_ray_build_equals_the_single_process_build(single, on_ray, corpus):
         x, y = a.passage(i), b.passage(i)
         assert np.array_equal(x.token_ids, y.token_ids) and np.array_equal(x.char_spans, y.char_spans)
         assert np.array_equal(x.valid, y.valid)
-        # Not bitwise: a shard batches other passages together than the one-process build, so the
-        # float32 matrix kernels sum in another order; the float16 keys then differ by a rounding step.
+        # Not always bitwise: shards of 4 batch other passages together than the one-process build
+        # (chunks of 256), so the float32 kernels may sum in another order and a float16 key move by
+        # a rounding step. With shards of 256 the batches, and the keys, are the same.
         np.testing.assert_allclose(x.keys.astype(np.float32), y.keys.astype(np.float32), rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(index.dense.passage_vectors(corpus), single.dense.passage_vectors(corpus), atol=1e-5)
     for query in QUERIES:
@@ -120,3 +134,22 @@ def test_ray_generate_keeps_the_order_and_equals_in_process(cluster, single, tin
     expected = [json.loads(line) for line in (tmp_path / "local.jsonl").read_text().splitlines()]
     assert [r["text"] for r in lines] == [r["text"] for r in expected]
     assert [r["input_sha256"] for r in lines] == [r["input_sha256"] for r in expected]
+
+
+def test_a_tampered_shard_or_shard_list_is_refused(on_ray, path_lm, tmp_path):
+    import shutil
+
+    _, out = on_ray
+    flipped = shutil.copytree(out, tmp_path / "flipped")
+    keys = flipped / "keys" / "shard-00001" / "keys.npy"
+    data = bytearray(keys.read_bytes())
+    data[-1] ^= 0xFF
+    keys.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="shard-00001/keys.npy does not match its checksum"):
+        NestIndex.load(flipped, path_lm)
+    short = shutil.copytree(out, tmp_path / "short")
+    manifest = json.loads((short / "manifest.json").read_text())
+    manifest["key_shards"][2]["passages"] = 1
+    (short / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="the key shards cover 9 passages, the index has 10"):
+        NestIndex.load(short, path_lm)
