@@ -109,6 +109,14 @@ def index_build(
     index_factory: str = typer.Option("Flat", help="FAISS factory string for the dense index (e.g. HNSW32)."),
     key_layer: str = typer.Option("ffn_input", help="Key layer: ffn_input or layer:<i>."),
     encoding_prefix: str = typer.Option("auto", help="Encoding prefix: auto, chat, '' (bare) or literal text."),
+    use_ray: bool = typer.Option(
+        False, "--ray", help="Embed passages and encode keys on Ray workers (one LM and embedder each), written as key shards; "
+        "joins $RAY_ADDRESS or a cluster started here with `ray start`, else starts a local one. Needs the 'ray' extra.",
+    ),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster HOST:PORT to build on (implies --ray)."),
+    workers: Optional[int] = typer.Option(None, help="Ray workers (default: cluster CPUs / --cpus-per-worker)."),
+    cpus_per_worker: float = typer.Option(1.0, help="CPUs each Ray worker reserves (its torch threads)."),
+    shard_passages: int = typer.Option(256, help="Passages per key shard and per Ray task."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Build a NEST index (passages, dense + BM25 retrieval, token datastore)."""
@@ -129,11 +137,19 @@ def index_build(
             passages = chunk_passages(passages, max_tokens=max_tokens, tokenizer=lm.tokenizer)
         if not passages:
             _fail(f"{source} holds no passages")
-        index = NestIndex.build(
-            passages, lm, retriever_kind=retriever, index_factory=index_factory, key_layer=key_layer,
-            encoding_prefix=encoding_prefix, precompute_keys=precompute_keys,
-        )
-        index.save(out, overwrite=force)
+        settings: dict[str, Any] = dict(retriever_kind=retriever, index_factory=index_factory, key_layer=key_layer, encoding_prefix=encoding_prefix)
+        if use_ray or ray_address:
+            from .distributed import build_index_on_ray
+
+            if not precompute_keys:
+                _fail("--ray builds precomputed keys; drop --lazy-keys")
+            index = build_index_on_ray(
+                passages, lm, out, address=ray_address, workers=workers, cpus_per_worker=cpus_per_worker,
+                shard_passages=shard_passages, overwrite=force, **settings,
+            )
+        else:
+            index = NestIndex.build(passages, lm, precompute_keys=precompute_keys, **settings)
+            index.save(out, overwrite=force)
     except (ValueError, ImportError, FileNotFoundError) as err:
         _fail(str(err))
     console.print(f"Wrote {out}: {len(passages)} passages")
@@ -211,8 +227,15 @@ def generate(
     mode: str = typer.Option("nest", help="base, rag, knnlm, nest or ra_nest."),
     max_new_tokens: int = typer.Option(128, help="Tokens to generate at most."),
     as_json: bool = typer.Option(False, "--json", help="Print the output contract as JSON."),
-    input_path: Optional[Path] = typer.Option(None, "--input", help="JSONL of {id, prompt, query?} to generate for."),
-    output_path: Optional[Path] = typer.Option(None, "--output", help="JSONL to write (with --input)."),
+    input_path: Optional[Path] = typer.Option(None, "--input", help="JSONL of {id?, prompt, query?} to generate for."),
+    output_path: Optional[Path] = typer.Option(
+        None, "--output", help="JSONL to write (with --input), in input order; a killed run resumes, keeping the items done."
+    ),
+    batch_size: int = typer.Option(8, help="With --input: items per batched-decoder call (and per Ray task)."),
+    use_ray: bool = typer.Option(False, "--ray", help="With --input: spread the items over Ray workers, each holding the index."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster HOST:PORT (implies --ray)."),
+    workers: Optional[int] = typer.Option(None, help="Ray workers (default: cluster CPUs / --cpus-per-worker)."),
+    cpus_per_worker: float = typer.Option(1.0, help="CPUs each Ray worker reserves."),
     model: Optional[str] = typer.Option(None, help="LM to decode with (default: the one that built the index)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
@@ -226,49 +249,57 @@ def generate(
         _fail("give either a PROMPT or --input FILE")
     if input_path is not None and output_path is None:
         _fail("--input needs --output")
-    items = _read_items(input_path) if input_path is not None else []
+    if (use_ray or ray_address) and input_path is None:
+        _fail("--ray needs --input")
+    if input_path is not None:
+        assert output_path is not None
+        _generate_items(
+            input_path, output_path, datastore, model=model, overrides={"mode": mode, "max_new_tokens": max_new_tokens},
+            batch_size=batch_size, ray=(use_ray or ray_address is not None, ray_address, workers, cpus_per_worker),
+        )
+        return
     index = _load_index(datastore, model)
     try:
         decoder = index.decoder()
         decoder.config = decoder.config.updated(mode=mode, max_new_tokens=max_new_tokens)
     except ValueError as err:
         _fail(str(err))
-    if prompt is not None:
-        output = decoder.generate(prompt, query=query)
-        if as_json:
-            sys.stdout.write(json.dumps(output.to_dict(), ensure_ascii=False, indent=2) + "\n")
+    output = decoder.generate(prompt, query=query)
+    if as_json:
+        sys.stdout.write(json.dumps(output.to_dict(), ensure_ascii=False, indent=2) + "\n")
+    else:
+        _print_output(output, f"{mode}")
+
+
+def _generate_items(
+    input_path: Path, output_path: Path, datastore: Optional[Path], *, model: Optional[str], overrides: dict[str, Any],
+    batch_size: int, ray: tuple[bool, Optional[str], Optional[int], float],
+) -> None:
+    """``nest generate --input``: a resumable job (:mod:`nest_integrations.jobs`), in this process or on Ray."""
+    from .jobs import in_process_runner, read_items, run_job
+
+    use_ray, address, workers, cpus_per_worker = ray
+    try:
+        items = read_items(input_path, {**overrides, "model": model})
+        if use_ray:
+            from .distributed import ray_cluster, ray_generator
+
+            folder = datastore or default_index_path()
+            if datastore is None and not (folder / "manifest.json").exists():
+                _build_default_index(folder)
+            with ray_cluster(address), ray_generator(
+                folder, model=model, overrides=overrides, workers=workers, cpus_per_worker=cpus_per_worker
+            ) as runner:
+                generated = run_job(items, output_path, runner, chunk_size=batch_size)
         else:
-            _print_output(output, f"{mode}")
-        return
-    from tqdm.auto import tqdm
-
-    assert output_path is not None
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output_path.with_suffix(output_path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for item in tqdm(items, desc=f"Generating ({mode})", unit="item"):
-            output = decoder.generate(item["prompt"], query=item.get("query"))
-            fh.write(json.dumps({"id": item["id"], **output.to_dict()}, ensure_ascii=False) + "\n")
-    tmp.replace(output_path)
-    console.print(f"Wrote {len(items)} generations to {output_path}")
-
-
-def _read_items(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        _fail(f"{path} does not exist")
-    items = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as err:
-            _fail(f"{path}:{number}: invalid JSON ({err})")
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
-            _fail(f"{path}:{number}: each line needs a string 'prompt'")
-        item.setdefault("id", str(number))
-        items.append(item)
-    return items
+            index = _load_index(datastore, model)
+            decoder = index.decoder()
+            decoder.config = decoder.config.updated(**overrides)
+            generated = run_job(items, output_path, in_process_runner(decoder), chunk_size=batch_size)
+    except (ValueError, ImportError) as err:
+        _fail(str(err))
+    kept = len(items) - generated
+    console.print(f"Wrote {len(items)} generations to {output_path}" + (f" ({kept} kept from an earlier run)" if kept else ""))
 
 
 @app.command()
@@ -398,6 +429,29 @@ def bench(
     if sweep:
         assert values is not None  # checked above
         run_sweep(index, param=sweep, values=[float(v) for v in values.split(",")], n=n, out_dir=out)
+
+
+@app.command("bench-ray")
+def bench_ray(
+    passages: int = typer.Option(500, help="Wikipedia summaries about people to build over."),
+    items: int = typer.Option(6, help="Biography prompts to generate for."),
+    max_new_tokens: int = typer.Option(48, help="Tokens per generation."),
+    batch_size: int = typer.Option(2, help="Items per batched-decoder call and per Ray task."),
+    workers: int = typer.Option(2, help="Ray workers, one CPU each."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster HOST:PORT (default: a local one)."),
+    out: Path = typer.Option(Path("runs/ray"), help="Output folder (ray.json, ray.md)."),
+) -> None:
+    """Ray against one process: index build and batch generation, timed in one run."""
+    from .evaluation.ray_bench import run_ray_bench
+
+    try:
+        run_ray_bench(
+            passages=passages, items=items, max_new_tokens=max_new_tokens, batch_size=batch_size,
+            workers=workers, address=ray_address, out_dir=out,
+        )
+    except (ValueError, ImportError) as err:
+        _fail(str(err))
+    console.print((out / "ray.md").read_text())
 
 
 @app.command()

@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from .lm import LoadedLM
+    from .shards import ShardedKeys
 
 logger = logging.getLogger(__name__)
 
@@ -430,18 +431,19 @@ class TokenDatastore:
         logger.info("Encoded %d passages, %d tokens in %.1f s (%.0f tokens/s)", len(encoded), tokens, seconds, rate)
         return rate
 
-    def attach_precomputed(self, keys: "PrecomputedKeys") -> None:
-        """Serve the first ``keys.num_passages`` passages from precomputed arrays."""
+    def attach_precomputed(self, keys: "PrecomputedKeys | ShardedKeys") -> None:
+        """Serve the first ``keys.num_passages`` passages from precomputed arrays
+        (flat, or :class:`~nest_integrations.shards.ShardedKeys`)."""
         if keys.num_passages > len(self.passages):
             raise ValueError(
                 f"precomputed keys cover {keys.num_passages} passages but the datastore has {len(self.passages)}"
             )
-        if keys.keys.shape[1] != self.hidden_size:
-            raise ValueError(f"precomputed keys have width {keys.keys.shape[1]}, the LM's hidden size is {self.hidden_size}")
+        if keys.key_width != self.hidden_size:
+            raise ValueError(f"precomputed keys have width {keys.key_width}, the LM's hidden size is {self.hidden_size}")
         self._precomputed = keys
 
     @property
-    def precomputed(self) -> "PrecomputedKeys | None":
+    def precomputed(self) -> "PrecomputedKeys | ShardedKeys | None":
         return self._precomputed
 
     def candidates(
@@ -481,6 +483,23 @@ class PrecomputedKeys:
     @property
     def num_passages(self) -> int:
         return len(self.offsets) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_entries(self) -> int:
+        return int(self.valid.sum())
+
+    @property
+    def key_bytes(self) -> int:
+        return int(self.keys.nbytes)
+
+    @property
+    def key_width(self) -> int:
+        """Row width of ``keys`` (the LM's hidden size for float16 keys)."""
+        return int(self.keys.shape[1])
 
     def passage(self, index: int) -> EncodedPassage:
         lo, hi = int(self.offsets[index]), int(self.offsets[index + 1])

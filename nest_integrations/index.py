@@ -7,6 +7,8 @@ Folder layout (no pickle anywhere; loading never executes code from the folder):
     passages.jsonl     one Passage per line
     dense.faiss        FAISS index of passage embeddings   (+ dense.json)
     keys/*.npy         precomputed token keys (optional), memory-mapped on load
+    keys/shard-*/*.npy the same split in shards, as a distributed build writes them
+                       (format version 2; see :mod:`nest_integrations.shards`)
 
 Saving never replaces a folder that is not an index (nor an index without
 ``overwrite=True``) and switches the new folder in atomically; loading checks
@@ -30,6 +32,7 @@ from .corpus import Passage, load_passages_jsonl, save_passages_jsonl
 from .datastore import PassageEncoder, PrecomputedKeys, TokenDatastore
 from .lm import parse_key_layer
 from .safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
+from .shards import KEY_ARRAYS, ShardedKeys, ShardRecord, read_arrays, shard_files
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import NestConfig
@@ -40,8 +43,9 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 FORMAT = "nest-index"
-FORMAT_VERSION = 1
-_KEY_ARRAYS = ("token_ids", "char_spans", "keys", "valid", "offsets")
+FORMAT_VERSION = 2
+"""Newest version read. Version 1: keys in one set of arrays (still written for such
+indexes, so older releases read them); version 2 adds sharded keys."""
 
 
 class NestIndex:
@@ -163,9 +167,10 @@ class NestIndex:
             "embedder": self.dense.embedder_name,
             "index_factory": self.dense.index_factory,
             "precomputed_keys": pre is not None,
-            "tokens": int(len(pre.token_ids)) if pre is not None else None,
-            "datastore_entries": int(pre.valid.sum()) if pre is not None else None,
-            "key_bytes": int(pre.keys.nbytes) if pre is not None else None,
+            "tokens": pre.num_tokens if pre is not None else None,
+            "datastore_entries": pre.num_entries if pre is not None else None,
+            "key_bytes": pre.key_bytes if pre is not None else None,
+            "key_shards": len(pre.shards) if isinstance(pre, ShardedKeys) else None,
         }
 
     # ------------------------------------------------------------------ persistence
@@ -181,11 +186,23 @@ class NestIndex:
                 (never replaced), or an index and ``overwrite`` is False.
         """
         target = Path(path)
+        with atomic_folder(target, kind=FORMAT, overwrite=overwrite) as tmp:
+            self.write_into(tmp)
+        return target
+
+    def write_into(self, folder: Path) -> None:
+        """Write every file of the index and its manifest into the new, empty ``folder``.
+
+        Sharded keys already in ``folder/keys`` (a distributed build writes them
+        there first) are kept as they are; sharded keys elsewhere are copied.
+        Use :meth:`save` unless ``folder`` is the temporary of an
+        :func:`~nest_integrations.safe_io.atomic_folder`.
+        """
         encoder = self.datastore.encoder
         pre = self.datastore.precomputed
         manifest: dict[str, Any] = {
             "format": FORMAT,
-            "format_version": FORMAT_VERSION,
+            "format_version": 2 if isinstance(pre, ShardedKeys) else 1,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "lm": {"name": self.lm.name, "fingerprint": self.lm.fingerprint()},
             "tokenizer_fingerprint": self.lm.tokenizer_fingerprint(),
@@ -198,22 +215,23 @@ class NestIndex:
             "retriever": self.retriever_kind,
             "counts": {
                 "passages": len(self.passages),
-                "tokens": int(len(pre.token_ids)) if pre is not None else 0,
-                "entries": int(pre.valid.sum()) if pre is not None else 0,
+                "tokens": pre.num_tokens if pre is not None else 0,
+                "entries": pre.num_entries if pre is not None else 0,
             },
             "precomputed_keys": pre is not None,
         }
-        with atomic_folder(target, kind=FORMAT, overwrite=overwrite) as tmp:
-            save_passages_jsonl(self.passages, tmp / "passages.jsonl")
-            self.dense.save(tmp)
-            if pre is not None:
-                (tmp / "keys").mkdir()
-                for name in _KEY_ARRAYS:
-                    np.save(tmp / "keys" / f"{name}.npy", np.ascontiguousarray(getattr(pre, name)), allow_pickle=False)
-            files = sorted(p for p in tmp.rglob("*") if p.is_file())
-            manifest["checksums"] = {p.relative_to(tmp).as_posix(): sha256_file(p) for p in files}
-            (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
-        return target
+        save_passages_jsonl(self.passages, folder / "passages.jsonl")
+        self.dense.save(folder)
+        if isinstance(pre, ShardedKeys):
+            (folder / "keys").mkdir(exist_ok=True)
+            manifest["key_shards"] = [vars(r) for r in pre.copy_to(folder / "keys")]
+        elif pre is not None:
+            (folder / "keys").mkdir()
+            for name in KEY_ARRAYS:
+                np.save(folder / "keys" / f"{name}.npy", np.ascontiguousarray(getattr(pre, name)), allow_pickle=False)
+        files = sorted(p for p in folder.rglob("*") if p.is_file())
+        manifest["checksums"] = {p.relative_to(folder).as_posix(): sha256_file(p) for p in files}
+        (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
 
     @classmethod
     def load(
@@ -257,8 +275,10 @@ class NestIndex:
         recover(folder)
         manifest = read_manifest(folder / MANIFEST_FILE, IndexManifest, kind=FORMAT, supported_version=FORMAT_VERSION, what="NEST index")
         needed = ["passages.jsonl", "dense.faiss", "dense.json"]
-        if manifest.precomputed_keys:
-            needed += [f"keys/{name}.npy" for name in _KEY_ARRAYS]
+        if manifest.key_shards is not None:
+            needed += [rel for number in range(len(manifest.key_shards)) for rel in shard_files(number)]
+        elif manifest.precomputed_keys:
+            needed += [f"keys/{name}.npy" for name in KEY_ARRAYS]
         verify_files(folder, manifest.checksums, needed, hash_files=verify_checksums)
         if lm is None:
             if not is_default_lm(manifest.lm.name) and not trust_paths:
@@ -291,12 +311,7 @@ class NestIndex:
         if manifest.hidden_size != index.datastore.hidden_size:
             raise ValueError(f"{folder}: keys are {manifest.hidden_size}-d, the LM's hidden size is {index.datastore.hidden_size}")
         if manifest.precomputed_keys:
-            try:
-                arrays = {name: np.load(folder / "keys" / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in _KEY_ARRAYS}
-            except (ValueError, EOFError, OSError) as err:  # numpy's words for a truncated or foreign .npy
-                raise ValueError(f"{folder}: a key array is not a readable .npy file ({err})") from err
-            check_key_arrays(arrays, passages, manifest, vocab_size=len(lm.tokenizer))
-            index.datastore.attach_precomputed(PrecomputedKeys(**arrays))
+            index.datastore.attach_precomputed(_load_keys(folder, manifest, passages, vocab_size=len(lm.tokenizer)))
         return index
 
 
@@ -329,6 +344,8 @@ class IndexManifest(ArtefactManifest):
     retriever: Literal["hybrid", "dense", "bm25"]
     counts: _Counts
     precomputed_keys: StrictBool
+    key_shards: Optional[Annotated[list[_Counts], Field(min_length=1)]] = None
+    """Passages, tokens and entries of each shard of sharded keys (format 2); None: one set of arrays."""
 
     @field_validator("key_layer")
     @classmethod
@@ -337,21 +354,51 @@ class IndexManifest(ArtefactManifest):
         return value
 
 
-def check_key_arrays(arrays: dict[str, np.ndarray], passages: Sequence[Passage], manifest: IndexManifest, *, vocab_size: int) -> None:
-    """Check saved key arrays against each other, the passages, the manifest and the vocabulary.
+def _load_keys(
+    folder: Path, manifest: IndexManifest, passages: Sequence[Passage], *, vocab_size: int
+) -> "PrecomputedKeys | ShardedKeys":
+    """Memory-map the saved keys (one set of arrays, or shards), each checked by :func:`check_key_arrays`.
+
+    Raises:
+        ValueError: an unreadable or inconsistent array, shards that do not cover
+            the passages, or totals differing from the manifest's counts.
+    """
+    keys: PrecomputedKeys | ShardedKeys
+    if manifest.key_shards is None:
+        arrays = read_arrays(folder / "keys", KEY_ARRAYS)
+        check_key_arrays(arrays, passages, hidden_size=manifest.hidden_size, vocab_size=vocab_size)
+        keys = PrecomputedKeys(**arrays)
+    else:
+        if sum(shard.passages for shard in manifest.key_shards) != len(passages):
+            raise ValueError(f"{folder}: the key shards cover {sum(s.passages for s in manifest.key_shards)} passages, the index has {len(passages)}")
+
+        def check(arrays: dict[str, np.ndarray], first: int, count: int) -> None:
+            check_key_arrays(arrays, passages[first : first + count], hidden_size=manifest.hidden_size, vocab_size=vocab_size)
+
+        records = [ShardRecord(s.passages, s.tokens, s.entries) for s in manifest.key_shards]
+        keys = ShardedKeys.open(folder / "keys", records, check=check)
+    if manifest.counts.tokens != keys.num_tokens or manifest.counts.entries != keys.num_entries:
+        raise ValueError(
+            f"the manifest counts {manifest.counts.tokens} tokens and {manifest.counts.entries} entries; "
+            f"the key arrays hold {keys.num_tokens} and {keys.num_entries}"
+        )
+    return keys
+
+
+def check_key_arrays(arrays: dict[str, np.ndarray], passages: Sequence[Passage], *, hidden_size: int, vocab_size: int) -> None:
+    """Check one set of key arrays against each other, their passages and the vocabulary.
 
     Raises:
         ValueError: wrong dtype or shape, offsets that do not tile the tokens,
-            token ids outside the vocabulary, character spans outside their
-            passage or not tiling it from its start (shifted offsets), or
-            counts differing from the manifest's.
+            token ids outside the vocabulary, or character spans outside their
+            passage or not tiling it from its start (shifted offsets).
     """
-    token_ids, char_spans, keys, valid, offsets = (arrays[name] for name in _KEY_ARRAYS)
+    token_ids, char_spans, keys, valid, offsets = (arrays[name] for name in KEY_ARRAYS)
     m = len(token_ids)
     shapes_ok = (
         token_ids.dtype == np.int32 and token_ids.ndim == 1
         and char_spans.dtype == np.int32 and char_spans.shape == (m, 2)
-        and keys.dtype == np.float16 and keys.shape == (m, manifest.hidden_size)
+        and keys.dtype == np.float16 and keys.shape == (m, hidden_size)
         and valid.dtype == np.bool_ and valid.shape == (m,)
         and offsets.dtype == np.int64 and offsets.shape == (len(passages) + 1,)
     )
@@ -368,8 +415,3 @@ def check_key_arrays(arrays: dict[str, np.ndarray], passages: Sequence[Passage],
     first[offsets[:-1][np.diff(offsets) > 0]] = True
     if m and ((char_spans[first, 0] != 0).any() or (char_spans[1:, 0] != char_spans[:-1, 1])[~first[1:]].any()):
         raise ValueError("the index's character spans do not tile each passage from its start: offsets and spans disagree")
-    if manifest.counts.tokens != m or manifest.counts.entries != int(valid.sum()):
-        raise ValueError(
-            f"the manifest counts {manifest.counts.tokens} tokens and {manifest.counts.entries} entries; "
-            f"the key arrays hold {m} and {int(valid.sum())}"
-        )

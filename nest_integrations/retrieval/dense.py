@@ -231,6 +231,36 @@ class DenseRetriever(BatchRetrieverMixin):
         self._configure(passages, embedder, index_factory, batch_size, show_progress, nprobe)
         self._index = self._build(self._passages)
 
+    @classmethod
+    def from_vectors(
+        cls,
+        passages: Sequence[Passage],
+        vectors: np.ndarray,
+        embedder: EmbedderLike = None,
+        *,
+        index_factory: str = "Flat",
+        batch_size: int = 64,
+        show_progress: bool = True,
+        nprobe: int | None = None,
+    ) -> "DenseRetriever":
+        """A retriever over passages embedded elsewhere (e.g. by distributed workers).
+
+        Args:
+            vectors: float32 (len(passages), d), row i the L2-normalised embedding
+                of ``index_text(passages[i])`` by ``embedder`` (any layout; copied
+                into FAISS).
+            embedder: the embedder that made ``vectors``; it embeds the queries.
+
+        Raises:
+            ValueError: ``vectors`` is not float32 with one row per passage.
+        """
+        if vectors.dtype != np.float32 or vectors.ndim != 2 or len(vectors) != len(passages):
+            raise ValueError(f"{len(passages)} passages need float32 (n, d) vectors, got {vectors.dtype} {vectors.shape}")
+        self = cls.__new__(cls)
+        self._configure(passages, embedder, index_factory, batch_size, show_progress, nprobe)
+        self._index = build_index(np.ascontiguousarray(vectors), index_factory, nprobe=nprobe)
+        return self
+
     # -- construction -------------------------------------------------------
 
     def _configure(

@@ -1,0 +1,358 @@
+"""Ray: build an index's embeddings and token keys on a cluster, and generate batches on one.
+
+Two jobs, each run by Ray actors (one LM and one embedder per actor, loaded on
+the worker from the same model name or path and checked against the driver's by
+weight fingerprint, so a worker holding another model is an error):
+
+* :func:`build_index_on_ray` splits the corpus into runs of ``shard_passages``
+  passages; an actor embeds each run for the dense index and encodes its token
+  keys, and writes them as one shard folder into the index being saved (layout
+  in :mod:`nest_integrations.shards`). The driver builds the FAISS index from the
+  shards' embeddings and writes the manifest; loading memory-maps the shards as
+  one datastore. The result equals a single-process build (see the tests).
+* :func:`ray_generator` holds one actor per worker, each with the index loaded
+  and a :class:`~nest_integrations.decoding.NestDecoder`; a chunk of prompts
+  goes to a free actor, which runs the batched decoder on it
+  (:mod:`nest_integrations.jobs` keeps the output in order and resumable).
+
+Multi-node: every node needs the same nest-integrations and model files, and the
+index folder must be on a file system every node sees at the same path (workers
+write shards into it, and generation workers read it). Ray itself is an
+optional dependency: ``pip install 'nest-integrations[ray]'``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+
+import numpy as np
+
+from .corpus import Passage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .index import NestIndex
+    from .jobs import ChunkRunner
+    from .lm import LoadedLM
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SHARD_PASSAGES = 256
+"""Passages per shard: the single-process precompute's chunk, so each shard is one encode call."""
+
+
+def require_ray() -> Any:
+    """The ``ray`` module.
+
+    Raises:
+        ImportError: Ray is not installed; the message names the extra.
+    """
+    try:
+        import ray
+    except ImportError as err:
+        raise ImportError("Ray support needs the 'ray' extra: pip install 'nest-integrations[ray]'") from err
+    return ray
+
+
+@contextmanager
+def ray_cluster(address: Optional[str] = None, *, num_cpus: Optional[int] = None) -> Iterator[Any]:
+    """Use the Ray runtime already initialised in this process, or connect for the block.
+
+    Args:
+        address: a running cluster's ``HOST:PORT`` (as ``ray start --head``
+            prints it) or ``"auto"``; None joins the cluster named by
+            ``$RAY_ADDRESS`` or one started on this machine with ``ray start``,
+            else starts a local one for the block.
+        num_cpus: start a new local cluster of this many CPUs (with ``address``
+            None), even if another one runs on this machine.
+
+    A connection made here is closed after the block; one made by the caller is left open.
+    """
+    ray = require_ray()
+    if ray.is_initialized():
+        yield ray
+        return
+    if num_cpus is not None and address is None:
+        address = "local"
+    ray.init(address=address, num_cpus=num_cpus if address == "local" else None, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _lm_source(lm: "LoadedLM") -> tuple[str, str]:
+    """(name or path, dtype) to load ``lm`` again on a worker with :func:`~nest_integrations.lm.load_lm`."""
+    from .lm import DEFAULT_MODEL, is_default_lm
+
+    name = DEFAULT_MODEL if is_default_lm(lm.name) else lm.name
+    if not is_default_lm(lm.name) and not Path(name).exists() and "/" not in name:
+        raise ValueError(
+            f"workers load the LM by name or path, and {lm.name!r} is neither a folder nor a hub id; "
+            "load it with load_lm(PATH) first"
+        )
+    return name, str(lm.model.dtype).removeprefix("torch.")
+
+
+def _describe(lm: "LoadedLM") -> dict[str, str]:
+    """What a worker tells the driver of its LM: name, weight and tokenizer fingerprints, host."""
+    return {"name": lm.name, "fingerprint": lm.fingerprint(), "tokenizer": lm.tokenizer_fingerprint(), "host": socket.gethostname()}
+
+
+def _same_lm_as(lm: "LoadedLM") -> Callable[[list[dict[str, str]]], None]:
+    """A check raising ValueError when a worker's LM is not ``lm`` (weights or tokenizer)."""
+    from .lm import fingerprints_match
+
+    def check(workers: list[dict[str, str]]) -> None:
+        for worker in workers:
+            if not fingerprints_match(lm.fingerprint(), worker["fingerprint"]) or lm.tokenizer_fingerprint() != worker["tokenizer"]:
+                raise ValueError(
+                    f"the worker on {worker['host']} loaded {worker['name']!r} with fingerprint {worker['fingerprint']}, "
+                    f"not the driver's LM {lm.name!r} ({lm.fingerprint()}): every node needs the same model files"
+                )
+
+    return check
+
+
+def _last_error_line(message: str) -> str:
+    """The ``SomeError: message`` line closing a Ray error's remote traceback (else all of it)."""
+    lines = [line.strip() for line in message.splitlines() if "Error: " in line]
+    return lines[-1] if lines else message
+
+
+def _one_lm(workers: list[dict[str, str]]) -> None:
+    """Raise ValueError unless every worker holds the same LM."""
+    first = workers[0]
+    for other in workers[1:]:
+        if (other["fingerprint"], other["tokenizer"]) != (first["fingerprint"], first["tokenizer"]):
+            raise ValueError(f"the workers on {first['host']} and {other['host']} decode with different LMs")
+
+
+class _BuildWorker:
+    """A Ray actor: one LM (for keys) and one embedder (for the dense index)."""
+
+    def __init__(self, model: str, dtype: str, embedder: Optional[str], key_layer: str, encoding_prefix: Optional[str]):
+        from .datastore import PassageEncoder
+        from .lm import load_lm
+
+        self.lm = load_lm(model, device="cpu", dtype=dtype)
+        self.encoder = PassageEncoder(self.lm, key_layer, encoding_prefix)
+        self.embedder_name = embedder
+        self.embedder: Any = None  # loaded by the first shard, after the driver has checked the LM
+
+    def _embedder(self) -> Any:
+        from .retrieval.dense import load_embedder
+
+        if self.embedder is None:
+            self.embedder = load_embedder(self.embedder_name)
+        return self.embedder
+
+    def describe(self) -> dict[str, str]:
+        return _describe(self.lm)
+
+    def build_shard(self, folder: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """Embed and encode the passages ``records`` (Passage dicts) into the shard folder ``folder``."""
+        from .datastore import PrecomputedKeys
+        from .retrieval.base import index_text
+        from .retrieval.dense import embed_texts
+        from .shards import write_shard
+
+        start = time.perf_counter()
+        passages = [Passage.from_dict(r) for r in records]
+        keys = PrecomputedKeys.from_encoded(self.encoder.encode([p.text for p in passages]), self.encoder)
+        vectors = embed_texts(self._embedder(), [index_text(p) for p in passages])
+        record = write_shard(Path(folder), keys, vectors)
+        return {"record": record, "seconds": time.perf_counter() - start, "host": socket.gethostname()}
+
+
+def _workers(ray: Any, cls: type, count: Optional[int], cpus_per_worker: float, *args: Any) -> list[Any]:
+    """``count`` actors of ``cls`` (None: as many as the cluster's CPUs allow), each reserving ``cpus_per_worker``."""
+    if cpus_per_worker <= 0:
+        raise ValueError(f"cpus_per_worker must be positive, got {cpus_per_worker}")
+    cpus = float(ray.cluster_resources().get("CPU", 0))
+    if count is None:
+        count = max(1, int(cpus // cpus_per_worker))
+    if count < 1:
+        raise ValueError(f"workers must be at least 1, got {count}")
+    if count * cpus_per_worker > cpus:  # Ray would wait for CPUs that never come
+        raise ValueError(f"{count} workers of {cpus_per_worker} CPUs need {count * cpus_per_worker:g} CPUs; the Ray cluster has {cpus:g}")
+    actor = ray.remote(num_cpus=cpus_per_worker)(cls)
+    return [actor.remote(*args) for _ in range(count)]
+
+
+@contextmanager
+def _actors(
+    ray: Any, cls: type, count: Optional[int], cpus_per_worker: float, *args: Any,
+    check: Callable[[list[dict[str, str]]], None],
+) -> Iterator[list[Any]]:
+    """Start the actors, ``check`` what their ``describe()`` says of their LMs, and end
+    them after the block (so a caller's long-lived Ray runtime gets its CPUs back)."""
+    workers = _workers(ray, cls, count, cpus_per_worker, *args)
+    try:
+        try:
+            described = ray.get([w.describe.remote() for w in workers])
+        except ray.exceptions.RayActorError as err:  # the actor's __init__ raised: say what, not Ray's traceback
+            raise ValueError(f"a Ray worker could not start: {_last_error_line(str(err))}") from err
+        check(described)
+        yield workers
+    finally:
+        for worker in workers:
+            ray.kill(worker)
+
+
+def build_index_on_ray(
+    passages: Sequence[Passage],
+    lm: "LoadedLM",
+    out: str | os.PathLike[str],
+    *,
+    address: Optional[str] = None,
+    workers: Optional[int] = None,
+    cpus_per_worker: float = 1.0,
+    shard_passages: int = DEFAULT_SHARD_PASSAGES,
+    embedder: str | os.PathLike[str] | None = None,
+    index_factory: str = "Flat",
+    retriever_kind: str = "hybrid",
+    key_layer: str = "ffn_input",
+    encoding_prefix: Optional[str] = "auto",
+    overwrite: bool = False,
+) -> "NestIndex":
+    """Build and save a NEST index with precomputed keys, embedding and encoding on Ray actors.
+
+    What :meth:`NestIndex.build(..., precompute_keys=True) <nest_integrations.index.NestIndex.build>`
+    followed by ``save(out)`` does in one process, with the keys in shards
+    (:mod:`nest_integrations.shards`) written by the workers into the index being
+    saved (atomically, as every save). Passages, token ids, spans, offsets and
+    FAISS ids equal the single-process build's; keys and embeddings agree within
+    float rounding (batches group passages differently, which changes summation
+    order in the matrix kernels).
+
+    Args:
+        lm: the driver's LM; workers load it again by ``lm.name`` (the default
+            alias, a local folder or a hub id available offline) in its dtype
+            and must match its weight fingerprint.
+        out: the index folder (visible to every node at this path).
+        address: the Ray cluster (see :func:`ray_cluster`); ignored when Ray is
+            already initialised in this process.
+        workers: actors to start (None: cluster CPUs / ``cpus_per_worker``). Each
+            holds a copy of the LM and the embedder (~0.7 GB for the defaults).
+        cpus_per_worker: CPUs each actor reserves (its torch threads).
+        shard_passages: passages per shard and per task. Smaller balances load
+            better across workers; larger means fewer files and less per-task
+            overhead (each task costs a few ms of scheduling).
+        embedder: the embedder's folder or name (None: the bundled MiniLM);
+            an embedder object cannot be sent to workers.
+        overwrite: replace an index already at ``out``.
+
+    Returns:
+        The saved index, loaded from ``out`` (keys memory-mapped).
+
+    Raises:
+        ValueError: an empty corpus, bad settings, a worker whose LM differs, or
+            ``out`` not replaceable (checked before any work).
+        ImportError: Ray is not installed.
+    """
+    from .index import FORMAT, NestIndex
+    from .retrieval.dense import DenseRetriever
+    from .safe_io import atomic_folder, check_replaceable
+    from .shards import ShardedKeys, shard_name
+
+    if not passages:
+        raise ValueError("cannot build a NEST index over an empty corpus")
+    if shard_passages < 1:
+        raise ValueError(f"shard_passages must be at least 1, got {shard_passages}")
+    if embedder is not None and not isinstance(embedder, (str, os.PathLike)):
+        raise ValueError("a Ray build loads the embedder on each worker: pass its folder or name, not an object")
+    check_replaceable(Path(out), FORMAT, overwrite=overwrite)  # before any work, not after
+    model, dtype = _lm_source(lm)
+    embedder_name = str(embedder) if embedder is not None else None
+    records = [p.to_dict() for p in passages]
+    runs = [records[lo : lo + shard_passages] for lo in range(0, len(records), shard_passages)]
+    start = time.perf_counter()
+    with ray_cluster(address) as ray, atomic_folder(out, kind=FORMAT, overwrite=overwrite) as tmp:
+        keys_folder = tmp / "keys"
+        keys_folder.mkdir()
+        tasks = [(str(keys_folder / shard_name(n)), run) for n, run in enumerate(runs)]
+        settings = (model, dtype, embedder_name, key_layer, encoding_prefix)
+        with _actors(ray, _BuildWorker, workers, cpus_per_worker, *settings, check=_same_lm_as(lm)) as actors:
+            pool = ray.util.ActorPool(actors)
+            results = list(pool.map(lambda actor, task: actor.build_shard.remote(*task), tasks))
+        logger.info(
+            "built %d shards on %d workers (%s) in %.1f s", len(results), len(actors),
+            ", ".join(sorted({r["host"] for r in results})), time.perf_counter() - start,
+        )
+        sharded = ShardedKeys.open(keys_folder, [r["record"] for r in results])
+        vectors = np.concatenate(sharded.embeddings)
+        dense = DenseRetriever.from_vectors(passages, vectors, embedder_name, index_factory=index_factory, show_progress=False)
+        index = NestIndex(lm, passages, dense, retriever_kind=retriever_kind, key_layer=key_layer, encoding_prefix=encoding_prefix)
+        index.datastore.attach_precomputed(sharded)
+        index.write_into(tmp)
+        del index, sharded, dense  # release the memory maps of the temporary before it is switched in
+    return NestIndex.load(out, lm, embedder=embedder, verify_checksums=False)
+
+
+class _GenerateWorker:
+    """A Ray actor: the index loaded from its folder and a NestDecoder over it."""
+
+    def __init__(self, index_path: str, model: Optional[str], overrides: dict[str, Any], max_batch: Optional[int]):
+        from .index import NestIndex
+        from .lm import load_lm
+
+        self.index = NestIndex.load(index_path, load_lm(model) if model else None)
+        self.decoder = self.index.decoder()
+        self.decoder.config = self.decoder.config.updated(**overrides)
+        self.max_batch = max_batch
+
+    def describe(self) -> dict[str, str]:
+        return _describe(self.index.lm)
+
+    def generate(self, number: int, chunk: list[Any]) -> tuple[int, list[dict[str, Any]]]:
+        from .jobs import generate_chunk
+
+        return number, generate_chunk(self.decoder, chunk, max_batch=self.max_batch)
+
+
+@contextmanager
+def ray_generator(
+    index_path: str | os.PathLike[str],
+    *,
+    model: Optional[str] = None,
+    overrides: Optional[dict[str, Any]] = None,
+    workers: Optional[int] = None,
+    cpus_per_worker: float = 1.0,
+    max_batch: Optional[int] = None,
+) -> Iterator["ChunkRunner"]:
+    """Actors that each hold the index and a decoder, as a :data:`~nest_integrations.jobs.ChunkRunner`.
+
+    Each chunk goes to the next free actor, which runs the batched decoder on
+    it; chunks are yielded as they finish (:func:`~nest_integrations.jobs.run_job`
+    puts them back in order). Each actor loads the index folder itself, so it
+    must be visible on every node at ``index_path``; :meth:`NestIndex.load
+    <nest_integrations.index.NestIndex.load>` refuses an LM whose weights
+    differ from those that built the keys, and the actors must agree on one LM.
+
+    Args:
+        index_path: the index folder.
+        model: the LM to decode with (None: the one that built the index, when it is the default).
+        overrides: :class:`~nest_integrations.config.NestConfig` fields, e.g.
+            ``{"mode": "nest", "max_new_tokens": 64}``.
+        workers: actors (None: cluster CPUs / ``cpus_per_worker``); each holds the LM,
+            the embedder and the index's memory maps.
+        cpus_per_worker: CPUs each actor reserves.
+        max_batch: rows per batched forward inside an actor (None: the whole chunk).
+
+    Use inside :func:`ray_cluster`; the actors end with the block.
+    """
+    ray = require_ray()
+    args = (str(Path(index_path).resolve()), model, dict(overrides or {}), max_batch)
+    with _actors(ray, _GenerateWorker, workers, cpus_per_worker, *args, check=_one_lm) as actors:
+
+        def run(chunks: Sequence[Sequence[Any]]) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+            pool = ray.util.ActorPool(actors)
+            yield from pool.map_unordered(lambda actor, task: actor.generate.remote(*task), list(enumerate(map(list, chunks))))
+
+        yield run
