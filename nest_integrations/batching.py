@@ -180,6 +180,17 @@ class _PackedCache:
         """Mark a finished row's columns dead."""
         self.owner[self.owner == owner] = -1
 
+    def trim_tail(self) -> None:
+        """Drop the dead columns at the end (the last rows' rejected drafts): a crop, no copy."""
+        live = (self.owner >= 0).nonzero()
+        keep = int(live[-1]) + 1 if len(live) else 0
+        if self.cache is None or keep == self.columns:
+            return
+        for layer in self._layers(self.cache):
+            layer.keys = layer.keys[:, :, :keep]
+            layer.values = layer.values[:, :, :keep]
+        self.owner = self.owner[:keep]
+
     def compact_if_sparse(self) -> None:
         """Drop dead columns once they outnumber a quarter of the live ones (and ``_COMPACT_SLACK``)."""
         if self.cache is None:
@@ -238,6 +249,7 @@ class RowScheduler:
         self._admit()
         self.active = [row for row in self.active if self._propose(row)]
         if not self.active:
+            self.batch = _PackedCache()  # only dead columns are left
             return
         fed = [[row.first.token_id] + [r.token_id for r in row.draft] for row in self.active]  # type: ignore[union-attr]
         first_column = self.batch.columns
@@ -262,6 +274,10 @@ class RowScheduler:
             else:
                 staying.append(row)
         self.active = staying
+        if not staying:
+            self.batch = _PackedCache()
+            return
+        self.batch.trim_tail()
         self.batch.compact_if_sparse()
 
     def fail_all(self, error: BaseException) -> None:
@@ -370,7 +386,9 @@ def _shared_forward(batch: _PackedCache, rows: Sequence[Row], fed: Sequence[list
     """One LM call over every row's fed tokens, packed one row after another in one sequence.
 
     A fed token attends to its row's live cache columns and to the tokens its row
-    fed before it in this step (a 4-D mask); its position id is the row's own.
+    fed before it in this step (a 4-D mask); its position id is the row's own. A
+    row alone in a cache of only its own columns needs no mask: it runs the model's
+    own causal path, exactly the forward of a generation alone.
     Returns logits (Q, V) float32 and query vectors (Q, d), Q the fed tokens of all
     rows in order. Appends the Q new columns to ``batch``, owned by their rows.
     """
@@ -384,13 +402,15 @@ def _shared_forward(batch: _PackedCache, rows: Sequence[Row], fed: Sequence[list
     positions = torch.tensor([row.cached - 1 + j for row, f in zip(rows, fed) for j in range(len(f))], dtype=torch.long)
     q, past = len(tokens), batch.columns
     columns = torch.cat([batch.owner, owners])
-    allowed = (columns[None, :] == owners[:, None]) & (torch.arange(past + q)[None, :] <= past + torch.arange(q)[:, None])
-    dtype = lm.model.dtype if lm.model.dtype.is_floating_point else torch.float32
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    mask = None  # every column is the one row's own: the model's causal mask is the row's mask
+    if not bool((columns == columns[0]).all()):
+        allowed = (columns[None, :] == owners[:, None]) & (torch.arange(past + q)[None, :] <= past + torch.arange(q)[:, None])
+        dtype = lm.model.dtype if lm.model.dtype.is_floating_point else torch.float32
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[None, None].to(lm.device)
     with torch.inference_mode(), lm.forward_lock, decoder.reader.capture() as captured:
         outputs = lm.model(
             input_ids=torch.tensor([tokens], dtype=torch.long, device=lm.device),
-            attention_mask=mask[None, None].to(lm.device),
+            attention_mask=mask,
             position_ids=positions[None].to(lm.device),
             use_cache=True,
             **{decoder._cache_arg: batch.cache},

@@ -183,6 +183,7 @@ def test_packed_cache_joins_releases_and_compacts():
     assert batch.owner.tolist() == [3, 3, 8, 8, 8] and layer.keys.shape[2] == 5
     batch.owner[3] = -1  # a rejected draft token of row 8
     batch.compact_if_sparse()  # one dead column: not worth a copy
+    batch.trim_tail()  # not at the end: stays
     assert batch.columns == 5
     batch.release(3)
     old_slack = batching._COMPACT_SLACK
@@ -194,6 +195,9 @@ def test_packed_cache_joins_releases_and_compacts():
     assert batch.owner.tolist() == [8, 8]
     torch.testing.assert_close(layer.keys, originals[1][:, :, [0, 2]])
     torch.testing.assert_close(layer.values, originals[1][:, :, [0, 2]] + 1)
+    batch.owner[1] = -1  # a rejected last draft token: cropped, not copied
+    batch.trim_tail()
+    assert batch.owner.tolist() == [8] and layer.keys.shape[2] == 1
 
 
 def test_supports_batching(tiny_lm):

@@ -131,3 +131,19 @@ def test_the_worker_ends_when_idle(decoder):
 def test_decoders_of_one_lm_share_a_service(decoder, tiny_lm, small_passages):
     other = NestDecoder(tiny_lm, TokenDatastore(small_passages[:2], PassageEncoder(tiny_lm)), ListRetriever(small_passages[:2]))
     assert shared_service(other) is shared_service(decoder)
+
+
+def test_a_caller_alone_runs_the_models_own_causal_path(decoder):
+    masks = []
+
+    def record(module, args, kwargs):
+        if kwargs.get(decoder._cache_arg) is not None:
+            masks.append(kwargs.get("attention_mask"))
+
+    hook = decoder.lm.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        out = decoder.generate(PROMPTS[3], **OVERRIDES)
+    finally:
+        hook.remove()
+    assert out.stats.forward_passes > 2 and len(masks) == out.stats.forward_passes
+    assert all(mask is None for mask in masks), "no 4-D mask, no foreign or dead columns"
