@@ -106,7 +106,18 @@ def index_build(
     ),
     model: str = typer.Option("default", help="LM: 'default', a hub id or a local path."),
     retriever: str = typer.Option("hybrid", help="First stage: hybrid, dense or bm25."),
-    index_factory: str = typer.Option("Flat", help="FAISS factory string for the dense index (e.g. HNSW32)."),
+    index_factory: str = typer.Option(
+        "auto", "--faiss-index", "--index-factory",
+        help="Dense first stage: auto (flat below 100k passages, IVF above), flat (exact), ivf, hnsw, "
+        "or a FAISS factory string (e.g. IVF4096,PQ32).",
+    ),
+    nlist: Optional[int] = typer.Option(None, help="IVF lists (default 4*sqrt(passages))."),
+    nprobe: Optional[int] = typer.Option(None, help="IVF lists probed per query (default sqrt(nlist)): recall vs latency."),
+    hnsw_m: int = typer.Option(32, help="HNSW links per node: recall and memory vs build time."),
+    ef_search: Optional[int] = typer.Option(None, help="HNSW candidates per query (default 16): recall vs latency."),
+    faiss_on_disk: bool = typer.Option(
+        False, "--faiss-on-disk", help="Memory-map the FAISS index when the index is loaded instead of reading it into memory."
+    ),
     key_layer: str = typer.Option("ffn_input", help="Key layer: ffn_input or layer:<i>."),
     encoding_prefix: str = typer.Option("auto", help="Encoding prefix: auto, chat, '' (bare) or literal text."),
     use_ray: bool = typer.Option(
@@ -138,17 +149,20 @@ def index_build(
         if not passages:
             _fail(f"{source} holds no passages")
         settings: dict[str, Any] = dict(retriever_kind=retriever, index_factory=index_factory, key_layer=key_layer, encoding_prefix=encoding_prefix)
+        faiss_options = {"nlist": nlist, "nprobe": nprobe, "hnsw_m": hnsw_m, "ef_search": ef_search, "on_disk": faiss_on_disk}
         if use_ray or ray_address:
             from .distributed import build_index_on_ray
 
             if not precompute_keys:
                 _fail("--ray builds precomputed keys; drop --lazy-keys")
+            if any(faiss_options[k] is not None for k in ("nlist", "nprobe", "ef_search")) or hnsw_m != 32 or faiss_on_disk:
+                _fail("--ray builds take --faiss-index only; --nlist, --nprobe, --hnsw-m, --ef-search and --faiss-on-disk apply to local builds")
             index = build_index_on_ray(
                 passages, lm, out, address=ray_address, workers=workers, cpus_per_worker=cpus_per_worker,
                 shard_passages=shard_passages, overwrite=force, **settings,
             )
         else:
-            index = NestIndex.build(passages, lm, precompute_keys=precompute_keys, **settings)
+            index = NestIndex.build(passages, lm, precompute_keys=precompute_keys, faiss_options=faiss_options, **settings)
             index.save(out, overwrite=force)
     except (ValueError, ImportError, FileNotFoundError) as err:
         _fail(str(err))
@@ -167,6 +181,10 @@ def index_info(path: Path = typer.Argument(..., help="Index folder.")) -> None:
     table = Table(title=str(path), show_header=False)
     for key in ("format_version", "created", "lm", "key_layer", "encoding_prefix", "hidden_size", "dtype", "retriever", "counts", "precomputed_keys"):
         table.add_row(key, json.dumps(manifest.get(key), ensure_ascii=False))
+    dense_meta = path / "dense.json"
+    if dense_meta.is_file():
+        dense = json.loads(dense_meta.read_text())
+        table.add_row("faiss index", f"{dense.get('factory')} (memory-mapped: {'yes' if dense.get('on_disk') else 'no'})")
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     table.add_row("size on disk", f"{size / 2**20:.1f} MiB")
     console.print(table)

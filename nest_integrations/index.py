@@ -100,7 +100,8 @@ class NestIndex:
         lm: "LoadedLM",
         *,
         embedder: Any = None,
-        index_factory: str = "Flat",
+        index_factory: str = "auto",
+        faiss_options: Optional[dict[str, Any]] = None,
         retriever_kind: str = "hybrid",
         key_layer: str = "ffn_input",
         encoding_prefix: Optional[str] = "auto",
@@ -108,12 +109,24 @@ class NestIndex:
         show_progress: bool = True,
         cache_mb: float = 1024.0,
     ) -> "NestIndex":
-        """Embed the corpus for the passage stage and, optionally, encode all token keys now."""
+        """Embed the corpus for the passage stage and, optionally, encode all token keys now.
+
+        Args:
+            index_factory: the dense first stage's FAISS index: "auto" (flat
+                below 100k passages, IVF above), "flat", "ivf", "hnsw" or a
+                FAISS factory string (see :mod:`nest_integrations.retrieval.faiss_index`).
+            faiss_options: more :class:`~nest_integrations.retrieval.DenseRetriever`
+                index knobs: ``nlist``, ``nprobe``, ``hnsw_m``, ``ef_search``, ``on_disk``.
+        """
         from .retrieval import DenseRetriever
 
         if not passages:
             raise ValueError("cannot build a NEST index over an empty corpus")
-        dense = DenseRetriever(passages, embedder, index_factory=index_factory, show_progress=show_progress)
+        options = dict(faiss_options or {})
+        unknown = sorted(set(options) - {"nlist", "nprobe", "hnsw_m", "ef_search", "on_disk"})
+        if unknown:
+            raise ValueError(f"unknown faiss_options {unknown}; accepted: nlist, nprobe, hnsw_m, ef_search, on_disk")
+        dense = DenseRetriever(passages, embedder, index_factory=index_factory, show_progress=show_progress, **options)
         index = cls(
             lm, passages, dense, retriever_kind=retriever_kind, key_layer=key_layer,
             encoding_prefix=encoding_prefix, cache_mb=cache_mb,
@@ -166,6 +179,7 @@ class NestIndex:
             "retriever": self.retriever_kind,
             "embedder": self.dense.embedder_name,
             "index_factory": self.dense.index_factory,
+            "faiss_memory_mapped": self.dense.memory_mapped,
             "precomputed_keys": pre is not None,
             "tokens": pre.num_tokens if pre is not None else None,
             "datastore_entries": pre.num_entries if pre is not None else None,

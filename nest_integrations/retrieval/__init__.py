@@ -1,4 +1,4 @@
-"""Passage retrievers: dense (FAISS + sentence embeddings), sparse (BM25) and hybrid.
+"""Passage retrievers: dense (FAISS + sentence embeddings), sparse (BM25), hybrid, and foreign vector stores.
 
 Importing this package is cheap: faiss, sentence_transformers and bm25s are
 imported only when a retriever or embedder is built.
@@ -7,6 +7,7 @@ imported only when a retriever or embedder is built.
 from .base import BatchRetrieverMixin, PassageRetriever, ScoredPassage
 from .bm25 import BM25Retriever
 from .dense import DenseRetriever, Embedder, default_embedder_path, load_embedder
+from .faiss_index import FIRST_STAGES, IndexSpec
 from .hybrid import FUSIONS, RETRIEVER_KINDS, HybridRetriever, build_retriever
 
 __all__ = [
@@ -14,8 +15,10 @@ __all__ = [
     "BatchRetrieverMixin",
     "DenseRetriever",
     "Embedder",
+    "FIRST_STAGES",
     "FUSIONS",
     "HybridRetriever",
+    "IndexSpec",
     "PassageRetriever",
     "RETRIEVER_KINDS",
     "ScoredPassage",

@@ -11,18 +11,18 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, Protocol, Sequence, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, StringConstraints, ValidationError
 from typing_extensions import Annotated
 
 from ..corpus import Passage
 from ..safe_io import validation_message
 from .base import BatchRetrieverMixin, ScoredPassage, check_passages, index_text, with_added, without_ids
+from .faiss_index import DEFAULT_HNSW_M, IndexSpec, is_exact, read_index, set_search_params
 
 if TYPE_CHECKING:
     import faiss
@@ -144,55 +144,6 @@ def embed_texts(
     return vectors
 
 
-def _default_nprobe(nlist: int) -> int:
-    """sqrt(nlist) lists probed per query: a common recall/speed middle ground."""
-    return max(1, min(nlist, round(math.sqrt(nlist))))
-
-
-def _set_nprobe(index: "faiss.Index", nprobe: int | None) -> None:
-    """Set ``nprobe`` on an IVF index (None = sqrt(nlist)); a no-op for non-IVF indexes."""
-    import faiss
-
-    try:
-        ivf = faiss.extract_index_ivf(index)
-    except RuntimeError:
-        if nprobe is not None:
-            logger.warning("nprobe=%d ignored: the index is not an IVF index", nprobe)
-        return
-    ivf.nprobe = _default_nprobe(ivf.nlist) if nprobe is None else max(1, min(ivf.nlist, nprobe))
-
-
-def build_index(vectors: np.ndarray, factory: str, *, nprobe: int | None = None) -> "faiss.Index":
-    """Build (and train when needed) a FAISS inner-product index over float32 (n, d) vectors.
-
-    Raises:
-        ValueError: invalid factory string, or too few vectors to train it
-            (e.g. IVF4096 needs >= 4096 vectors, PQ needs >= 256).
-    """
-    import faiss
-
-    assert vectors.dtype == np.float32 and vectors.ndim == 2 and vectors.flags.c_contiguous, (vectors.dtype, vectors.shape)
-    n, dim = vectors.shape
-    try:
-        index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
-    except RuntimeError as err:
-        raise ValueError(f"invalid FAISS index factory {factory!r} for dimension {dim}: {err}") from err
-    if not index.is_trained:
-        try:
-            index.train(vectors)
-        except RuntimeError as err:
-            raise ValueError(
-                f"{n} passages are too few to train FAISS index {factory!r}; "
-                "use 'Flat' or 'HNSW32', or fewer IVF lists / PQ centroids"
-            ) from err
-    try:
-        index.add(vectors)
-    except RuntimeError as err:
-        raise ValueError(f"cannot add vectors to FAISS index {factory!r} (IDMap factories are not supported): {err}") from err
-    _set_nprobe(index, nprobe)
-    return index
-
-
 def _ids_fingerprint(passages: Sequence[Passage]) -> str:
     """sha256 of the ordered passage ids; detects a reordered or different corpus on load."""
     digest = hashlib.sha256()
@@ -208,14 +159,22 @@ class DenseRetriever(BatchRetrieverMixin):
         passages: the corpus (non-empty, unique ids). FAISS label i is ``passages[i]``.
         embedder: None (bundled MiniLM), a model path/name, a SentenceTransformer,
             or any object with ``encode(list[str]) -> (n, d) array``.
-        index_factory: any ``faiss.index_factory`` string. "Flat" is exact and
-            fine up to ~1M passages; "HNSW32" is faster with ~no training but
-            more memory; "IVF4096,PQ32" is compact for large corpora but lossy
-            and needs >= 4096 passages to train.
+        index_factory: "auto" (flat below 100k passages, IVF above), "flat"
+            (exact), "ivf", "hnsw", or any ``faiss.index_factory`` string
+            (e.g. "IVF4096,PQ32": compact, lossy, needs >= 4096 passages to
+            train). Memory, build time, latency and recall of each are in
+            :mod:`nest_integrations.retrieval.faiss_index`.
         batch_size: passages per embedder call (memory vs throughput).
         show_progress: tqdm bar while embedding the corpus.
         nprobe: IVF lists probed per query (None = sqrt(nlist)); higher raises
             recall and latency. Ignored for non-IVF indexes.
+        nlist: IVF lists (None = 4 * sqrt(n)); must not exceed the passages.
+        hnsw_m: HNSW links per node (memory and recall vs build time).
+        ef_search: HNSW candidates kept per query (None = FAISS's 16).
+        on_disk: a saved index is memory-mapped when loaded, not read into memory.
+
+    Raises:
+        ValueError: an invalid knob, or too few passages to train the index.
     """
 
     def __init__(
@@ -223,12 +182,17 @@ class DenseRetriever(BatchRetrieverMixin):
         passages: Sequence[Passage],
         embedder: EmbedderLike = None,
         *,
-        index_factory: str = "Flat",
+        index_factory: str = "auto",
         batch_size: int = 64,
         show_progress: bool = True,
         nprobe: int | None = None,
+        nlist: int | None = None,
+        hnsw_m: int = DEFAULT_HNSW_M,
+        ef_search: int | None = None,
+        on_disk: bool = False,
     ) -> None:
-        self._configure(passages, embedder, index_factory, batch_size, show_progress, nprobe)
+        spec = IndexSpec(index_factory, nlist=nlist, nprobe=nprobe, hnsw_m=hnsw_m, ef_search=ef_search, on_disk=on_disk)
+        self._configure(passages, embedder, spec, batch_size, show_progress)
         self._index = self._build(self._passages)
 
     @classmethod
@@ -238,49 +202,49 @@ class DenseRetriever(BatchRetrieverMixin):
         vectors: np.ndarray,
         embedder: EmbedderLike = None,
         *,
-        index_factory: str = "Flat",
+        index_factory: str = "auto",
         batch_size: int = 64,
         show_progress: bool = True,
         nprobe: int | None = None,
+        nlist: int | None = None,
+        hnsw_m: int = DEFAULT_HNSW_M,
+        ef_search: int | None = None,
+        on_disk: bool = False,
     ) -> "DenseRetriever":
-        """A retriever over passages embedded elsewhere (e.g. by distributed workers).
+        """A retriever over passages embedded elsewhere (e.g. by distributed workers, or cached).
 
         Args:
             vectors: float32 (len(passages), d), row i the L2-normalised embedding
                 of ``index_text(passages[i])`` by ``embedder`` (any layout; copied
                 into FAISS).
             embedder: the embedder that made ``vectors``; it embeds the queries.
+            index_factory, ..., on_disk: the index knobs, as in the constructor.
 
         Raises:
-            ValueError: ``vectors`` is not float32 with one row per passage.
+            ValueError: ``vectors`` is not float32 with one row per passage, or as the constructor.
         """
         if vectors.dtype != np.float32 or vectors.ndim != 2 or len(vectors) != len(passages):
             raise ValueError(f"{len(passages)} passages need float32 (n, d) vectors, got {vectors.dtype} {vectors.shape}")
+        spec = IndexSpec(index_factory, nlist=nlist, nprobe=nprobe, hnsw_m=hnsw_m, ef_search=ef_search, on_disk=on_disk)
         self = cls.__new__(cls)
-        self._configure(passages, embedder, index_factory, batch_size, show_progress, nprobe)
-        self._index = build_index(np.ascontiguousarray(vectors), index_factory, nprobe=nprobe)
+        self._configure(passages, embedder, spec, batch_size, show_progress)
+        self._index, self.index_factory = spec.build(np.ascontiguousarray(vectors))
         return self
 
     # -- construction -------------------------------------------------------
 
     def _configure(
-        self,
-        passages: Sequence[Passage],
-        embedder: EmbedderLike,
-        index_factory: str,
-        batch_size: int,
-        show_progress: bool,
-        nprobe: int | None,
+        self, passages: Sequence[Passage], embedder: EmbedderLike, spec: IndexSpec, batch_size: int, show_progress: bool
     ) -> None:
-        """Set every attribute except the FAISS index (shared by __init__ and load)."""
+        """Set every attribute except the FAISS index (shared by __init__, from_vectors and load)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self._set_passages(check_passages(passages))
         self._embedder, self.embedder_name, self._embedder_kind = _resolve_embedder(embedder)
-        self.index_factory = index_factory
+        self.spec = spec
         self.batch_size = batch_size
         self.show_progress = show_progress
-        self.nprobe = nprobe
+        self.memory_mapped = False
 
     def _set_passages(self, passages: list[Passage]) -> None:
         """Set the passages in FAISS label order and the id -> label map."""
@@ -288,10 +252,12 @@ class DenseRetriever(BatchRetrieverMixin):
         self._label_of = {p.id: label for label, p in enumerate(passages)}
 
     def _build(self, passages: Sequence[Passage]) -> "faiss.Index":
+        """Embed ``passages`` and index them; sets ``index_factory`` to the FAISS factory string used."""
         vectors = embed_texts(
             self._embedder, [index_text(p) for p in passages], batch_size=self.batch_size, show_progress=self.show_progress
         )
-        return build_index(vectors, self.index_factory, nprobe=self.nprobe)
+        self.index_factory = self.spec.factory_for(len(vectors))
+        return self.spec.build(vectors)
 
     # -- accessors ----------------------------------------------------------
 
@@ -327,11 +293,9 @@ class DenseRetriever(BatchRetrieverMixin):
         other passage (not indexed, edited, or under a compressing or graph
         index) is embedded.
         """
-        import faiss
-
         passages = list(passages)
         vectors = np.zeros((len(passages), self.dim), dtype=np.float32)
-        stored = isinstance(faiss.downcast_index(self._index), faiss.IndexFlat)
+        stored = is_exact(self._index)
         to_embed = []
         for row, passage in enumerate(passages):
             label = self._label_of.get(passage.id) if stored else None
@@ -354,10 +318,17 @@ class DenseRetriever(BatchRetrieverMixin):
     # -- updates ------------------------------------------------------------
 
     def add(self, passages: Sequence[Passage]) -> None:
-        """Embed and append passages (ids must be new). Trained indexes are not retrained."""
+        """Embed and append passages (ids must be new). Trained indexes are not retrained.
+
+        Raises:
+            ValueError: duplicate ids, another embedding dimension, or a
+                memory-mapped index (read-only: FAISS would abort the process).
+        """
         new = list(passages)
         if not new:
             return
+        if self.memory_mapped:
+            raise ValueError("the index is memory-mapped (on_disk) and read-only; load it with mmap=False to add passages")
         combined = with_added(self._passages, new)
         vectors = embed_texts(self._embedder, [index_text(p) for p in new], batch_size=self.batch_size, show_progress=self.show_progress)
         if vectors.shape[1] != self.dim:
@@ -373,6 +344,7 @@ class DenseRetriever(BatchRetrieverMixin):
         """
         kept = without_ids(self._passages, ids)
         self._index = self._build(kept)
+        self.memory_mapped = False
         self._set_passages(kept)
 
     # -- persistence --------------------------------------------------------
@@ -391,6 +363,10 @@ class DenseRetriever(BatchRetrieverMixin):
         meta = {
             "format": _FORMAT_VERSION,
             "factory": self.index_factory,
+            "first_stage": self.spec.factory,
+            "nlist": self.spec.nlist,
+            "hnsw_m": self.spec.hnsw_m,
+            "on_disk": self.spec.on_disk,
             "embedder": self.embedder_name,
             "embedder_kind": self._embedder_kind,
             "dim": self.dim,
@@ -409,6 +385,9 @@ class DenseRetriever(BatchRetrieverMixin):
         batch_size: int = 64,
         show_progress: bool = True,
         trust_paths: bool = False,
+        mmap: bool | None = None,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
     ) -> "DenseRetriever":
         """Load an index written by :meth:`save` for the same ``passages`` (same order).
 
@@ -418,25 +397,26 @@ class DenseRetriever(BatchRetrieverMixin):
                 index was built with a custom embedder object.
             trust_paths: load an embedder path or name read from ``dense.json``.
             batch_size, show_progress: as in the constructor (used by add/remove).
-                A saved IVF index keeps its saved nprobe.
+            mmap: memory-map the FAISS file (None = as saved: the index's ``on_disk``).
+            nprobe, ef_search: override the saved search knobs (None keeps them).
 
         Raises:
             ValueError: missing files, malformed ``dense.json``, passage count/ids
                 differing from the saved index, an untrusted saved embedder path,
                 or an embedder whose dimension differs from the index.
         """
-        import faiss
-
         folder = Path(folder)
         index_path, meta_path = folder / _INDEX_FILE, folder / _META_FILE
         if not index_path.is_file() or not meta_path.is_file():
             raise ValueError(f"{folder} does not contain {_INDEX_FILE} and {_META_FILE}")
         meta = _read_meta(meta_path)
+        spec = IndexSpec(
+            meta.first_stage or meta.factory, nlist=meta.nlist, nprobe=nprobe, hnsw_m=meta.hnsw_m,
+            ef_search=ef_search, on_disk=meta.on_disk,
+        )
         passages = list(passages)
-        try:
-            index = faiss.read_index(str(index_path))
-        except RuntimeError as err:  # FAISS reports a truncated or foreign file this way
-            raise ValueError(f"{index_path} is not a readable FAISS index: {err}") from err
+        memory_mapped = meta.on_disk if mmap is None else mmap
+        index = read_index(index_path, mmap=memory_mapped)
         if not (meta.count == index.ntotal == len(passages)):
             raise ValueError(
                 f"the index in {folder} holds {index.ntotal} vectors (metadata: {meta.count}) "
@@ -449,8 +429,9 @@ class DenseRetriever(BatchRetrieverMixin):
         if embedder is None:
             embedder = cls._saved_embedder(meta, trust_paths=trust_paths)
         self = cls.__new__(cls)
-        self._configure(passages, embedder, meta.factory, batch_size, show_progress, None)
-        self._index = index
+        self._configure(passages, embedder, spec, batch_size, show_progress)
+        self._index, self.index_factory, self.memory_mapped = index, meta.factory, memory_mapped
+        set_search_params(index, nprobe=nprobe, ef_search=ef_search)
         probe_dim = embed_texts(self._embedder, ["dimension probe"]).shape[1]
         if probe_dim != index.d:
             raise ValueError(f"embedder {self.embedder_name!r} has dimension {probe_dim}, the index in {folder} {index.d}")
@@ -487,6 +468,11 @@ class _DenseMeta(BaseModel):
     dim: Annotated[StrictInt, Field(ge=1)]
     count: Annotated[StrictInt, Field(ge=0)]
     ids_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    # Absent in folders saved before the scale knobs existed: those were built from a raw factory string.
+    first_stage: Optional[StrictStr] = None
+    nlist: Optional[Annotated[StrictInt, Field(ge=1)]] = None
+    hnsw_m: Annotated[StrictInt, Field(ge=2)] = DEFAULT_HNSW_M
+    on_disk: StrictBool = False
 
 
 def _read_meta(path: Path) -> _DenseMeta:

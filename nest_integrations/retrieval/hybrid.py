@@ -173,7 +173,8 @@ def build_retriever(passages: Sequence[Passage], kind: str = "hybrid", **kw: Any
     Args:
         kind: "hybrid" (dense + BM25, fused), "dense" or "bm25".
         **kw: constructor options, routed by name: DenseRetriever (embedder,
-            index_factory, batch_size, show_progress, nprobe), BM25Retriever
+            index_factory, batch_size, show_progress, nprobe, nlist, hnsw_m, ef_search,
+            on_disk), BM25Retriever
             (k1, b), HybridRetriever (fusion, candidates, rrf_k).
 
     Raises:
