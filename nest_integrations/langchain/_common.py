@@ -56,13 +56,16 @@ PassageSource = Union[BaseRetriever, VectorStore]
 
 # --------------------------------------------------------------------------- documents
 def document_id(document: Document) -> str:
-    """The id of ``document``: its own id, else a stable hash of its content and metadata.
+    """The id of ``document``: its own id, else the store's id in ``metadata["_id"]``
+    (where langchain-qdrant puts the point id), else a stable hash of its content and metadata.
 
     The metadata takes part in the hash so that two documents with the same text
     but different sources keep their own metadata in the token datastore.
     """
     if document.id:
         return str(document.id)
+    if document.metadata.get("_id") not in (None, ""):
+        return str(document.metadata["_id"])
     payload = json.dumps([document.page_content, document.metadata], sort_keys=True, default=str, ensure_ascii=False)
     return "doc-" + hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
