@@ -190,6 +190,29 @@ def index_info(path: Path = typer.Argument(..., help="Index folder.")) -> None:
     console.print(table)
 
 
+@index_app.command("to-qdrant")
+def index_to_qdrant(
+    path: Path = typer.Argument(..., help="Index folder whose passages to export."),
+    qdrant_path: Path = typer.Option(..., "--qdrant-path", help="Local Qdrant folder (created if needed; no server)."),
+    collection: str = typer.Option(..., help="Collection to write."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing collection of that name."),
+) -> None:
+    """Write an index's passages into a local Qdrant collection (embedded with the bundled MiniLM),
+    for ``nest generate --qdrant-path ... --collection ...``."""
+    from .corpus import load_passages_jsonl
+    from .index import FORMAT as INDEX_FORMAT
+    from .safe_io import manifest_format
+    from .retrieval.vector_store import write_qdrant
+
+    if manifest_format(path) != INDEX_FORMAT:
+        _fail(f"{path} is not a NEST index")
+    try:
+        count = write_qdrant(load_passages_jsonl(path / "passages.jsonl"), qdrant_path, collection, overwrite=force)
+    except (ValueError, ImportError) as err:
+        _fail(str(err))
+    console.print(f"Wrote {count} passages to Qdrant collection {collection!r} in {qdrant_path}")
+
+
 @app.command()
 def retrieve(
     path: Path = typer.Argument(..., help="Index folder."),
@@ -255,6 +278,11 @@ def generate(
     workers: Optional[int] = typer.Option(None, help="Ray workers (default: cluster CPUs / --cpus-per-worker)."),
     cpus_per_worker: float = typer.Option(1.0, help="CPUs each Ray worker reserves."),
     model: Optional[str] = typer.Option(None, help="LM to decode with (default: the one that built the index)."),
+    qdrant_path: Optional[Path] = typer.Option(
+        None, "--qdrant-path", help="First stage from a local Qdrant folder instead of an index (with --collection; "
+        "passages are encoded lazily when retrieved; nest index to-qdrant writes one).",
+    ),
+    collection: Optional[str] = typer.Option(None, help="Qdrant collection (with --qdrant-path)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Generate with attribution; one prompt, or a batch from --input to --output."""
@@ -267,6 +295,10 @@ def generate(
         _fail("give either a PROMPT or --input FILE")
     if input_path is not None and output_path is None:
         _fail("--input needs --output")
+    if (qdrant_path is None) != (collection is None):
+        _fail("--qdrant-path and --collection go together")
+    if qdrant_path is not None and (datastore is not None or input_path is not None):
+        _fail("--qdrant-path generates for one PROMPT, without --datastore or --input")
     if (use_ray or ray_address) and input_path is None:
         _fail("--ray needs --input")
     if input_path is not None:
@@ -276,9 +308,8 @@ def generate(
             batch_size=batch_size, ray=(use_ray or ray_address is not None, ray_address, workers, cpus_per_worker),
         )
         return
-    index = _load_index(datastore, model)
     try:
-        decoder = index.decoder()
+        decoder = _qdrant_decoder(qdrant_path, collection, model) if qdrant_path is not None else _load_index(datastore, model).decoder()
         decoder.config = decoder.config.updated(mode=mode, max_new_tokens=max_new_tokens)
     except ValueError as err:
         _fail(str(err))
@@ -318,6 +349,18 @@ def _generate_items(
         _fail(str(err))
     kept = len(items) - generated
     console.print(f"Wrote {len(items)} generations to {output_path}" + (f" ({kept} kept from an earlier run)" if kept else ""))
+
+
+def _qdrant_decoder(path: Path, collection: Optional[str], model: Optional[str]) -> Any:
+    """A decoder whose first stage is a local Qdrant collection (lazy token datastore)."""
+    from .lm import load_lm
+    from .retrieval.vector_store import LangChainVectorStoreRetriever, open_qdrant, store_decoder
+
+    try:
+        retriever = LangChainVectorStoreRetriever(open_qdrant(path, str(collection)))
+    except ImportError as err:
+        _fail(str(err))
+    return store_decoder(retriever, load_lm(model or "default"))
 
 
 @app.command()

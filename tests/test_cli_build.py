@@ -25,3 +25,46 @@ def test_build_from_a_markdown_folder_is_chunked_and_quiet(tmp_path, capfd):
     assert passages > 2  # the long file became several chunks
     noise = result.output + captured.err + captured.out
     assert "DEBUG bm25s" not in noise and "Loading weights" not in noise
+
+
+def _write_docs(folder):
+    folder.mkdir()
+    (folder / "lighthouse.txt").write_text(
+        "The Brannock lighthouse stands on the northern cape. Its keeper, Ada Morrow, logged every ship that passed "
+        "in the long winter of 1893.", encoding="utf-8",
+    )
+    (folder / "seals.txt").write_text("Grey seals return to the Brannock rocks each spring to breed.", encoding="utf-8")
+    (folder / "tides.txt").write_text("The tides at the northern cape rise nine metres twice a day.", encoding="utf-8")
+
+
+def test_build_with_a_scale_index_then_generate_from_qdrant(tmp_path):
+    pytest.importorskip("langchain_qdrant")
+    import json
+
+    _write_docs(tmp_path / "docs")
+    runner = CliRunner()
+    idx, qdrant = tmp_path / "idx", tmp_path / "qdrant"
+    refused = runner.invoke(app, ["index", "build", str(tmp_path / "docs"), "--out", str(idx), "--faiss-index", "ivf", "--nlist", "50"])
+    assert refused.exit_code == 2 and "nlist must be an integer in [1, 3]" in refused.output.replace("\n", "")
+    assert not idx.exists()
+    built = runner.invoke(
+        app, ["index", "build", str(tmp_path / "docs"), "--out", str(idx), "--lazy-keys", "--faiss-index", "hnsw", "--faiss-on-disk"]
+    )
+    assert built.exit_code == 0, built.output
+    info = runner.invoke(app, ["index", "info", str(idx)])
+    assert "HNSW32,Flat (memory-mapped: yes)" in info.output
+    exported = runner.invoke(app, ["index", "to-qdrant", str(idx), "--qdrant-path", str(qdrant), "--collection", "cape"])
+    assert exported.exit_code == 0 and "Wrote 3 passages" in exported.output
+    assert runner.invoke(app, ["generate", "hi", "--qdrant-path", str(qdrant)]).exit_code == 2  # no --collection
+    result = runner.invoke(
+        app, ["generate", "Who kept the Brannock lighthouse?", "--qdrant-path", str(qdrant), "--collection", "cape",
+              "--json", "--max-new-tokens", "24"],
+    )
+    assert result.exit_code == 0, result.output
+    output = json.loads(result.output)
+    copied = [s for s in output["spans"] if s["copied"]]
+    assert copied, output["text"]
+    texts = {json.loads(line)["text"] for line in (idx / "passages.jsonl").read_text().splitlines()}
+    for span in copied:
+        assert span["source"]["metadata"]["passage_id"]  # a Qdrant point written from the index's passages
+        assert any(span["text"] in text for text in texts)

@@ -256,8 +256,8 @@ class DenseRetriever(BatchRetrieverMixin):
         vectors = embed_texts(
             self._embedder, [index_text(p) for p in passages], batch_size=self.batch_size, show_progress=self.show_progress
         )
-        self.index_factory = self.spec.factory_for(len(vectors))
-        return self.spec.build(vectors)
+        index, self.index_factory = self.spec.build(vectors)
+        return index
 
     # -- accessors ----------------------------------------------------------
 

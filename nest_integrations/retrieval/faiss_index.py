@@ -141,9 +141,11 @@ class IndexSpec:
         """The FAISS factory string for ``n`` passages (:func:`resolve_factory`)."""
         return resolve_factory(self.factory, n, nlist=self.nlist, hnsw_m=self.hnsw_m)
 
-    def build(self, vectors: np.ndarray) -> "faiss.Index":
-        """:func:`build_index` over float32 (n, d) ``vectors`` with these knobs."""
-        return build_index(vectors, self.factory_for(len(vectors)), nprobe=self.nprobe, ef_search=self.ef_search)
+    def build(self, vectors: np.ndarray) -> tuple["faiss.Index", str]:
+        """:func:`build_index` over float32 (n, d) ``vectors`` with these knobs; returns the
+        index and the FAISS factory string it was built from."""
+        factory = self.factory_for(len(vectors))
+        return build_index(vectors, factory, nprobe=self.nprobe, ef_search=self.ef_search), factory
 
 
 def set_search_params(index: "faiss.Index", *, nprobe: Optional[int] = None, ef_search: Optional[int] = None) -> None:
