@@ -441,10 +441,11 @@ def evaluate(
 @app.command()
 def bench(
     datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
-    n: Optional[int] = typer.Option(None, help="Prompts (default: 8; 16 with --batching)."),
-    max_new_tokens: int = typer.Option(64, help="Tokens per generation."),
+    n: Optional[int] = typer.Option(None, help="Prompts (default: 8; 16 with --batching; 3 per size and first stage with --scale)."),
+    max_new_tokens: Optional[int] = typer.Option(None, help="Tokens per generation (default: 64; 32 with --scale)."),
     out: Optional[Path] = typer.Option(
-        None, help="Output folder for bench.json and bench.md (default: runs/bench; runs/bench-batching with --batching)."
+        None, help="Output folder for bench.json and bench.md (default: runs/bench; runs/bench-batching with --batching; "
+        "runs/scale with --scale: scale.json, scale.md, scale.png)."
     ),
     batching: bool = typer.Option(
         False, "--batching",
@@ -463,8 +464,29 @@ def bench(
     ),
     sweep: Optional[str] = typer.Option(None, help="Also sweep one knob: gamma, delta or alpha."),
     values: Optional[str] = typer.Option(None, help="Comma-separated values for --sweep."),
+    scale: bool = typer.Option(
+        False, "--scale", help="Instead: first-stage memory, build time, query latency, recall and NEST ms/token against "
+        "corpus size, duplicating the bundled summaries (no index needed).",
+    ),
+    sizes: str = typer.Option("10000,30000,100000,300000,1000000", help="Corpus sizes for --scale, increasing."),
+    scale_indexes: str = typer.Option("flat,ivf,hnsw", help="First stages for --scale (flat is always measured)."),
+    hnsw_max: int = typer.Option(100_000, help="Largest size --scale builds HNSW for (its build is the slowest)."),
 ) -> None:
-    """Speed: every mode against plain transformers generate, in one run; or --batching throughput; optional knob sweep."""
+    """Speed: every mode against plain transformers generate, in one run; or --batching throughput; optional knob sweep; or --scale."""
+    if scale:
+        from .evaluation.scale_bench import run_scale_bench
+
+        folder = out or Path("runs/scale")
+        try:
+            run_scale_bench(
+                out_dir=folder, sizes=[int(s) for s in sizes.split(",") if s.strip()],
+                indexes=[k.strip() for k in scale_indexes.split(",") if k.strip()], hnsw_max=hnsw_max,
+                prompts=3 if n is None else n, max_new_tokens=max_new_tokens or 32,
+            )
+        except ValueError as err:
+            _fail(str(err))
+        console.print((folder / "scale.md").read_text())
+        return
     from .evaluation.bench import run_bench, run_sweep
 
     if batching and sweep:
@@ -472,6 +494,7 @@ def bench(
     if sweep and not values:
         _fail("--sweep needs --values")
     n = n if n is not None else (16 if batching else 8)
+    max_new_tokens = max_new_tokens or 64
     out = out or Path("runs/bench-batching" if batching else "runs/bench")
     index = _load_index(datastore)
     try:

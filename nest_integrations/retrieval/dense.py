@@ -22,7 +22,7 @@ from typing_extensions import Annotated
 from ..corpus import Passage
 from ..safe_io import validation_message
 from .base import BatchRetrieverMixin, ScoredPassage, check_passages, index_text, with_added, without_ids
-from .faiss_index import DEFAULT_HNSW_M, IndexSpec, is_exact, read_index, set_search_params
+from .faiss_index import DEFAULT_HNSW_M, IndexSpec, index_bytes, read_index, set_search_params, stores_vectors
 
 if TYPE_CHECKING:
     import faiss
@@ -288,14 +288,14 @@ class DenseRetriever(BatchRetrieverMixin):
     def passage_vectors(self, passages: Sequence[Passage]) -> np.ndarray:
         """L2-normalised embeddings of ``passages``: float32, C-contiguous, shape (len(passages), dim).
 
-        An indexed passage (same id and text) is read back from a flat FAISS
-        index, which stores its vectors exactly, without an embedder call; any
-        other passage (not indexed, edited, or under a compressing or graph
-        index) is embedded.
+        An indexed passage (same id and text) is read back, without an embedder
+        call, from an index that stores its vectors exactly (flat, IVF-flat,
+        HNSW-flat); any other passage (not indexed, edited, or under a
+        compressing index such as PQ) is embedded.
         """
         passages = list(passages)
         vectors = np.zeros((len(passages), self.dim), dtype=np.float32)
-        stored = is_exact(self._index)
+        stored = stores_vectors(self._index)
         to_embed = []
         for row, passage in enumerate(passages):
             label = self._label_of.get(passage.id) if stored else None
@@ -308,8 +308,18 @@ class DenseRetriever(BatchRetrieverMixin):
             vectors[to_embed] = embed_texts(self._embedder, texts, batch_size=self.batch_size)
         return vectors
 
+    def search_vectors(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS search of float32 (q, dim) unit query vectors: (q, min(k, n)) float32 cosines and
+        int64 labels (positions in :attr:`passages`; -1 where an approximate index found fewer)."""
+        assert vectors.dtype == np.float32 and vectors.ndim == 2 and vectors.shape[1] == self.dim, (vectors.dtype, vectors.shape)
+        return self._index.search(np.ascontiguousarray(vectors), min(k, len(self._passages)))
+
+    def index_nbytes(self) -> int:
+        """Bytes of the FAISS index (:func:`~nest_integrations.retrieval.faiss_index.index_bytes`)."""
+        return index_bytes(self._index)
+
     def _retrieve_nonempty(self, queries: list[str], k: int) -> list[list[ScoredPassage]]:
-        scores, labels = self._index.search(self.embed_queries(queries), min(k, len(self._passages)))
+        scores, labels = self.search_vectors(self.embed_queries(queries), k)
         return [
             [(self._passages[label], float(score)) for score, label in zip(row_scores, row_labels) if label >= 0]
             for row_scores, row_labels in zip(scores, labels)
