@@ -475,6 +475,7 @@ def bench(
     """Speed: every mode against plain transformers generate, in one run; or --batching throughput; optional knob sweep; or --scale."""
     if scale:
         from .evaluation.scale_bench import run_scale_bench
+        from .lm import cache_dir
 
         folder = out or Path("runs/scale")
         try:
@@ -482,6 +483,7 @@ def bench(
                 out_dir=folder, sizes=[int(s) for s in sizes.split(",") if s.strip()],
                 indexes=[k.strip() for k in scale_indexes.split(",") if k.strip()], hnsw_max=hnsw_max,
                 prompts=3 if n is None else n, max_new_tokens=max_new_tokens or 32,
+                embeddings_cache=cache_dir() / "scale",
             )
         except ValueError as err:
             _fail(str(err))

@@ -95,3 +95,14 @@ def test_llama_index_quickstart(my_docs, capsys):
         assert response.response[c["answer_start"] : c["answer_end"]] == c["text"]
     assert len(ns["chat_engine"].chat_history) == 4
     assert "<-" in capsys.readouterr().out
+
+
+def test_qdrant_first_stage_snippet(my_docs, capsys):
+    pytest.importorskip("langchain_qdrant")
+    ns = _run("qdrant")
+    output = ns["output"]
+    assert output.copied_spans, "the answer copies from the Qdrant collection's documents"
+    for span in output.copied_spans:
+        assert span.text in my_docs and span.source.metadata["passage_id"]
+    assert "my_docs/" in capsys.readouterr().out
+    ns["store"].client.close()

@@ -48,7 +48,7 @@ import numpy as np
 from ..config import NestConfig
 from ..corpus import Passage
 from ..retrieval.base import index_text
-from ..retrieval.dense import DenseRetriever, embed_texts, l2_normalise, load_embedder
+from ..retrieval.dense import DenseRetriever, embed_texts, l2_normalise, resolve_embedder
 from ..retrieval.faiss_index import IndexSpec
 from .runner import decoder_over, fresh_lazy_datastore, load_items, markdown_table, ratio, write_json
 
@@ -89,6 +89,39 @@ def duplicated(passages: Sequence[Passage], vectors: np.ndarray, n: int, *, nois
         for i, p in ((i, passages[i % base]) for i in range(n))
     ]
     return corpus, out
+
+
+def corpus_embeddings(
+    embedder: Any, embedder_name: str, passages: Sequence[Passage], cache: Optional[Path]
+) -> tuple[np.ndarray, float, bool]:
+    """Float32 (n, d) unit embeddings of ``passages`` by ``embedder``, the passages/s they were
+    embedded at, and whether they came from ``cache`` (a folder; None: no caching).
+
+    Cached files are named by the sha256 of the embedder's name and every passage's indexed
+    text, so another corpus or embedder never reads them; re-embedding the summaries costs
+    minutes on a shared 2-core machine, and the rate measured then is kept beside them.
+    """
+    import hashlib
+    import json
+
+    texts = [index_text(p) for p in passages]
+    digest = hashlib.sha256(embedder_name.encode("utf-8") + b"\0")
+    for text in texts:
+        digest.update(text.encode("utf-8") + b"\0")
+    stem = cache / f"embeddings-{digest.hexdigest()[:24]}" if cache is not None else None
+    if stem is not None and stem.with_suffix(".npy").is_file() and stem.with_suffix(".json").is_file():
+        vectors = np.load(stem.with_suffix(".npy"), allow_pickle=False)
+        rate = json.loads(stem.with_suffix(".json").read_text())["passages_per_s"]
+        if vectors.dtype == np.float32 and vectors.shape[0] == len(texts):
+            return np.ascontiguousarray(vectors), float(rate), True
+    start = time.perf_counter()
+    vectors = embed_texts(embedder, texts)
+    rate = len(texts) / (time.perf_counter() - start)
+    if stem is not None:
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        np.save(stem.with_suffix(".npy"), vectors, allow_pickle=False)
+        stem.with_suffix(".json").write_text(json.dumps({"passages_per_s": rate}))
+    return vectors, rate, False
 
 
 # --------------------------------------------------------------------------- measurements
@@ -173,6 +206,7 @@ def run_scale_bench(
     passages: Optional[Sequence[Passage]] = None,
     lm: Any = None,
     embedder: Any = None,
+    embeddings_cache: Optional[Path] = None,
 ) -> dict[str, Any]:
     """Measure the first stage and NEST at each corpus size (module docstring); write json, md and png.
 
@@ -186,6 +220,8 @@ def run_scale_bench(
         noise: norm of the noise added to duplicated embeddings.
         passages, lm, embedder: the corpus (default: the 10,033 summaries), the
             LM (default model) and the sentence embedder (bundled MiniLM).
+        embeddings_cache: folder keeping the corpus embeddings between runs
+            (:func:`corpus_embeddings`); None embeds every run.
 
     Raises:
         ValueError: empty or non-increasing sizes, an unknown index, too few
@@ -205,13 +241,11 @@ def run_scale_bench(
     if not 1 <= queries <= len(base) or prompts < 0:
         raise ValueError(f"queries must be in [1, {len(base)}] and prompts >= 0")
     lm = lm if lm is not None else load_lm()
-    embedder = embedder if embedder is not None else load_embedder()
     config = NestConfig(mode="nest", max_new_tokens=max_new_tokens)
     k = config.passage_k
 
-    start = time.perf_counter()
-    vectors = embed_texts(embedder, [index_text(p) for p in base])
-    embed_rate = len(base) / (time.perf_counter() - start)
+    embedder, embedder_name, _ = resolve_embedder(embedder)
+    vectors, embed_rate, from_cache = corpus_embeddings(embedder, embedder_name, base, embeddings_cache)
     rng = np.random.default_rng(seed)
     query_texts = [base[i].title or base[i].text[:80] for i in rng.choice(len(base), size=queries, replace=False)]
     query_vectors = embed_texts(embedder, query_texts)
@@ -253,6 +287,7 @@ def run_scale_bench(
         "max_new_tokens": max_new_tokens,
         "model": lm.name,
         "embed_passages_per_s": embed_rate,
+        "embeddings_from_cache": from_cache,
         "tokens_per_passage": tokens_per_passage,
         "precomputed_bytes_per_token": bytes_per_token,
         "peak_rss_mib": _peak_rss_mib(),

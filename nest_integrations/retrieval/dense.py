@@ -82,7 +82,7 @@ def _is_sentence_transformer(obj: object) -> bool:
     return module is not None and isinstance(obj, module.SentenceTransformer)
 
 
-def _resolve_embedder(embedder: EmbedderLike) -> tuple[Embedder, str, str]:
+def resolve_embedder(embedder: EmbedderLike) -> tuple[Embedder, str, str]:
     """Return ``(embedder, name, kind)``; kind is "default", "path" (reloadable by name) or "object"."""
     if embedder is None:
         path = default_embedder_path()
@@ -240,7 +240,7 @@ class DenseRetriever(BatchRetrieverMixin):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self._set_passages(check_passages(passages))
-        self._embedder, self.embedder_name, self._embedder_kind = _resolve_embedder(embedder)
+        self._embedder, self.embedder_name, self._embedder_kind = resolve_embedder(embedder)
         self.spec = spec
         self.batch_size = batch_size
         self.show_progress = show_progress

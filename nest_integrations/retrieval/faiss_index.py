@@ -47,9 +47,13 @@ FIRST_STAGES = ("auto", "flat", "ivf", "hnsw")
 AUTO_IVF_THRESHOLD = 100_000
 """``"auto"`` picks IVF from this many passages up (below, flat is exact and fast enough)."""
 DEFAULT_HNSW_M = 32
-TRAIN_POINTS_PER_LIST = 64
-"""IVF trains on at most this many vectors per list: k-means quality saturates well
-before FAISS's own cap of 256, and training time is linear in the sample."""
+TRAIN_POINTS_PER_LIST = 39
+"""IVF trains on at most this many vectors per list (FAISS's advised minimum; its own cap
+is 256). k-means costs ``points x nlist x d x iterations``: at 1M passages and 4,000 lists
+the cap of 39 and :data:`KMEANS_ITERATIONS` keep training to minutes on 2 cores instead of
+most of an hour; recall against flat (``nest bench --scale``) shows what it costs."""
+KMEANS_ITERATIONS = 10
+"""k-means iterations of IVF training (FAISS's default is 25)."""
 
 
 def _positive_int(value: object) -> bool:
@@ -180,8 +184,9 @@ def build_index(
 ) -> "faiss.Index":
     """Build (and train when needed) a FAISS inner-product index over float32 (n, d) vectors.
 
-    IVF trains on a random sample of at most ``TRAIN_POINTS_PER_LIST * nlist``
-    vectors (``seed`` draws it), then adds all of them.
+    IVF trains (:data:`KMEANS_ITERATIONS` k-means iterations) on a random sample
+    of at most ``TRAIN_POINTS_PER_LIST * nlist`` vectors (``seed`` draws it),
+    then adds all of them.
 
     Raises:
         ValueError: invalid factory string, or too few vectors to train it
@@ -196,6 +201,8 @@ def build_index(
     except RuntimeError as err:
         raise ValueError(f"invalid FAISS index factory {factory!r} for dimension {dim}: {err}") from err
     if not index.is_trained:
+        if _ivf(index) is not None:
+            _ivf(index).cp.niter = KMEANS_ITERATIONS
         try:
             index.train(_training_sample(index, vectors, seed))
         except RuntimeError as err:
