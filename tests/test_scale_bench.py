@@ -53,3 +53,21 @@ def test_bad_sizes_are_refused(tmp_path, tiny_lm):
         run_scale_bench(out_dir=tmp_path, sizes=(300, 100), lm=tiny_lm)
     with pytest.raises(ValueError, match="unknown index kind"):
         run_scale_bench(out_dir=tmp_path, indexes=("flat", "lsh"), lm=tiny_lm)
+
+
+def test_corpus_embeddings_are_cached_per_corpus_and_embedder(base, tmp_path):
+    from nest_integrations.evaluation.scale_bench import corpus_embeddings
+
+    class Counting:
+        calls = 0
+
+        def encode(self, texts):
+            Counting.calls += len(texts)
+            return np.ones((len(texts), 4), dtype=np.float32)
+
+    first, rate, cached = corpus_embeddings(Counting(), "counting", base[:10], tmp_path)
+    again, rate_again, cached_again = corpus_embeddings(Counting(), "counting", base[:10], tmp_path)
+    assert (cached, cached_again) == (False, True) and Counting.calls == 10 and rate_again == rate
+    assert np.array_equal(first, again)
+    assert not corpus_embeddings(Counting(), "other", base[:10], tmp_path)[2]  # another embedder: no stale vectors
+    assert not corpus_embeddings(Counting(), "counting", base[:9], tmp_path)[2]  # another corpus

@@ -36,6 +36,8 @@ Outputs: ``scale.json``, ``scale.md`` and ``scale.png`` in ``out_dir``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import resource
@@ -101,9 +103,6 @@ def corpus_embeddings(
     text, so another corpus or embedder never reads them; re-embedding the summaries costs
     minutes on a shared 2-core machine, and the rate measured then is kept beside them.
     """
-    import hashlib
-    import json
-
     texts = [index_text(p) for p in passages]
     digest = hashlib.sha256(embedder_name.encode("utf-8") + b"\0")
     for text in texts:
