@@ -8,7 +8,7 @@ import pytest
 
 from nest_integrations.corpus import Passage
 from nest_integrations.index import NestIndex
-from nest_integrations.retrieval import DenseRetriever, IndexSpec
+from nest_integrations.retrieval import DenseRetriever
 from nest_integrations.retrieval.faiss_index import default_nlist, index_bytes, resolve_factory
 
 N, DIM = 3000, 32
@@ -71,9 +71,9 @@ def test_auto_picks_flat_then_ivf():
 def test_from_vectors_matches_embedding_the_corpus(corpus):
     passages, embedder = corpus
     built = DenseRetriever(passages, embedder, index_factory="flat", show_progress=False)
-    given = DenseRetriever.from_vectors(passages, embedder.table, embedder, spec=IndexSpec("flat"))
+    given = DenseRetriever.from_vectors(passages, embedder.table, embedder, index_factory="flat")
     assert _top(given) == _top(built) and index_bytes(given._index) >= N * DIM * 4
-    with pytest.raises(ValueError, match=r"vectors of shape \(2, 32\) for 3000 passages"):
+    with pytest.raises(ValueError, match=r"3000 passages need float32 \(n, d\) vectors, got float32 \(2, 32\)"):
         DenseRetriever.from_vectors(passages, embedder.table[:2], embedder)
 
 

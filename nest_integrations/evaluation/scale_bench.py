@@ -52,7 +52,6 @@ from ..config import NestConfig
 from ..corpus import Passage
 from ..retrieval.base import index_text
 from ..retrieval.dense import DenseRetriever, embed_texts, l2_normalise, resolve_embedder
-from ..retrieval.faiss_index import IndexSpec
 from .runner import decoder_over, fresh_lazy_datastore, load_items, markdown_table, ratio, write_json
 
 __all__ = ["ASSUMPTIONS", "COMPRESSED_KEY_BYTES", "DEFAULT_SIZES", "PAPER_PASSAGES", "extrapolate", "run_scale_bench"]
@@ -180,7 +179,7 @@ def _measure_index(
 ) -> tuple[dict[str, Any], np.ndarray]:
     """One first stage at one size: build, memory, query latency, recall vs ``exact`` (None: this is flat), NEST."""
     start = time.perf_counter()
-    dense = DenseRetriever.from_vectors(passages, vectors, embedder, spec=IndexSpec(kind))
+    dense = DenseRetriever.from_vectors(passages, vectors, embedder, index_factory=kind, show_progress=False)
     build_s = time.perf_counter() - start
     with _faiss_threads(1):
         query_ms, labels = _query_ms(dense, queries, k)
@@ -270,7 +269,7 @@ def run_scale_bench(
     tokens_per_passage = _tokens_per_passage(lm, base)
     bytes_per_token = 2 * int(lm.model.config.hidden_size) + _ENTRY_EXTRA_BYTES
     if items:  # untimed: loads kernels and the embedder's weights before anything is timed
-        _nest_latency(DenseRetriever.from_vectors(base, vectors, embedder, spec=IndexSpec("flat")), lm, items[:1], config.updated(max_new_tokens=2))
+        _nest_latency(DenseRetriever.from_vectors(base, vectors, embedder, index_factory="flat"), lm, items[:1], config.updated(max_new_tokens=2))
 
     rows = []
     for n in sizes:
