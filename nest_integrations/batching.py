@@ -45,7 +45,7 @@ spans and attribution equal one-by-one generation (up to float rounding of a
 batched matmul against an unbatched one, which does not flip a decision on the
 tests' models). ``stats.forward_passes`` counts the shared forwards a row took
 part in (its prefill included) -- the same count as alone; ``decode_s`` runs
-from the row's prefill to its finish, ``wall_s`` from its submission to it.
+from the row's prefill to its finish, ``wall_s`` from the start of its preparation (retrieval, gate) to it.
 
 A :class:`RowListener` hears of each row's progress (for streaming), its output
 or its error. :func:`batched_generate` runs a fixed list of rows in the calling
@@ -109,7 +109,7 @@ class Row:
     generator: Optional[torch.Generator]
     listener: Optional["RowListener"] = None
     submitted: float = field(default_factory=time.perf_counter)
-    """When the row was prepared; ``stats.wall_s`` runs from here to its finish."""
+    """When the row's preparation began; ``stats.wall_s`` runs from here to its finish."""
     cancelled: bool = False
     """Set by a consumer that stopped listening (an abandoned stream); the row leaves at the next step."""
     owner: int = -1
@@ -370,10 +370,9 @@ def batched_generate(rows: Sequence[Row], *, max_batch: int) -> list[NestOutput]
     each forward; outputs in the rows' order. Raises the first row's error, if any."""
     collect = _Collect(len(rows))
     scheduler = RowScheduler(max_batch=max_batch)
-    started = time.perf_counter()
     for place, row in enumerate(rows):
         collect.places[id(row)] = place
-        row.listener, row.submitted = collect, started
+        row.listener = collect
         scheduler.add(row)
     while scheduler.busy:
         scheduler.step()

@@ -412,11 +412,12 @@ class NestDecoder:
         The prompt is assumed checked (:func:`check_prompt`)."""
         from .batching import Row
 
+        started = time.perf_counter()
         gen = _Generation(config=config)
         context = self._prepare(gen, prompt, query, passages)
         prompt_ids = self._prompt_ids(self.format_prompt(prompt, config, context), config, gen.stats)
         generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
-        return Row(self, gen, prompt_ids, generator)
+        return Row(self, gen, prompt_ids, generator, submitted=started)
 
     def _call_config(self, overrides: Mapping[str, Any]) -> NestConfig:
         config = self.config.updated(**overrides) if overrides else self.config
