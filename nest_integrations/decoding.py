@@ -270,6 +270,7 @@ class NestDecoder:
         raise now) and queue it to decode with the LM's other callers; the future
         resolves to its :class:`NestOutput`. Models that cannot share a batch
         (:func:`~nest_integrations.batching.supports_batching`) decode it now."""
+        check_prompt(prompt)
         if not self._batches:
             future: "Future[NestOutput]" = Future()
             future.set_result(self.generate(prompt, query=query, passages=passages, **overrides))
