@@ -106,8 +106,9 @@ def index_build(
         "--lazy-keys encodes passages the first time they are retrieved.",
     ),
     key_compression: str = typer.Option(
-        "none", help=f"Store precomputed keys as {CODEC_HELP}. opq96: 96 B/token (12x smaller than float16 on the "
-        "default LM; README: Compressed keys); trained on a sample of the first passages encoded.",
+        "none", help=f"Store precomputed keys as {CODEC_HELP}; none keeps float16 (1,152 B/token on the default LM). "
+        "A codec is trained on a sample of the first passages encoded; README: Compressed keys has the measured "
+        "trade-off (bytes, neighbour agreement, attribution, speed).",
     ),
     model: str = typer.Option("default", help="LM: 'default', a hub id or a local path."),
     retriever: str = typer.Option("hybrid", help="First stage: hybrid, dense or bm25."),
