@@ -212,7 +212,7 @@ def test_cli_key_compression_builds_a_loadable_index(tmp_path):
     from nest_integrations.cli import app
 
     out = tmp_path / "idx"
-    args = ["index", "build", "wiki", "--topic", "People", "--limit", "40", "--out", str(out), "--key-compression", "pq48"]
+    args = ["index", "build", "wiki", "--topic", "People", "--limit", "16", "--out", str(out), "--key-compression", "pq48"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "pq48 (48 B/token)" in result.output

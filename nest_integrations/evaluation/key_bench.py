@@ -10,7 +10,8 @@ candidate tokens, every codec named (``nest bench-keys``):
   decoder's ``passage_k``), encoded once as float16 and stored with each
   codec -- exactly the candidate set the decoder searches;
 * per codec: stored bytes per token, top-1 neighbour agreement with float16
-  (same entry), top-10 overlap, the RRC weight lambda's mean absolute change
+  (same entry), top-1 token agreement (the neighbours' value tokens agree:
+  what the kNN distribution and span proposals start from), top-10 overlap, the RRC weight lambda's mean absolute change
   (default alpha and tau), the top-1 distance's relative error, search time
   per decoding step (one query, ``token_k`` neighbours), candidate-set build
   time from stored rows (once per generation) and codec training seconds.
@@ -95,12 +96,13 @@ def _fastest_search_s(candidates: CandidateSet, query: torch.Tensor, k: int) -> 
 def _compare(reference: Any, approx: Any, k_overlap: int, alpha: float, tau: float) -> dict[str, np.ndarray]:
     """Per-query agreement of two :class:`Neighbours` over the same entries."""
     top1 = (approx.entries[:, 0] == reference.entries[:, 0]).numpy()
+    top1_value = (approx.values[:, 0] == reference.values[:, 0]).numpy()
     ref_k, app_k = reference.entries[:, :k_overlap].numpy(), approx.entries[:, :k_overlap].numpy()
     overlap = np.asarray([len(set(a) & set(b)) / max(len(a), 1) for a, b in zip(ref_k, app_k)])
     lam_diff = (rrc_lambda(approx.scores, alpha, tau) - rrc_lambda(reference.scores, alpha, tau)).abs().numpy()
     ref_d, app_d = -reference.scores[:, 0].numpy(), -approx.scores[:, 0].numpy()
     rel_err = np.abs(app_d - ref_d) / np.maximum(ref_d, 1e-6)
-    return {"top1": top1, "overlap": overlap, "lambda_diff": lam_diff, "distance_rel_err": rel_err}
+    return {"top1": top1, "top1_value": top1_value, "overlap": overlap, "lambda_diff": lam_diff, "distance_rel_err": rel_err}
 
 
 def run_key_bench(
@@ -175,6 +177,7 @@ def run_key_bench(
                 "bytes_per_token": codec.bytes_per_key,
                 "compression_vs_float16": ratio(2.0 * codec.dim, codec.bytes_per_key),
                 "top1_agreement": float(np.mean(m["top1"])),
+                "top1_token_agreement": float(np.mean(m["top1_value"])),
                 f"top{OVERLAP_K}_overlap": float(np.mean(m["overlap"])),
                 "lambda_abs_diff_mean": float(np.mean(m["lambda_diff"])),
                 "lambda_abs_diff_max": float(np.max(m["lambda_diff"])),
@@ -207,6 +210,7 @@ _COLUMNS = (
     ("bytes_per_token", "B/token"),
     ("compression_vs_float16", "x smaller"),
     ("top1_agreement", "top-1 agreement"),
+    ("top1_token_agreement", "top-1 token agreement"),
     (f"top{OVERLAP_K}_overlap", f"top-{OVERLAP_K} overlap"),
     ("lambda_abs_diff_mean", "mean abs lambda change"),
     ("top1_distance_rel_err", "top-1 distance rel. err"),
