@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .corpus import DEFAULT_CHUNK_TOKENS
+from .key_codec import CODEC_HELP
 
 app = typer.Typer(help="NEST: attributed, retrieval-grounded generation.", no_args_is_help=True, add_completion=False)
 index_app = typer.Typer(help="Build and inspect NEST indexes.", no_args_is_help=True)
@@ -104,6 +105,11 @@ def index_build(
         "1,152 bytes per token on the default LM), so generation never waits for passage encoding; "
         "--lazy-keys encodes passages the first time they are retrieved.",
     ),
+    key_compression: str = typer.Option(
+        "none", help=f"Store precomputed keys as {CODEC_HELP}; none keeps float16 (1,152 B/token on the default LM). "
+        "A codec is trained on a sample of the first passages encoded; README: Compressed keys has the measured "
+        "trade-off (bytes, neighbour agreement, attribution, speed).",
+    ),
     model: str = typer.Option("default", help="LM: 'default', a hub id or a local path."),
     retriever: str = typer.Option("hybrid", help="First stage: hybrid, dense or bm25."),
     index_factory: str = typer.Option(
@@ -134,12 +140,15 @@ def index_build(
     from .corpus import chunk_passages, load_corpus
     from .index import FORMAT as INDEX_FORMAT
     from .index import NestIndex
+    from .key_codec import parse_spec
     from .lm import load_lm
     from .safe_io import check_replaceable
 
     _setup_logging(verbose)
     try:
         check_replaceable(out, INDEX_FORMAT, overwrite=force)  # before hours of building, not after
+        if parse_spec(key_compression)[0] != "float16" and not precompute_keys:
+            _fail("--key-compression stores precomputed keys; drop --lazy-keys")
         passages = load_corpus(source, topic=topic, limit=limit)
         lm = load_lm(model)
         if max_words:
@@ -157,18 +166,23 @@ def index_build(
                 _fail("--ray builds precomputed keys; drop --lazy-keys")
             if any(faiss_options[k] is not None for k in ("nlist", "nprobe", "ef_search")) or hnsw_m != 32 or faiss_on_disk:
                 _fail("--ray builds take --faiss-index only; --nlist, --nprobe, --hnsw-m, --ef-search and --faiss-on-disk apply to local builds")
+            if parse_spec(key_compression)[0] != "float16":
+                _fail("--ray builds store float16 key shards; --key-compression applies to local builds")
             index = build_index_on_ray(
                 passages, lm, out, address=ray_address, workers=workers, cpus_per_worker=cpus_per_worker,
                 shard_passages=shard_passages, overwrite=force, **settings,
             )
         else:
-            index = NestIndex.build(passages, lm, precompute_keys=precompute_keys, faiss_options=faiss_options, **settings)
+            index = NestIndex.build(
+                passages, lm, precompute_keys=precompute_keys, faiss_options=faiss_options, key_codec=key_compression, **settings
+            )
             index.save(out, overwrite=force)
     except (ValueError, ImportError, FileNotFoundError) as err:
         _fail(str(err))
     console.print(f"Wrote {out}: {len(passages)} passages")
     if index.precompute_rate is not None:
-        console.print(f"Encoded the datastore at {index.precompute_rate:,.0f} tokens/s")
+        codec = index.datastore.codec
+        console.print(f"Encoded the datastore at {index.precompute_rate:,.0f} tokens/s, keys as {codec.spec} ({codec.bytes_per_key:,} B/token)")
 
 
 @index_app.command("info")
@@ -181,6 +195,7 @@ def index_info(path: Path = typer.Argument(..., help="Index folder.")) -> None:
     table = Table(title=str(path), show_header=False)
     for key in ("format_version", "created", "lm", "key_layer", "encoding_prefix", "hidden_size", "dtype", "retriever", "counts", "precomputed_keys"):
         table.add_row(key, json.dumps(manifest.get(key), ensure_ascii=False))
+    table.add_row("key_codec", json.dumps(manifest.get("key_codec", "float16")))
     dense_meta = path / "dense.json"
     if dense_meta.is_file():
         dense = json.loads(dense_meta.read_text())
@@ -415,6 +430,11 @@ def evaluate(
         "cli", help="docs without -d: 'cli' (nest index build's default chunking) or 'splitter' (LangChain's default splitter)."
     ),
     out: Path = typer.Option(Path("runs/eval"), help="Output folder (items.jsonl, summary.json, summary.md)."),
+    key_compression: Optional[str] = typer.Option(
+        None, help=f"Over an index with lazy keys: store the keys of retrieved passages as {CODEC_HELP}, the codec "
+        "trained first on --codec-sample random passages (an index built with --key-compression uses its own).",
+    ),
+    codec_sample: int = typer.Option(384, help="Passages encoded to train --key-compression."),
 ) -> None:
     """Compare the modes on the same items in one run.
 
@@ -429,6 +449,9 @@ def evaluate(
         datastore = _docs_index(docs_chunking)
     index = _load_index(datastore)
     try:
+        if key_compression is not None:
+            codec = index.datastore.train_codec(key_compression, sample_passages=codec_sample, seed=seed)
+            console.print(f"Keys stored as {codec.spec} ({codec.bytes_per_key:,} B/token)")
         run_eval(
             index, task, n=n, seed=seed, modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
             max_new_tokens=max_new_tokens, out_dir=out, qa_path=qa_path,
@@ -538,6 +561,32 @@ def bench_ray(
     except (ValueError, ImportError) as err:
         _fail(str(err))
     console.print((out / "ray.md").read_text())
+
+
+@app.command("bench-keys")
+def bench_keys(
+    datastore: Optional[Path] = typer.Option(
+        None, "--datastore", "-d", help="Index folder with float16 or lazy keys (default: the demo index)."
+    ),
+    codecs: str = typer.Option(",".join(("sq8", "pq48", "opq48", "pq96", "opq96", "pq144")), help=f"Comma-separated codecs: {CODEC_HELP}."),
+    n: int = typer.Option(12, help="Biography prompts whose decoding queries are searched."),
+    seed: int = typer.Option(0, help="Sampling seed of the prompts and the training sample."),
+    max_new_tokens: int = typer.Option(64, help="Tokens the LM writes per prompt (queries per prompt)."),
+    sample_passages: int = typer.Option(384, help="Corpus passages encoded to train every codec."),
+    out: Path = typer.Option(Path("runs/bench-keys"), help="Output folder (key_bench.json, key_bench.md)."),
+) -> None:
+    """Compressed keys vs float16: bytes per token, neighbour agreement, lambda change, search speed."""
+    from .evaluation.key_bench import run_key_bench
+
+    index = _load_index(datastore)
+    try:
+        run_key_bench(
+            index, codecs=[c.strip() for c in codecs.split(",") if c.strip()], n=n, seed=seed,
+            max_new_tokens=max_new_tokens, sample_passages=sample_passages, out_dir=out,
+        )
+    except ValueError as err:
+        _fail(str(err))
+    console.print((out / "key_bench.md").read_text())
 
 
 @app.command()

@@ -22,8 +22,13 @@ Two storage modes give identical neighbours:
 * precomputed: :meth:`TokenDatastore.precompute` encodes the whole corpus once;
   saved datastores memory-map the arrays.
 
-Search is exact and vectorised over a :class:`CandidateSet` (the entries of the
-passages retrieved for one generation), built once per generation.
+Keys are stored as the datastore's :mod:`key codec <nest_integrations.key_codec>`
+writes them: float16 rows by default, or FAISS codes (``pq<M>``, ``opq<M>``,
+``sq8``) in either mode.
+
+Search is vectorised over a :class:`CandidateSet` (the entries of the passages
+retrieved for one generation), built once per generation: exact over float16
+keys, asymmetric distance computation over codes.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import numpy as np
 
 from .corpus import Passage
+from .key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, make_codec, sample_rows
 from .lm import KeyReader
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -86,9 +92,10 @@ class EncodedPassage:
         char_spans: int32 (L, 2), half-open character range of each token in the
             passage text. Ranges tile the text: token ``i`` starts where token
             ``i - 1`` ends, so a run of tokens maps to one verbatim slice.
-        keys: float16 (L, d), ``keys[j]`` is the hidden state just before token
-            ``j`` (the last prefix position for ``j = 0``; zeros when there is
-            no prefix).
+        keys: (L, code_width) stored rows of the datastore's codec: ``keys[j]``
+            stands for the hidden state just before token ``j`` (the last prefix
+            position for ``j = 0``; zeros when there is no prefix). float16
+            (L, d) as the encoder returns them; uint8 codes when compressed.
         valid: bool (L,), whether ``keys[j] -> token_ids[j]`` is a datastore entry.
     """
 
@@ -293,15 +300,24 @@ class TokenDatastore:
         passages: the corpus; entries refer to passages by index in this list.
         encoder: the :class:`PassageEncoder` (LM, key layer, prefix).
         cache_mb: bound of the lazy LRU cache in megabytes (keys dominate:
-            ``2 * hidden_size`` bytes per token).
+            ``codec.bytes_per_key`` per token, 1,152 B for float16 on SmolLM2).
+        codec: how keys are stored and scored (:mod:`nest_integrations.key_codec`);
+            None: float16. A compressing codec must be trained (or trained by
+            :meth:`precompute` / :meth:`train_codec`) before passages are fetched.
 
     Thread-safe: concurrent generations may fetch passages at the same time.
     """
 
-    def __init__(self, passages: Sequence[Passage], encoder: PassageEncoder, *, cache_mb: float = 1024.0):
+    def __init__(
+        self, passages: Sequence[Passage], encoder: PassageEncoder, *, cache_mb: float = 1024.0,
+        codec: KeyCodec | None = None,
+    ):
         if cache_mb <= 0:
             raise ValueError("cache_mb must be positive")
         self.encoder = encoder
+        self.codec: KeyCodec = codec if codec is not None else Float16Codec(encoder.lm.hidden_size)
+        if self.codec.dim != encoder.lm.hidden_size:
+            raise ValueError(f"the key codec is {self.codec.dim}-d, the LM's hidden size is {encoder.lm.hidden_size}")
         self.cache_bytes = int(cache_mb * 2**20)
         self._cache: OrderedDict[int, EncodedPassage] = OrderedDict()
         self._cached_bytes = 0
@@ -377,7 +393,7 @@ class TokenDatastore:
             ]
         if missing:
             start = time.perf_counter()
-            encoded = self.encoder.encode([self.passages[i].text for i in missing])
+            encoded = self._encode([self.passages[i].text for i in missing])
             if stats is not None:
                 stats.encoded_passages += len(missing)
                 stats.encode_passes += 1
@@ -393,11 +409,15 @@ class TokenDatastore:
                     continue
                 enc = self._cache.get(i)
                 if enc is None:  # evicted between put and read: tiny cache
-                    enc = self.encoder.encode([self.passages[i].text])[0]
+                    enc = self._encode([self.passages[i].text])[0]
                 else:
                     self._cache.move_to_end(i)
                 out.append(enc)
             return out
+
+    def _encode(self, texts: Sequence[str]) -> list[EncodedPassage]:
+        """Encode passages and store their keys with the datastore's codec."""
+        return [store_keys(e, self.codec) for e in self.encoder.encode(texts)]
 
     def _put(self, index: int, encoded: EncodedPassage) -> None:
         if index in self._cache:
@@ -408,39 +428,113 @@ class TokenDatastore:
             _, old = self._cache.popitem(last=False)
             self._cached_bytes -= old.nbytes
 
-    def precompute(self, *, show_progress: bool = True, chunk_passages: int = 256) -> float:
-        """Encode every passage now; returns throughput in tokens per second."""
+    def precompute(
+        self, *, show_progress: bool = True, chunk_passages: int = 256,
+        codec: KeyCodec | str | None = None, train_keys: int = DEFAULT_TRAIN_KEYS, seed: int = 0,
+    ) -> float:
+        """Encode every passage now; returns throughput in tokens per second.
+
+        Args:
+            codec: store keys with this codec (a :class:`KeyCodec` or its name,
+                e.g. ``"opq96"``); None keeps the datastore's. An untrained codec
+                is trained on ``train_keys`` entry keys sampled from the first
+                passages encoded (chunks are kept as float16 until that many
+                entries are seen, then every chunk is compressed as it comes),
+                so at most ``train_keys`` float16 keys are held at once beyond
+                one chunk. Training time counts in the throughput.
+            train_keys: training sample size; more gives steadier centroids
+                (FAISS advises 39 per centroid, ~10k) and slower training.
+            seed: of the training sample.
+        """
         from tqdm.auto import tqdm
 
+        if train_keys < 1:
+            raise ValueError(f"train_keys must be positive, got {train_keys}")
+        codec = make_codec(codec, self.hidden_size) if isinstance(codec, str) else (codec or self.codec)
+        if codec.dim != self.hidden_size:
+            raise ValueError(f"the key codec is {codec.dim}-d, the LM's hidden size is {self.hidden_size}")
         encoded: list[EncodedPassage] = []
+        waiting: list[EncodedPassage] = []  # float16, until the codec is trained
         start = time.perf_counter()
         tokens = 0
         with tqdm(total=len(self.passages), desc="Encoding datastore", unit="passage", disable=not show_progress) as bar:
             for lo in range(0, len(self.passages), chunk_passages):
                 chunk = self.encoder.encode([p.text for p in self.passages[lo : lo + chunk_passages]])
-                encoded.extend(chunk)
                 tokens += sum(len(e.token_ids) for e in chunk)
                 bar.update(len(chunk))
                 bar.set_postfix(tok_s=f"{tokens / max(time.perf_counter() - start, 1e-9):,.0f}")
+                if not codec.is_trained:
+                    waiting.extend(chunk)
+                    if sum(int(e.valid.sum()) for e in waiting) < train_keys and lo + chunk_passages < len(self.passages):
+                        continue
+                    codec.train(sample_rows(_entry_keys(waiting), train_keys, seed=seed))
+                    chunk, waiting = waiting, []
+                encoded.extend(store_keys(e, codec) for e in chunk)
         seconds = time.perf_counter() - start
-        self._precomputed = PrecomputedKeys.from_encoded(encoded, self.encoder)
+        self.codec = codec
+        self._precomputed = PrecomputedKeys.from_encoded(encoded, self.encoder, codec)
         with self._lock:
             self._cache.clear()
             self._cached_bytes = 0
         rate = tokens / max(seconds, 1e-9)
-        logger.info("Encoded %d passages, %d tokens in %.1f s (%.0f tokens/s)", len(encoded), tokens, seconds, rate)
+        logger.info(
+            "Encoded %d passages, %d tokens in %.1f s (%.0f tokens/s), keys stored as %s (%d B/token)",
+            len(encoded), tokens, seconds, rate, codec.spec, codec.bytes_per_key,
+        )
         return rate
+
+    def train_codec(
+        self, codec: KeyCodec | str, *, sample_passages: int = 512, train_keys: int = DEFAULT_TRAIN_KEYS, seed: int = 0
+    ) -> KeyCodec:
+        """Train ``codec`` on the keys of a random sample of passages and store keys with it from now on.
+
+        For lazy datastores (precompute trains its own codec): later fetches
+        compress what they encode. Cached keys are dropped (they are in the old
+        form).
+
+        Args:
+            sample_passages: passages encoded for the sample (their encoding
+                time is paid here: ~1 s per 5 passages of the default corpus on
+                2 CPU cores).
+            train_keys: entry keys drawn from them for training.
+
+        Raises:
+            ValueError: the datastore is precomputed (its keys are stored with
+                its codec already), or the codec does not fit the LM.
+        """
+        if self._precomputed is not None:
+            raise ValueError(f"this datastore's keys are precomputed as {self.codec.spec}; rebuild the index to change codec")
+        codec = make_codec(codec, self.hidden_size) if isinstance(codec, str) else codec
+        if codec.dim != self.hidden_size:
+            raise ValueError(f"the key codec is {codec.dim}-d, the LM's hidden size is {self.hidden_size}")
+        if not codec.is_trained:
+            live = sorted(self._index_by_id.values())
+            rng = np.random.default_rng(seed)
+            chosen = sorted(rng.choice(live, size=min(sample_passages, len(live)), replace=False).tolist()) if live else []
+            sample = self.encoder.encode([self.passages[i].text for i in chosen])
+            codec.train(sample_rows(_entry_keys(sample), train_keys, seed=seed))
+        with self._lock:
+            self.codec = codec
+            self._cache.clear()
+            self._cached_bytes = 0
+        return codec
 
     def attach_precomputed(self, keys: "PrecomputedKeys | ShardedKeys") -> None:
         """Serve the first ``keys.num_passages`` passages from precomputed arrays
-        (flat, or :class:`~nest_integrations.shards.ShardedKeys`)."""
+        (flat, or :class:`~nest_integrations.shards.ShardedKeys`, float16 today),
+        and store lazily encoded passages with their codec."""
         if keys.num_passages > len(self.passages):
             raise ValueError(
                 f"precomputed keys cover {keys.num_passages} passages but the datastore has {len(self.passages)}"
             )
-        if keys.key_width != self.hidden_size:
-            raise ValueError(f"precomputed keys have width {keys.key_width}, the LM's hidden size is {self.hidden_size}")
-        self._precomputed = keys
+        codec = keys.codec if isinstance(keys, PrecomputedKeys) else Float16Codec(keys.key_width)
+        if codec.dim != self.hidden_size:
+            raise ValueError(f"precomputed keys have width {codec.dim}, the LM's hidden size is {self.hidden_size}")
+        with self._lock:
+            self.codec = codec
+            self._cache.clear()
+            self._cached_bytes = 0
+            self._precomputed = keys
 
     @property
     def precomputed(self) -> "PrecomputedKeys | ShardedKeys | None":
@@ -451,7 +545,25 @@ class TokenDatastore:
     ) -> "CandidateSet":
         """The searchable entries of the passages ``indices`` (duplicates dropped)."""
         unique = list(dict.fromkeys(int(i) for i in indices))
-        return CandidateSet(unique, self.fetch(unique, stats), normalize=normalize)
+        return CandidateSet(unique, self.fetch(unique, stats), normalize=normalize, codec=self.codec)
+
+
+def store_keys(encoded: EncodedPassage, codec: KeyCodec) -> EncodedPassage:
+    """``encoded`` (float16 keys, as the encoder returns it) with its keys in ``codec``'s stored form.
+
+    Raises:
+        ValueError: ``codec`` compresses and is not trained.
+    """
+    if not codec.compresses:
+        return encoded
+    if not codec.is_trained:
+        raise ValueError(f"the {codec.spec} key codec is not trained: precompute() or train_codec() first")
+    return EncodedPassage(encoded.token_ids, encoded.char_spans, codec.encode(encoded.keys), encoded.valid)
+
+
+def _entry_keys(encoded: Sequence[EncodedPassage]) -> np.ndarray:
+    """float16 (n, d): the keys of the datastore entries (valid rows) of ``encoded``."""
+    return np.concatenate([e.keys[e.valid] for e in encoded]) if encoded else np.zeros((0, 0), dtype=np.float16)
 
 
 @dataclass
@@ -461,9 +573,11 @@ class PrecomputedKeys:
     Attributes:
         token_ids: int32 (M,), all passage tokens back to back.
         char_spans: int32 (M, 2).
-        keys: float16 (M, d).
+        keys: (M, codec.code_width) ``codec.code_dtype``: float16 (M, d) keys,
+            or their codes.
         valid: bool (M,).
         offsets: int64 (P + 1,), passage ``p`` owns rows ``offsets[p]:offsets[p+1]``.
+        codec: how ``keys`` are stored (None: float16 of the keys' width).
     """
 
     token_ids: np.ndarray
@@ -471,12 +585,15 @@ class PrecomputedKeys:
     keys: np.ndarray
     valid: np.ndarray
     offsets: np.ndarray
+    codec: KeyCodec = None  # type: ignore[assignment]  # set in __post_init__
 
     def __post_init__(self) -> None:
         m = len(self.token_ids)
+        if self.codec is None:
+            self.codec = Float16Codec(self.keys.shape[1])
         assert self.token_ids.dtype == np.int32 and self.token_ids.ndim == 1
         assert self.char_spans.shape == (m, 2) and self.char_spans.dtype == np.int32
-        assert self.keys.ndim == 2 and self.keys.shape[0] == m and self.keys.dtype == np.float16
+        assert self.keys.shape == (m, self.codec.code_width) and self.keys.dtype == self.codec.code_dtype
         assert self.valid.shape == (m,) and self.valid.dtype == np.bool_
         assert self.offsets.dtype == np.int64 and self.offsets[0] == 0 and self.offsets[-1] == m
 
@@ -506,8 +623,11 @@ class PrecomputedKeys:
         return EncodedPassage(self.token_ids[lo:hi], self.char_spans[lo:hi], self.keys[lo:hi], self.valid[lo:hi])
 
     @classmethod
-    def from_encoded(cls, encoded: Sequence[EncodedPassage], encoder: PassageEncoder) -> "PrecomputedKeys":
-        d = encoder.lm.hidden_size
+    def from_encoded(
+        cls, encoded: Sequence[EncodedPassage], encoder: PassageEncoder, codec: KeyCodec | None = None
+    ) -> "PrecomputedKeys":
+        """Flatten passages whose keys are already stored with ``codec`` (None: float16 from ``encoder``)."""
+        codec = codec if codec is not None else Float16Codec(encoder.lm.hidden_size)
         lengths = np.asarray([len(e.token_ids) for e in encoded], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
 
@@ -517,9 +637,10 @@ class PrecomputedKeys:
         return cls(
             token_ids=stack([e.token_ids for e in encoded], (0,), np.int32),
             char_spans=stack([e.char_spans for e in encoded], (0, 2), np.int32),
-            keys=stack([e.keys for e in encoded], (0, d), np.float16),
+            keys=stack([e.keys for e in encoded], (0, codec.code_width), codec.code_dtype),
             valid=stack([e.valid for e in encoded], (0,), np.bool_),
             offsets=offsets,
+            codec=codec,
         )
 
 
@@ -529,7 +650,9 @@ class Neighbours:
 
     All arrays are (T, r) torch tensors; ``r`` is ``min(k, available entries)``.
     ``scores`` are ``-||q - k||^2`` (float32; ``-inf`` marks masked entries when
-    fewer than r unmasked ones exist). ``entries`` index into the CandidateSet.
+    fewer than r unmasked ones exist); with compressed keys ``k`` is the key
+    the codes stand for, so scores are approximate but in the same units.
+    ``entries`` index into the CandidateSet.
     """
 
     scores: "torch.Tensor"
@@ -542,9 +665,12 @@ class CandidateSet:
     """The datastore entries of one generation's retrieved passages, ready to search.
 
     Built once per generation (the passages do not change while decoding), so
-    each decoding step is one matrix product. Entry ``e`` is key
-    ``keys[e]`` -> value token ``values[e]`` at token position ``positions[e]``
-    of passage ``passage_index[e]``.
+    each decoding step is one matrix product (float16 keys) or one lookup-table
+    pass over the codes (compressed keys). Entry ``e`` is key ``keys[e]`` ->
+    value token ``values[e]`` at token position ``positions[e]`` of passage
+    ``passage_index[e]``; ``keys`` is the codec's search form of the stored
+    rows (float32 (n, d) for float16 keys, see
+    :meth:`~nest_integrations.key_codec.KeyCodec.prepare`).
 
     ``used`` marks entries already copied; :meth:`search` skips them so the same
     span is not proposed over and over.
@@ -553,7 +679,9 @@ class CandidateSet:
     passage_indices: list[int]
     encoded: list[EncodedPassage]
     normalize: bool = False
-    keys: "torch.Tensor" = field(init=False)
+    codec: KeyCodec | None = None
+    """How the passages' keys are stored; None: float16."""
+    keys: Any = field(init=False)
     values: "torch.Tensor" = field(init=False)
     passage_index: np.ndarray = field(init=False)
     positions: np.ndarray = field(init=False)
@@ -562,19 +690,22 @@ class CandidateSet:
     def __post_init__(self) -> None:
         import torch
 
+        if self.codec is None:
+            self.codec = Float16Codec(self.encoded[0].keys.shape[1] if self.encoded else 1)
+        codec = self.codec
         keys, values, owners, positions = [], [], [], []
         self._entry_of: dict[tuple[int, int], int] = {}
         for pidx, enc in zip(self.passage_indices, self.encoded):
             rows = np.flatnonzero(enc.valid)
-            keys.append(np.asarray(enc.keys[rows], dtype=np.float32))
+            assert enc.keys.dtype == codec.code_dtype and enc.keys.shape[1:] == (codec.code_width,), "keys not in the codec's form"
+            keys.append(enc.keys[rows])
             values.append(enc.token_ids[rows].astype(np.int64))
             owners.append(np.full(len(rows), pidx, dtype=np.int64))
             positions.append(rows.astype(np.int64))
-        d = self.encoded[0].keys.shape[1] if self.encoded else 0
-        self.keys = torch.from_numpy(np.concatenate(keys)) if keys else torch.zeros((0, d))
-        if self.normalize and len(self.keys):
-            self.keys = torch.nn.functional.normalize(self.keys, dim=-1)
-        self.key_sq = (self.keys * self.keys).sum(-1)
+        self.keys = codec.prepare(np.concatenate(keys) if keys else np.zeros((0, codec.code_width), dtype=codec.code_dtype))
+        self.key_sq = codec.squared_norms(self.keys)
+        # Normalised search compares q / |q| with k / |k| (cosine); zero keys stay zero.
+        self._inv_norm = self.key_sq.sqrt().clamp_min(1e-12).reciprocal() if self.normalize else None
         self.values = torch.from_numpy(np.concatenate(values)) if values else torch.zeros(0, dtype=torch.long)
         self.passage_index = np.concatenate(owners) if owners else np.zeros(0, dtype=np.int64)
         self.positions = np.concatenate(positions) if positions else np.zeros(0, dtype=np.int64)
@@ -587,7 +718,8 @@ class CandidateSet:
         return int(self.values.shape[0])
 
     def search(self, queries: "torch.Tensor", k: int) -> Neighbours:
-        """Exact top-k by squared L2 distance.
+        """Top-k by squared L2 distance, ``||q||^2 - 2 q.k + ||k||^2`` with the
+        codec's inner products and norms (exact for float16 keys).
 
         Args:
             queries: float (T, d) query vectors (normalised here when the set is).
@@ -603,7 +735,12 @@ class CandidateSet:
         if k == 0:
             empty = torch.zeros((queries.shape[0], 0))
             return Neighbours(empty, empty.long(), empty.long())
-        dist = (queries * queries).sum(-1, keepdim=True) - 2.0 * queries @ self.keys.T + self.key_sq
+        assert self.codec is not None
+        ip = self.codec.inner_products(queries, self.keys)
+        key_sq = self.key_sq
+        if self._inv_norm is not None:
+            ip, key_sq = ip * self._inv_norm, key_sq * self._inv_norm**2
+        dist = (queries * queries).sum(-1, keepdim=True) - 2.0 * ip + key_sq
         scores = -dist.clamp_min(0.0)
         if bool(self.used.any()):
             scores = scores.masked_fill(self.used, float("-inf"))

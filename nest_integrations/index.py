@@ -9,6 +9,9 @@ Folder layout (no pickle anywhere; loading never executes code from the folder):
     keys/*.npy         precomputed token keys (optional), memory-mapped on load
     keys/shard-*/*.npy the same split in shards, as a distributed build writes them
                        (format version 2; see :mod:`nest_integrations.shards`)
+    keys/codec/*.npy   the trained parameters of the key codec when keys/keys.npy
+                       holds codes instead of float16 keys (format version 2; see
+                       :mod:`nest_integrations.key_codec`)
 
 Saving never replaces a folder that is not an index (nor an index without
 ``overwrite=True``) and switches the new folder in atomically; loading checks
@@ -30,6 +33,7 @@ from typing_extensions import Annotated
 
 from .corpus import Passage, load_passages_jsonl, save_passages_jsonl
 from .datastore import PassageEncoder, PrecomputedKeys, TokenDatastore
+from .key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, codec_from_arrays, parse_spec, saved_array_names
 from .lm import parse_key_layer
 from .safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
 from .shards import KEY_ARRAYS, ShardedKeys, ShardRecord, read_arrays, shard_files
@@ -44,8 +48,8 @@ logger = logging.getLogger(__name__)
 
 FORMAT = "nest-index"
 FORMAT_VERSION = 2
-"""Newest version read. Version 1: keys in one set of arrays (still written for such
-indexes, so older releases read them); version 2 adds sharded keys."""
+"""Newest version read. Version 1: float16 keys in one set of arrays (still written for
+such indexes, so older releases read them); version 2 adds sharded keys and compressed keys."""
 
 
 class NestIndex:
@@ -108,10 +112,16 @@ class NestIndex:
         precompute_keys: bool = False,
         show_progress: bool = True,
         cache_mb: float = 1024.0,
+        key_codec: KeyCodec | str = "float16",
+        codec_train_keys: int = DEFAULT_TRAIN_KEYS,
     ) -> "NestIndex":
         """Embed the corpus for the passage stage and, optionally, encode all token keys now.
 
         Args:
+            key_codec: how precomputed keys are stored (``precompute_keys`` only):
+                ``"float16"`` (1,152 B/token on the default LM), ``"pq144"``,
+                ``"opq96"``, ``"sq8"``... (:mod:`nest_integrations.key_codec`);
+                trained on ``codec_train_keys`` keys of the first passages.
             index_factory: the dense first stage's FAISS index: "auto" (flat
                 below 100k passages, IVF above), "flat", "ivf", "hnsw" or a
                 FAISS factory string (see :mod:`nest_integrations.retrieval.faiss_index`).
@@ -132,7 +142,11 @@ class NestIndex:
             encoding_prefix=encoding_prefix, cache_mb=cache_mb,
         )
         if precompute_keys:
-            index.precompute_rate = index.datastore.precompute(show_progress=show_progress)
+            index.precompute_rate = index.datastore.precompute(
+                show_progress=show_progress, codec=key_codec, train_keys=codec_train_keys
+            )
+        elif key_codec not in ("float16", "none"):
+            raise ValueError("key_codec applies to precomputed keys; pass precompute_keys=True")
         return index
 
     # ------------------------------------------------------------------ use
@@ -185,6 +199,8 @@ class NestIndex:
             "datastore_entries": pre.num_entries if pre is not None else None,
             "key_bytes": pre.key_bytes if pre is not None else None,
             "key_shards": len(pre.shards) if isinstance(pre, ShardedKeys) else None,
+            "key_codec": self.datastore.codec.spec,
+            "key_bytes_per_token": self.datastore.codec.bytes_per_key,
         }
 
     # ------------------------------------------------------------------ persistence
@@ -214,9 +230,11 @@ class NestIndex:
         """
         encoder = self.datastore.encoder
         pre = self.datastore.precomputed
+        codec = pre.codec if isinstance(pre, PrecomputedKeys) else None
+        compressed = codec is not None and codec.compresses
         manifest: dict[str, Any] = {
             "format": FORMAT,
-            "format_version": 2 if isinstance(pre, ShardedKeys) else 1,
+            "format_version": 2 if isinstance(pre, ShardedKeys) or compressed else 1,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "lm": {"name": self.lm.name, "fingerprint": self.lm.fingerprint()},
             "tokenizer_fingerprint": self.lm.tokenizer_fingerprint(),
@@ -234,6 +252,8 @@ class NestIndex:
             },
             "precomputed_keys": pre is not None,
         }
+        if compressed:
+            manifest["key_codec"] = codec.spec
         save_passages_jsonl(self.passages, folder / "passages.jsonl")
         self.dense.save(folder)
         if isinstance(pre, ShardedKeys):
@@ -243,6 +263,10 @@ class NestIndex:
             (folder / "keys").mkdir()
             for name in KEY_ARRAYS:
                 np.save(folder / "keys" / f"{name}.npy", np.ascontiguousarray(getattr(pre, name)), allow_pickle=False)
+            if compressed:
+                (folder / "keys" / "codec").mkdir()
+                for name, array in codec.arrays().items():
+                    np.save(folder / "keys" / "codec" / f"{name}.npy", array, allow_pickle=False)
         files = sorted(p for p in folder.rglob("*") if p.is_file())
         manifest["checksums"] = {p.relative_to(folder).as_posix(): sha256_file(p) for p in files}
         (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
@@ -293,6 +317,7 @@ class NestIndex:
             needed += [rel for number in range(len(manifest.key_shards)) for rel in shard_files(number)]
         elif manifest.precomputed_keys:
             needed += [f"keys/{name}.npy" for name in KEY_ARRAYS]
+            needed += [f"keys/codec/{name}.npy" for name in saved_array_names(manifest.key_codec)]
         verify_files(folder, manifest.checksums, needed, hash_files=verify_checksums)
         if lm is None:
             if not is_default_lm(manifest.lm.name) and not trust_paths:
@@ -360,6 +385,14 @@ class IndexManifest(ArtefactManifest):
     precomputed_keys: StrictBool
     key_shards: Optional[Annotated[list[_Counts], Field(min_length=1)]] = None
     """Passages, tokens and entries of each shard of sharded keys (format 2); None: one set of arrays."""
+    key_codec: StrictStr = "float16"
+    """How ``keys/keys.npy`` stores keys (format 2; absent: float16); sharded keys are float16."""
+
+    @field_validator("key_codec")
+    @classmethod
+    def _known_codec(cls, value: str) -> str:
+        parse_spec(value)
+        return value
 
     @field_validator("key_layer")
     @classmethod
@@ -380,9 +413,12 @@ def _load_keys(
     keys: PrecomputedKeys | ShardedKeys
     if manifest.key_shards is None:
         arrays = read_arrays(folder / "keys", KEY_ARRAYS)
-        check_key_arrays(arrays, passages, hidden_size=manifest.hidden_size, vocab_size=vocab_size)
-        keys = PrecomputedKeys(**arrays)
+        codec = load_codec(folder, manifest)
+        check_key_arrays(arrays, passages, hidden_size=manifest.hidden_size, vocab_size=vocab_size, codec=codec)
+        keys = PrecomputedKeys(**arrays, codec=codec)
     else:
+        if manifest.key_codec != "float16":
+            raise ValueError(f"{folder}: sharded keys are float16; the manifest names the {manifest.key_codec} codec")
         if sum(shard.passages for shard in manifest.key_shards) != len(passages):
             raise ValueError(f"{folder}: the key shards cover {sum(s.passages for s in manifest.key_shards)} passages, the index has {len(passages)}")
 
@@ -399,8 +435,33 @@ def _load_keys(
     return keys
 
 
-def check_key_arrays(arrays: dict[str, np.ndarray], passages: Sequence[Passage], *, hidden_size: int, vocab_size: int) -> None:
-    """Check one set of key arrays against each other, their passages and the vocabulary.
+def load_codec(folder: Path, manifest: IndexManifest) -> KeyCodec:
+    """The trained key codec named by the manifest, from ``keys/codec/*.npy`` (checked by :func:`codec_from_arrays`).
+
+    Raises:
+        ValueError: codec files other than the codec's, an unreadable codec
+            file, or parameters that do not fit the codec or the hidden size.
+    """
+    spec = manifest.key_codec
+    listed = sorted(rel for rel in manifest.checksums if rel.startswith("keys/codec/"))
+    expected = sorted(f"keys/codec/{name}.npy" for name in saved_array_names(spec))
+    if listed != expected:  # e.g. an opq index relabelled pq: its codes would be read unrotated
+        raise ValueError(f"{folder}: a {spec} key codec is saved as {expected or 'no files'}, the manifest lists {listed or 'none'}")
+    try:
+        arrays = {
+            name: np.load(folder / "keys" / "codec" / f"{name}.npy", allow_pickle=False) for name in saved_array_names(spec)
+        }
+        return codec_from_arrays(spec, manifest.hidden_size, arrays)
+    except (ValueError, EOFError, OSError) as err:  # numpy's words for a truncated or foreign .npy, or ours
+        raise ValueError(f"{folder}: its {spec} key codec cannot be loaded ({err})") from err
+
+
+def check_key_arrays(
+    arrays: dict[str, np.ndarray], passages: Sequence[Passage], *, hidden_size: int, vocab_size: int,
+    codec: KeyCodec | None = None,
+) -> None:
+    """Check one set of key arrays against each other, their passages, the key codec (None:
+    float16 keys of ``hidden_size``) and the vocabulary.
 
     Raises:
         ValueError: wrong dtype or shape, offsets that do not tile the tokens,
@@ -408,11 +469,12 @@ def check_key_arrays(arrays: dict[str, np.ndarray], passages: Sequence[Passage],
             passage or not tiling it from its start (shifted offsets).
     """
     token_ids, char_spans, keys, valid, offsets = (arrays[name] for name in KEY_ARRAYS)
+    codec = codec if codec is not None else Float16Codec(hidden_size)
     m = len(token_ids)
     shapes_ok = (
         token_ids.dtype == np.int32 and token_ids.ndim == 1
         and char_spans.dtype == np.int32 and char_spans.shape == (m, 2)
-        and keys.dtype == np.float16 and keys.shape == (m, hidden_size)
+        and keys.dtype == codec.code_dtype and keys.shape == (m, codec.code_width)
         and valid.dtype == np.bool_ and valid.shape == (m,)
         and offsets.dtype == np.int64 and offsets.shape == (len(passages) + 1,)
     )

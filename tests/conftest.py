@@ -27,6 +27,20 @@ class ListRetriever:
         return [(p, 1.0) for p in self.passages][:k]
 
 
+def tampered_copy(path, tmp_path, edit):
+    """A copy of the saved folder ``path`` in ``tmp_path / "copy"``, after ``edit(copy, manifest)``
+    changed its files or its manifest dict (written back)."""
+    import json
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    edit(copy, manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
 def make_tiny_lm(tokenizer, seed: int = 0) -> LoadedLM:
     """A 2-layer, hidden-64 random Llama over the SmolLM2 vocabulary (built in ~1 s)."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -13,7 +13,7 @@ from nest_integrations.datastore import EncodeStats, PassageEncoder, TokenDatast
 from nest_integrations.index import NestIndex
 from nest_integrations.lm import KeyReader, parse_key_layer
 
-from conftest import make_tiny_lm
+from conftest import make_tiny_lm, tampered_copy
 
 
 @pytest.mark.parametrize("key_layer", ["ffn_input", "layer:-2"])
@@ -210,17 +210,6 @@ def test_save_never_replaces_a_foreign_folder_and_needs_overwrite_for_an_index(s
     assert index.save(path, overwrite=True) == path
 
 
-def _tampered_copy(path, tmp_path, edit):
-    import shutil
-
-    copy = tmp_path / "copy"
-    shutil.copytree(path, copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    edit(copy, manifest)
-    (copy / "manifest.json").write_text(json.dumps(manifest))
-    return copy
-
-
 def _shifted_offsets(copy, manifest):
     from nest_integrations.safe_io import sha256_file
 
@@ -244,12 +233,12 @@ def _shifted_offsets(copy, manifest):
 def test_a_tampered_manifest_or_key_array_is_refused(saved_index, tiny_lm, tmp_path, edit, match):
     _, path = saved_index
     with pytest.raises(ValueError, match=match):
-        NestIndex.load(_tampered_copy(path, tmp_path, edit), tiny_lm)
+        NestIndex.load(tampered_copy(path, tmp_path, edit), tiny_lm)
 
 
 def test_a_model_path_named_in_the_folder_is_not_loaded_unasked(saved_index, tmp_path):
     _, path = saved_index
-    copy = _tampered_copy(path, tmp_path, lambda c, m: m["lm"].update(name="/somewhere/evil-model"))
+    copy = tampered_copy(path, tmp_path, lambda c, m: m["lm"].update(name="/somewhere/evil-model"))
     with pytest.raises(ValueError, match="trust_paths=True"):
         NestIndex.load(copy)
 

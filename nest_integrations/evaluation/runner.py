@@ -300,9 +300,9 @@ def first_stage(index: NestIndex, item: EvalItem, condition: str, k: int) -> tup
 
 
 def fresh_lazy_datastore(index: NestIndex) -> TokenDatastore:
-    """An empty lazy datastore with the index's encoder: passages enter it when
-    retrieved and are encoded on first use (cold keys)."""
-    return TokenDatastore([], index.datastore.encoder)
+    """An empty lazy datastore with the index's encoder and key codec: passages
+    enter it when retrieved and are encoded on first use (cold keys)."""
+    return TokenDatastore([], index.datastore.encoder, codec=index.datastore.codec)
 
 
 def decoder_over(index: NestIndex, datastore: TokenDatastore, config: NestConfig) -> NestDecoder:

@@ -1,0 +1,442 @@
+"""How precomputed token keys are stored and scored: float16 rows or FAISS codes.
+
+A key codec turns float keys (n, d) into stored rows (n, code_width) and
+scores queries against a subset of stored rows -- the tokens of one
+generation's retrieved passages -- without reconstructing them:
+
+* ``float16``: the identity, ``2 * d`` bytes per token (1,152 B on SmolLM2-135M);
+  scores are exact.
+* ``sq8``: FAISS 8-bit scalar quantization, one byte per dimension (``d`` bytes).
+  A reference point: it halves the bytes, not more.
+* ``pq<M>``: FAISS product quantization, ``M`` sub-quantizers of 256 centroids,
+  one byte each (``M`` bytes per token; ``d`` must be divisible by ``M``). Scores
+  come from asymmetric distance computation: per query, a lookup table of its
+  inner product with every centroid of every sub-space (``M x 256`` numbers),
+  then one table lookup per stored byte.
+* ``opq<M>``: ``pq<M>`` after a learned orthogonal rotation (FAISS OPQ), which
+  spreads variance evenly over the sub-spaces; same bytes, better agreement,
+  slower training.
+
+Every codec exposes the same two quantities, from which the candidate set
+computes squared L2 distances in the keys' own units (see
+:meth:`nest_integrations.datastore.CandidateSet.search`):
+
+* ``inner_products(queries, block)``: ``q . k~`` for every query and row;
+* ``squared_norms(block)``: ``||k~||^2`` per row;
+
+where ``k~`` is the key the codes stand for (the rotation is orthogonal, so it
+changes neither). ``||q - k~||^2 = ||q||^2 - 2 q.k~ + ||k~||^2``: the RRC
+weight and the kNN softmax read approximate distances on the same scale as
+float16 ones.
+
+A codec is trained once (on a sample of float32 keys), then encodes any
+number of batches independently: shards of one corpus share one trained codec
+and append their codes. Its trained parameters are plain float32 arrays
+(:meth:`KeyCodec.arrays`, :func:`codec_from_arrays`), saved beside the codes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+logger = logging.getLogger(__name__)
+
+PQ_CENTROIDS = 256
+"""Centroids per PQ sub-quantizer: 8-bit codes, one byte per sub-quantizer."""
+MIN_TRAIN_KEYS = PQ_CENTROIDS
+"""Fewest training keys accepted: k-means needs at least one point per centroid."""
+RECOMMENDED_TRAIN_KEYS = 39 * PQ_CENTROIDS
+"""FAISS's own advice for k-means (39 points per centroid); fewer trains but logs a warning."""
+DEFAULT_TRAIN_KEYS = 32_768
+"""Keys sampled for training by default (``train_keys`` of the precompute): above FAISS's
+advice, and training time grows linearly with it (pq96 on 12k keys of width 576: ~2 min
+on one loaded CPU core)."""
+GATHER_ELEMENTS = 1 << 22
+"""Table entries gathered at once in PQ scoring (16 MiB of float32)."""
+OPQ_ITERATIONS = 20
+"""Rotation updates of OPQ training (FAISS's default is 50): each runs a few PQ k-means
+iterations, so OPQ training costs several PQ trainings; fewer iterations, a less tuned rotation."""
+
+_SPEC = re.compile(r"^(?P<kind>float16|sq8|pq|opq)(?P<m>[0-9]+)?$")
+CODEC_HELP = "float16 (none), sq8, pq<M> or opq<M> (M bytes per token; M divides the hidden size)"
+
+
+class KeyCodec(ABC):
+    """Stored form of token keys, and scoring of queries against stored rows.
+
+    Attributes:
+        spec: the codec's name, e.g. ``"opq96"`` (see the module docstring).
+        dim: key width ``d``.
+        code_dtype: dtype of a stored row (float16 or uint8).
+        code_width: columns of a stored row.
+    """
+
+    spec: str
+    dim: int
+    code_dtype: np.dtype
+    code_width: int
+
+    @property
+    def bytes_per_key(self) -> int:
+        """Stored bytes per token."""
+        return int(self.code_width * np.dtype(self.code_dtype).itemsize)
+
+    @property
+    def is_trained(self) -> bool:
+        return True
+
+    @property
+    def compresses(self) -> bool:
+        """Whether stored rows are codes rather than the float16 keys themselves."""
+        return True
+
+    def train(self, sample: np.ndarray) -> None:
+        """Fit the codec to float32 (n, d) keys (a no-op for codecs without parameters)."""
+
+    @abstractmethod
+    def encode(self, keys: np.ndarray) -> np.ndarray:
+        """Stored rows of float (n, d) keys: C-contiguous ``code_dtype`` (n, code_width)."""
+
+    @abstractmethod
+    def prepare(self, rows: np.ndarray) -> Any:
+        """The search form of stored rows (n, code_width), built once per candidate set."""
+
+    @abstractmethod
+    def inner_products(self, queries: "torch.Tensor", block: Any) -> "torch.Tensor":
+        """float32 (T, n): ``q . k~`` for float32 (T, d) queries and a prepared block of n rows."""
+
+    @abstractmethod
+    def squared_norms(self, block: Any) -> "torch.Tensor":
+        """float32 (n,): ``||k~||^2`` of a prepared block."""
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Trained parameters by name (float32, C-contiguous), what is saved."""
+        return {}
+
+    # ------------------------------------------------------------------ helpers
+    def _check_keys(self, keys: np.ndarray) -> np.ndarray:
+        keys = np.asarray(keys)
+        if keys.ndim != 2 or keys.shape[1] != self.dim:
+            raise ValueError(f"{self.spec} keys must be (n, {self.dim}), got {keys.shape}")
+        return np.ascontiguousarray(keys, dtype=np.float32)
+
+    def _check_trained(self) -> None:
+        if not self.is_trained:
+            raise ValueError(f"the {self.spec} codec is not trained; call train() on a sample of keys first")
+
+
+class Float16Codec(KeyCodec):
+    """The identity: rows are the float16 keys; scores are exact."""
+
+    def __init__(self, dim: int):
+        _check_dim(dim)
+        self.spec, self.dim, self.code_dtype, self.code_width = "float16", dim, np.dtype(np.float16), dim
+
+    @property
+    def compresses(self) -> bool:
+        return False
+
+    def encode(self, keys: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(self._check_keys(keys), dtype=np.float16)
+
+    def prepare(self, rows: np.ndarray) -> "torch.Tensor":
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
+
+    def inner_products(self, queries: "torch.Tensor", block: "torch.Tensor") -> "torch.Tensor":
+        return queries @ block.T
+
+    def squared_norms(self, block: "torch.Tensor") -> "torch.Tensor":
+        return (block * block).sum(-1)
+
+
+class ScalarQuantizer8Codec(KeyCodec):
+    """FAISS 8-bit scalar quantization (``QT_8bit``: per-dimension min and range).
+
+    Row ``c`` stands for ``k~ = vmin + (c + 0.5) / 255 * vdiff``, so
+    ``q . k~ = q . (vmin + vdiff / 510) + (q * vdiff / 255) . c``: one product
+    with the byte levels, which the candidate set keeps as float32 (the same
+    memory as float16 keys while decoding; the saving is on disk and in the
+    memory-mapped store).
+    """
+
+    def __init__(self, dim: int, *, vmin: np.ndarray | None = None, vdiff: np.ndarray | None = None):
+        _check_dim(dim)
+        self.spec, self.dim, self.code_dtype, self.code_width = "sq8", dim, np.dtype(np.uint8), dim
+        self.vmin = None if vmin is None else _param(vmin, (dim,), "vmin")
+        self.vdiff = None if vdiff is None else _param(vdiff, (dim,), "vdiff")
+        if (self.vmin is None) != (self.vdiff is None):
+            raise ValueError("sq8 needs both vmin and vdiff, or neither")
+
+    @property
+    def is_trained(self) -> bool:
+        return self.vmin is not None
+
+    def _faiss_quantizer(self) -> Any:
+        faiss = _faiss()
+        quantizer = faiss.ScalarQuantizer(self.dim, faiss.ScalarQuantizer.QT_8bit)
+        if self.is_trained:
+            faiss.copy_array_to_vector(np.concatenate([self.vmin, self.vdiff]), quantizer.trained)
+        return quantizer
+
+    def train(self, sample: np.ndarray) -> None:
+        sample = _check_sample(self._check_keys(sample))
+        quantizer = self._faiss_quantizer()
+        quantizer.train(sample)
+        trained = _faiss().vector_to_array(quantizer.trained)
+        self.vmin, self.vdiff = trained[: self.dim].copy(), trained[self.dim :].copy()
+
+    def encode(self, keys: np.ndarray) -> np.ndarray:
+        self._check_trained()
+        return np.ascontiguousarray(self._faiss_quantizer().compute_codes(self._check_keys(keys)))
+
+    def prepare(self, rows: np.ndarray) -> "torch.Tensor":
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
+
+    def inner_products(self, queries: "torch.Tensor", block: "torch.Tensor") -> "torch.Tensor":
+        import torch
+
+        vmin, vdiff = torch.from_numpy(self.vmin), torch.from_numpy(self.vdiff)
+        offset = queries @ (vmin + vdiff / 510.0)
+        return offset[:, None] + (queries * (vdiff / 255.0)) @ block.T
+
+    def squared_norms(self, block: "torch.Tensor") -> "torch.Tensor":
+        import torch
+
+        decoded_sq = torch.zeros(block.shape[0])
+        vmin, vdiff = torch.from_numpy(self.vmin), torch.from_numpy(self.vdiff)
+        for lo in range(0, block.shape[0], 4096):  # bounded float32 temporaries
+            part = vmin + (block[lo : lo + 4096] + 0.5) / 255.0 * vdiff
+            decoded_sq[lo : lo + 4096] = (part * part).sum(-1)
+        return decoded_sq
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        self._check_trained()
+        return {"vmin": self.vmin, "vdiff": self.vdiff}
+
+
+class ProductQuantizerCodec(KeyCodec):
+    """FAISS product quantization, optionally after an OPQ rotation.
+
+    Args:
+        dim: key width ``d``.
+        m: sub-quantizers (bytes per token); must divide ``d``. Fewer bytes,
+            coarser keys: top-1 agreement with float16 falls as ``m`` does.
+        rotate: learn an OPQ rotation first (``opq<M>``). Training then takes
+            tens of seconds instead of seconds on 65k x 576 keys.
+        centroids: trained float32 (m, 256, d / m), or None (untrained).
+        rotation: trained orthogonal float32 (d, d) with ``x_rot = x @ rotation.T``
+            (``rotate`` only), or None.
+        opq_iterations: rotation updates when training (``rotate`` only).
+
+    Search form of n rows: int64 (n, m) indices into the flattened (m * 256)
+    lookup table; ``inner_products`` gathers the m table entries of every row
+    for a chunk of queries at once (one ``index_select``, temporaries bounded
+    by :data:`GATHER_ELEMENTS`) and sums them: ~0.15 ms for one query over 622
+    rows of 96 bytes on one core, where ``embedding_bag`` took 3.4 ms.
+    """
+
+    def __init__(
+        self, dim: int, m: int, *, rotate: bool = False,
+        centroids: np.ndarray | None = None, rotation: np.ndarray | None = None, opq_iterations: int = OPQ_ITERATIONS,
+    ):
+        _check_dim(dim)
+        if m < 1 or dim % m:
+            raise ValueError(f"pq needs a sub-quantizer count M that divides the key width {dim}; got M={m}")
+        if opq_iterations < 1:
+            raise ValueError(f"opq_iterations must be at least 1, got {opq_iterations}")
+        self.opq_iterations = opq_iterations
+        self.spec = f"{'opq' if rotate else 'pq'}{m}"
+        self.dim, self.m, self.rotate = dim, m, rotate
+        self.code_dtype, self.code_width = np.dtype(np.uint8), m
+        self.dsub = dim // m
+        self.centroids = None if centroids is None else _param(centroids, (m, PQ_CENTROIDS, self.dsub), "centroids")
+        self.rotation = None if rotation is None else _param(rotation, (dim, dim), "rotation")
+        if rotate != (self.rotation is not None) and self.centroids is not None:
+            raise ValueError(f"{self.spec}: a rotation is needed exactly when the codec is opq")
+        if self.rotation is not None and not np.allclose(self.rotation @ self.rotation.T, np.eye(dim), atol=1e-3):
+            raise ValueError(f"{self.spec}: the rotation is not orthogonal, so distances would change units")
+
+    @property
+    def is_trained(self) -> bool:
+        return self.centroids is not None
+
+    def train(self, sample: np.ndarray) -> None:
+        faiss = _faiss()
+        sample = _check_sample(self._check_keys(sample))
+        if self.rotate:
+            opq = faiss.OPQMatrix(self.dim, self.m)
+            inner = _faiss_pq(self.dim, self.m)  # OPQ's own PQ, with the same k-means settings
+            opq.pq = inner
+            opq.niter = self.opq_iterations
+            opq.train(sample)
+            self.rotation = faiss.vector_to_array(opq.A).reshape(self.dim, self.dim).astype(np.float32)
+            sample = self._rotated(sample)
+        pq = _faiss_pq(self.dim, self.m)
+        pq.train(sample)
+        self.centroids = faiss.vector_to_array(pq.centroids).reshape(self.m, PQ_CENTROIDS, self.dsub).astype(np.float32)
+
+    def _rotated(self, keys: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(keys @ self.rotation.T) if self.rotation is not None else keys
+
+    def encode(self, keys: np.ndarray) -> np.ndarray:
+        self._check_trained()
+        pq = _faiss_pq(self.dim, self.m)
+        _faiss().copy_array_to_vector(self.centroids.ravel(), pq.centroids)
+        return np.ascontiguousarray(pq.compute_codes(self._rotated(self._check_keys(keys))))
+
+    def prepare(self, rows: np.ndarray) -> "torch.Tensor":
+        import torch
+
+        rows = np.asarray(rows)
+        assert rows.ndim == 2 and rows.shape[1] == self.m and rows.dtype == np.uint8, (rows.shape, rows.dtype)
+        return torch.from_numpy(rows.astype(np.int64) + np.arange(self.m, dtype=np.int64) * PQ_CENTROIDS)
+
+    def lookup_tables(self, queries: "torch.Tensor") -> "torch.Tensor":
+        """float32 (T, m, 256): inner product of each query's sub-vectors with every centroid."""
+        import torch
+
+        if self.rotation is not None:
+            queries = queries @ torch.from_numpy(self.rotation).T
+        return torch.einsum("tms,mks->tmk", queries.reshape(-1, self.m, self.dsub), torch.from_numpy(self.centroids))
+
+    def _sum_tables(self, block: "torch.Tensor", tables: "torch.Tensor") -> "torch.Tensor":
+        """float32 (C, n): for each of C tables (C, m * 256), the sum over each row's m codes."""
+        import torch
+
+        n = block.shape[0]
+        flat = block.reshape(-1)
+        out = torch.empty((tables.shape[0], n))
+        step = max(1, GATHER_ELEMENTS // max(flat.numel(), 1))
+        for lo in range(0, tables.shape[0], step):
+            part = tables[lo : lo + step]
+            out[lo : lo + step] = part.index_select(1, flat).view(part.shape[0], n, self.m).sum(-1)
+        return out
+
+    def inner_products(self, queries: "torch.Tensor", block: "torch.Tensor") -> "torch.Tensor":
+        self._check_trained()
+        return self._sum_tables(block, self.lookup_tables(queries).reshape(queries.shape[0], -1))
+
+    def squared_norms(self, block: "torch.Tensor") -> "torch.Tensor":
+        import torch
+
+        self._check_trained()
+        return self._sum_tables(block, torch.from_numpy((self.centroids**2).sum(-1).reshape(1, -1)))[0]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        self._check_trained()
+        out = {"centroids": self.centroids}
+        if self.rotation is not None:
+            out["rotation"] = self.rotation
+        return out
+
+
+# --------------------------------------------------------------------------- construction
+def make_codec(spec: str, dim: int) -> KeyCodec:
+    """An untrained codec from its name (see :data:`CODEC_HELP`); ``"none"`` means float16.
+
+    Raises:
+        ValueError: an unknown name, or M that does not divide ``dim``.
+    """
+    kind, m = parse_spec(spec)
+    if kind == "float16":
+        return Float16Codec(dim)
+    if kind == "sq8":
+        return ScalarQuantizer8Codec(dim)
+    return ProductQuantizerCodec(dim, m, rotate=kind == "opq")
+
+
+def parse_spec(spec: str) -> tuple[str, int]:
+    """``(kind, M)`` of a codec name (M = 0 for float16 and sq8).
+
+    Raises:
+        ValueError: not ``none``, ``float16``, ``sq8``, ``pq<M>`` or ``opq<M>``.
+    """
+    match = _SPEC.match("float16" if spec == "none" else spec) if isinstance(spec, str) else None
+    if match is None or (match["kind"] in ("pq", "opq")) != (match["m"] is not None) or match["kind"] == "sq8" and match["m"]:
+        raise ValueError(f"unknown key codec {spec!r}; choose {CODEC_HELP}")
+    return match["kind"], int(match["m"] or 0)
+
+
+def codec_from_arrays(spec: str, dim: int, arrays: Mapping[str, np.ndarray]) -> KeyCodec:
+    """A trained codec from saved parameters (see :meth:`KeyCodec.arrays`).
+
+    Raises:
+        ValueError: an unknown spec, missing or extra arrays, or arrays of the
+            wrong dtype, shape or with non-finite values.
+    """
+    kind, m = parse_spec(spec)
+    expected = set(saved_array_names(spec))
+    if set(arrays) != expected:
+        raise ValueError(f"a {spec} codec is saved as {sorted(expected) or 'no arrays'}, found {sorted(arrays)}")
+    if kind == "float16":
+        return Float16Codec(dim)
+    if kind == "sq8":
+        return ScalarQuantizer8Codec(dim, vmin=arrays["vmin"], vdiff=arrays["vdiff"])
+    return ProductQuantizerCodec(dim, m, rotate=kind == "opq", centroids=arrays["centroids"], rotation=arrays.get("rotation"))
+
+
+def saved_array_names(spec: str) -> tuple[str, ...]:
+    """Names of the arrays a trained ``spec`` codec saves (see :meth:`KeyCodec.arrays`)."""
+    kind, _ = parse_spec(spec)
+    return {"float16": (), "sq8": ("vmin", "vdiff"), "pq": ("centroids",), "opq": ("centroids", "rotation")}[kind]
+
+
+def sample_rows(keys: np.ndarray, count: int, *, seed: int = 0) -> np.ndarray:
+    """float32 (min(count, n), d): ``count`` rows of ``keys`` drawn without replacement."""
+    if len(keys) <= count:
+        return np.ascontiguousarray(keys, dtype=np.float32)
+    rows = np.sort(np.random.default_rng(seed).choice(len(keys), size=count, replace=False))
+    return np.ascontiguousarray(keys[rows], dtype=np.float32)
+
+
+# --------------------------------------------------------------------------- checks
+def _check_dim(dim: int) -> None:
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+        raise ValueError(f"key width must be a positive integer, got {dim!r}")
+
+
+def _param(value: np.ndarray, shape: tuple[int, ...], name: str) -> np.ndarray:
+    value = np.asarray(value)
+    if value.dtype != np.float32 or value.shape != shape:
+        raise ValueError(f"codec parameter {name} must be float32 {shape}, got {value.dtype} {value.shape}")
+    if not np.isfinite(value).all():
+        raise ValueError(f"codec parameter {name} holds non-finite values")
+    return np.ascontiguousarray(value)
+
+
+def _check_sample(sample: np.ndarray) -> np.ndarray:
+    if len(sample) < MIN_TRAIN_KEYS:
+        raise ValueError(f"training a key codec needs at least {MIN_TRAIN_KEYS} keys, got {len(sample)}")
+    if not np.isfinite(sample).all():
+        raise ValueError("the codec's training keys hold non-finite values")
+    if len(sample) < RECOMMENDED_TRAIN_KEYS:
+        logger.warning("training a key codec on %d keys; %d or more give steadier centroids", len(sample), RECOMMENDED_TRAIN_KEYS)
+    return sample
+
+
+def _faiss() -> Any:
+    try:
+        import faiss
+    except ImportError as err:  # pragma: no cover - faiss-cpu is a core dependency
+        raise ImportError("compressed keys need faiss: pip install faiss-cpu") from err
+    return faiss
+
+
+def _faiss_pq(dim: int, m: int) -> Any:
+    """A FAISS 8-bit ProductQuantizer whose k-means accepts small samples quietly
+    (:func:`_check_sample` warns once instead of FAISS once per sub-space)."""
+    pq = _faiss().ProductQuantizer(dim, m, 8)
+    pq.cp.min_points_per_centroid = 1
+    return pq
