@@ -111,7 +111,9 @@ class BatchingService:
         with self._lock:
             self._scheduler.add(row)
             if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="nest-batching", daemon=True)
+                # Not a daemon: the interpreter waits for the rows in flight at exit (a daemon
+                # thread killed inside a torch op aborts the process).
+                self._worker = threading.Thread(target=self._work, name="nest-batching")
                 self._worker.start()
 
     def _work(self) -> None:
