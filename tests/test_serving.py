@@ -12,7 +12,7 @@ from nest_integrations import batching
 from nest_integrations.config import NestConfig
 from nest_integrations.datastore import PassageEncoder, TokenDatastore
 from nest_integrations.decoding import NestDecoder
-from nest_integrations.serving import shared_service
+from nest_integrations.serving import BatchingService, shared_service
 from conftest import ListRetriever, held_back
 from test_batching import MIXED, PROMPTS, _one_by_one, _same
 
@@ -119,13 +119,24 @@ def test_bad_input_raises_in_the_callers_thread(decoder):
         shared_service(decoder).max_batch = 0
 
 
-def test_the_worker_ends_when_idle(decoder):
-    decoder.generate(PROMPTS[0], **OVERRIDES)
+def test_the_worker_stays_for_the_next_call_and_ends_when_idle_or_closed(decoder):
     service = shared_service(decoder)
-    deadline = time.monotonic() + 10
-    while service._worker is not None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    decoder.generate(PROMPTS[0], **OVERRIDES)
+    worker = service._worker
+    decoder.generate(PROMPTS[1], **OVERRIDES)
+    assert worker is not None and service._worker is worker, "one thread (and torch thread pool) across calls"
+    service.close()
     assert service._worker is None
+    assert decoder.generate(PROMPTS[0], **OVERRIDES).text  # a later call starts a new worker
+
+    brief = BatchingService(idle_s=0.05)
+    brief.submit(decoder.prepare_row(PROMPTS[0], None, None, decoder._call_config(OVERRIDES))).result()
+    deadline = time.monotonic() + 10
+    while brief._worker is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert brief._worker is None
+    with pytest.raises(ValueError, match="idle_s"):
+        BatchingService(idle_s=0)
 
 
 def test_decoders_of_one_lm_share_a_service(decoder, tiny_lm, small_passages):
