@@ -27,9 +27,13 @@ other configs) share a batch when they share the LM and its key layer. What the
 * **Per-row advance**: after verification each row keeps its next token and its
   own accepted prefix; the columns of its rejected draft tokens die (owner -1),
   so a row that rejects early holds back no other.
-* **Prefill per row** into a cache of its own (exactly the one-by-one prefill),
-  whose columns are then appended to the batch's: a row *joins* whenever there
-  is room (``max_batch``), so a queue keeps the batch full.
+* **Prefill inside the step**: a row *joins* whenever there is room
+  (``max_batch``), so a queue keeps the batch full. Its whole prompt is fed in
+  the step's shared forward beside the other rows' tokens (logits kept at its
+  last position only), so joining costs the others no forward of its own: on a
+  2-core CPU a separate forward costs ~60 ms before its first token, which a
+  prompt of 20 tokens inside a shared forward does not. The row proposes its
+  first token at the next step, as after a prefill alone.
 * **Rows leave** as soon as they finish or their consumer stops listening
   (``Row.cancelled``; their columns die), and dead columns
   are dropped (one ``index_select`` over the cache) once they outnumber a
@@ -151,7 +155,9 @@ class _PackedCache:
     """
 
     def __init__(self) -> None:
-        self.cache: Any = None
+        from transformers import DynamicCache
+
+        self.cache: Any = DynamicCache()
         self.owner = torch.zeros(0, dtype=torch.long)
 
     @property
@@ -165,17 +171,6 @@ class _PackedCache:
             raise TypeError(f"batched decoding needs a DynamicCache with per-layer keys/values, got {type(cache).__name__}")
         return list(layers)
 
-    def join(self, cache: Any, owner: int) -> None:
-        """Append the columns of a row's own (batch size 1) cache, owned by ``owner``."""
-        length = int(self._layers(cache)[0].keys.shape[2])
-        if self.cache is None:
-            self.cache = cache
-        else:
-            for mine, theirs in zip(self._layers(self.cache), self._layers(cache)):
-                mine.keys = torch.cat([mine.keys, theirs.keys], dim=2)
-                mine.values = torch.cat([mine.values, theirs.values], dim=2)
-        self.owner = torch.cat([self.owner, torch.full((length,), owner, dtype=torch.long)])
-
     def release(self, owner: int) -> None:
         """Mark a finished row's columns dead."""
         self.owner[self.owner == owner] = -1
@@ -184,7 +179,7 @@ class _PackedCache:
         """Drop the dead columns at the end (the last rows' rejected drafts): a crop, no copy."""
         live = (self.owner >= 0).nonzero()
         keep = int(live[-1]) + 1 if len(live) else 0
-        if self.cache is None or keep == self.columns:
+        if keep == self.columns:
             return
         for layer in self._layers(self.cache):
             layer.keys = layer.keys[:, :, :keep]
@@ -193,8 +188,6 @@ class _PackedCache:
 
     def compact_if_sparse(self) -> None:
         """Drop dead columns once they outnumber a quarter of the live ones (and ``_COMPACT_SLACK``)."""
-        if self.cache is None:
-            return
         live = self.owner >= 0
         alive = int(live.sum())
         if self.columns - alive <= max(_COMPACT_SLACK, alive // 4):
@@ -207,12 +200,13 @@ class _PackedCache:
 
 
 class RowScheduler:
-    """Rows advancing together: each :meth:`step` admits waiting rows (up to
-    ``max_batch`` in the batch), takes every row's next token and draft, runs one
-    shared forward and lets each row verify its own draft.
+    """Rows advancing together: each :meth:`step` takes every running row's next
+    token and draft and the prompts of waiting rows that join (up to ``max_batch``
+    rows in the batch), runs one shared forward, lets each running row verify its
+    own draft and each joining row read its first distribution.
 
     One thread calls :meth:`step`; :meth:`add` may be called from any thread at
-    any time (a row added while a step prefills others joins in that same step).
+    any time (a row added during a step joins at the next one).
 
     Args:
         max_batch: rows sharing a forward at most (>= 1); more wait and join as
@@ -225,14 +219,14 @@ class RowScheduler:
         self.max_batch = int(max_batch)
         self.waiting: deque[Row] = deque()  # appended by any thread, popped by the stepping one
         self.active: list[Row] = []
-        self.admitting: Optional[Row] = None
-        """The row being prefilled, between ``waiting`` and ``active``."""
+        self.joining: list[Row] = []
+        """Rows taken from ``waiting`` whose prompts the current step prefills."""
         self.batch = _PackedCache()
         self._owners = itertools.count()
 
     def __len__(self) -> int:
         """Rows waiting, joining or running."""
-        return len(self.waiting) + len(self.active) + (self.admitting is not None)
+        return len(self.waiting) + len(self.active) + len(self.joining)
 
     @property
     def busy(self) -> bool:
@@ -244,36 +238,48 @@ class RowScheduler:
         self.waiting.append(row)
 
     def step(self) -> None:
-        """Advance every row by one shared forward (admitting waiting rows first)."""
+        """Advance every row by one shared forward: running rows verify their next
+        token and draft, joining rows (taken from ``waiting`` while there is room)
+        prefill their prompts."""
         self._drop_cancelled()
-        self._admit()
+        self.joining = self._admit()
         self.active = [row for row in self.active if self._propose(row)]
-        if not self.active:
+        rows = self.active + self.joining
+        if not rows:
             self.batch = _PackedCache()  # only dead columns are left
             return
-        fed = [[row.first.token_id] + [r.token_id for r in row.draft] for row in self.active]  # type: ignore[union-attr]
-        first_column = self.batch.columns
+        feeds = [
+            _Feed([row.first.token_id] + [r.token_id for r in row.draft], row.cached - 1, keep_all=True)  # type: ignore[union-attr]
+            for row in self.active
+        ] + [_Feed(row.prompt_ids, 0, keep_all=False) for row in self.joining]
+        column = self.batch.columns
         try:
-            logits, keys = _shared_forward(self.batch, self.active, fed)
+            logits, keys = _shared_forward(self.batch, rows, feeds)
         except Exception as error:  # the batch's cache is unusable now: every row in it fails
             self.fail_all(error)
             return
         staying, offset = [], 0
-        for row, tokens in zip(self.active, fed):
-            n = len(tokens)
+        for row, feed in zip(rows, feeds):
+            n, kept = len(feed.tokens), feed.kept
             row.gen.stats.forward_passes += 1
-            row.step = row.decoder._mix(logits[offset : offset + n], keys[offset : offset + n], row.gen)
+            row.step = row.decoder._mix(logits[offset : offset + kept], keys[offset : offset + kept], row.gen)
+            offset += kept
+            if not feed.keep_all:  # a prefill: the row proposes its first token at the next step
+                row.at, row.continuation = 0, None
+                staying.append(row)
+                column += n
+                continue
             row.at, row.continuation = row.decoder._accept(row.gen, row.step, row.first, row.draft)  # type: ignore[arg-type]
             # The row keeps its token and its accepted draft; its other new columns die.
-            self.batch.owner[first_column + offset + 1 + row.at : first_column + offset + n] = -1
-            offset += n
+            self.batch.owner[column + 1 + row.at : column + n] = -1
+            column += n
             if row.at:
                 self._notify(row)
             if row.gen.finished:
                 self._finish(row)
             else:
                 staying.append(row)
-        self.active = staying
+        self.active, self.joining = staying, []
         if not staying:
             self.batch = _PackedCache()
             return
@@ -283,7 +289,7 @@ class RowScheduler:
     def fail_all(self, error: BaseException) -> None:
         """Fail every waiting and running row with ``error`` and start afresh (rows
         added meanwhile by other threads stay queued)."""
-        failing, self.active, self.batch = self.active, [], _PackedCache()
+        failing, self.active, self.joining, self.batch = self.active + self.joining, [], [], _PackedCache()
         while self.waiting:
             failing.append(self.waiting.popleft())
         for row in failing:
@@ -296,33 +302,22 @@ class RowScheduler:
             self.batch.release(row.owner)
         self.active = [r for r in self.active if not r.cancelled]
 
-    def _admit(self) -> None:
-        """Prefill waiting rows (each in a cache of its own, as alone) and join them to the batch."""
-        from transformers import DynamicCache
-
-        while self.waiting and len(self.active) < self.max_batch:
-            row = self.admitting = self.waiting.popleft()
-            try:
-                if row.cancelled:
-                    continue
-                if row.gen.config.max_new_tokens == 0:
-                    row.gen.finish("length")
-                    self._finish(row)
-                    continue
-                row.t_decode = time.perf_counter()
-                row.owner = next(self._owners)
-                cache = DynamicCache()
-                try:
-                    logits, keys = row.decoder._forward(row.prompt_ids, cache, row.gen.stats, keep=1)
-                except Exception as error:  # this row only: the batch's cache is untouched
-                    if row.listener is not None:
-                        row.listener.failed(row, error)
-                    continue
-                row.step = row.decoder._mix(logits, keys, row.gen)
-                self.batch.join(cache, row.owner)
-                self.active.append(row)
-            finally:
-                self.admitting = None
+    def _admit(self) -> list[Row]:
+        """Take waiting rows while the batch has room; returns those that join (their
+        prompts are fed in this step's forward)."""
+        joining: list[Row] = []
+        while self.waiting and len(self.active) + len(joining) < self.max_batch:
+            row = self.waiting.popleft()
+            if row.cancelled:
+                continue
+            if row.gen.config.max_new_tokens == 0:
+                row.gen.finish("length")
+                self._finish(row)
+                continue
+            row.t_decode = time.perf_counter()
+            row.owner = next(self._owners)
+            joining.append(row)
+        return joining
 
     def _propose(self, row: Row) -> bool:
         """The row's next token and draft (its own decisions); False when it finished."""
@@ -381,24 +376,46 @@ def batched_generate(rows: Sequence[Row], *, max_batch: int) -> list[NestOutput]
     return collect.outputs  # type: ignore[return-value]
 
 
-def _shared_forward(batch: _PackedCache, rows: Sequence[Row], fed: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass(frozen=True)
+class _Feed:
+    """A row's tokens in one shared forward.
+
+    Attributes:
+        tokens: the fed token ids (a running row's next token and draft, or a joining row's prompt).
+        position: the position id of the first of them (the row's own, as alone).
+        keep_all: logits at every fed token (verification) or at the last only (a prefill).
+    """
+
+    tokens: list[int]
+    position: int
+    keep_all: bool
+
+    @property
+    def kept(self) -> int:
+        """Positions whose logits and queries the forward returns."""
+        return len(self.tokens) if self.keep_all else 1
+
+
+def _shared_forward(batch: _PackedCache, rows: Sequence[Row], feeds: Sequence[_Feed]) -> tuple[torch.Tensor, torch.Tensor]:
     """One LM call over every row's fed tokens, packed one row after another in one sequence.
 
     A fed token attends to its row's live cache columns and to the tokens its row
     fed before it in this step (a 4-D mask); its position id is the row's own. A
     row alone in a cache of only its own columns needs no mask: it runs the model's
     own causal path, exactly the forward of a generation alone.
-    Returns logits (Q, V) float32 and query vectors (Q, d), Q the fed tokens of all
-    rows in order. Appends the Q new columns to ``batch``, owned by their rows.
+    Returns logits (K, V) float32 and query vectors (K, d) at the kept positions
+    (:attr:`_Feed.kept` per row, rows in order). Appends the Q fed tokens as new
+    columns of ``batch``, owned by their rows.
     """
     # Rows of one scheduler share the LM and its key layer (one service per both), so
     # any row's decoder reads the keys of all.
     decoder = rows[0].decoder
     lm = decoder.lm
-    tokens = [t for f in fed for t in f]
-    owners = torch.tensor([row.owner for row, f in zip(rows, fed) for _ in f], dtype=torch.long)
-    # the fed first token is already committed, so it sits at position ``cached - 1``
-    positions = torch.tensor([row.cached - 1 + j for row, f in zip(rows, fed) for j in range(len(f))], dtype=torch.long)
+    tokens = [t for feed in feeds for t in feed.tokens]
+    owners = torch.tensor([row.owner for row, feed in zip(rows, feeds) for _ in feed.tokens], dtype=torch.long)
+    positions = torch.tensor([feed.position + j for feed in feeds for j in range(len(feed.tokens))], dtype=torch.long)
+    ends = torch.tensor([len(feed.tokens) for feed in feeds]).cumsum(0).tolist()
+    kept = torch.tensor([i for feed, end in zip(feeds, ends) for i in range(end - feed.kept, end)], dtype=torch.long)
     q, past = len(tokens), batch.columns
     columns = torch.cat([batch.owner, owners])
     mask = None  # every column is the one row's own: the model's causal mask is the row's mask
@@ -413,9 +430,9 @@ def _shared_forward(batch: _PackedCache, rows: Sequence[Row], fed: Sequence[list
             position_ids=positions[None].to(lm.device),
             use_cache=True,
             **{decoder._cache_arg: batch.cache},
-            logits_to_keep=q,
+            logits_to_keep=kept.to(lm.device) if len(kept) < q else q,
             **decoder.reader.forward_kwargs(),
         )
         keys = decoder.reader.keys_from(captured, outputs)
     batch.owner = columns
-    return outputs.logits[0, -q:].float().cpu(), keys[0, -q:].float().cpu()
+    return outputs.logits[0, -len(kept) :].float().cpu(), keys[0, kept.to(keys.device)].float().cpu()

@@ -45,6 +45,26 @@ def test_nest_falls_back_to_the_lm_when_the_corpus_lacks_the_person(real_index):
     assert out.attribution_ratio < 0.3
 
 
+def test_a_batch_decodes_as_each_prompt_alone(real_index):
+    """Copying rows, a question and a row the corpus cannot answer share forwards on the
+    default model; each keeps the text, spans and sources it has alone."""
+    decoder = real_index.decoder()
+    prompts = ["Tell me a bio of Marie Curie.", "Who was Niels Bohr?", "Tell me a bio of Isaac Newton.",
+               "What is the boiling point of water at sea level?"]
+    queries = ["Marie Curie", None, "Isaac Newton", None]
+    batched = decoder.generate_batch(prompts, queries=queries, max_batch=4, max_new_tokens=32)
+    decoder._supports_batching = False  # each prompt alone, in its own KV cache
+    try:
+        alone = [decoder.generate(p, query=q, max_new_tokens=32) for p, q in zip(prompts, queries)]
+    finally:
+        decoder._supports_batching = None
+    assert [o.text for o in batched] == [o.text for o in alone]
+    assert [o.spans for o in batched] == [o.spans for o in alone]
+    assert [[s.id for s in o.sources] for o in batched] == [[s.id for s in o.sources] for o in alone]
+    assert [o.stats.forward_passes for o in batched] == [o.stats.forward_passes for o in alone]
+    assert batched[0].attribution_ratio >= 0.5 and batched[3].attribution_ratio < 0.3
+
+
 def test_cli_build_retrieve_generate(tmp_path):
     by_title = {p.id: p for p in load_wikipedia_summaries()}
     source = tmp_path / "docs.jsonl"
