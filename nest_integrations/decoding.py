@@ -70,7 +70,7 @@ from .corpus import Passage
 from .datastore import CandidateSet, EncodedPassage, EncodeStats, TokenDatastore
 from .lm import KeyReader, cache_argument
 from .mixture import accepted_prefix_length, distance_ratio, knn_distribution, mix, relaxed_accept_ratio, rrc_lambda
-from .relevance import RelevanceGate, subject_name
+from .relevance import GateDecision, RelevanceGate, subject_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from .batching import Row
@@ -651,16 +651,17 @@ class NestDecoder:
             return []
         return list(self.retriever.retrieve(query, config.passage_k))
 
-    def _gate(self, query: str, hits: list[tuple[Passage, float]], config: NestConfig) -> list[Passage]:
-        """Passages allowed into the token datastore: those relevant to the query (:class:`RelevanceGate`)."""
+    def _gate(self, query: str, hits: list[tuple[Passage, float]], config: NestConfig) -> GateDecision:
+        """Passages allowed into the token datastore: those relevant to the query (:class:`RelevanceGate`),
+        or all of them when the gate is off (no relevance function, an empty query)."""
         passages = [p for p, _ in hits]
         if config.min_passage_relevance <= -1.0 or self.relevance is None or not hits or not query.strip():
-            return passages
+            return GateDecision(passages)
         gate = RelevanceGate(config.min_passage_relevance, config.relevance_margin, config.min_query_coverage)
         decision = gate(query, passages, self.relevance(query, passages))
         if len(decision.kept) < len(hits):
             logger.info("relevance gate kept %d of %d passages", len(decision.kept), len(hits))
-        return decision.kept
+        return decision
 
     # ------------------------------------------------------------------ the loop
     def _prepare(self, gen: _Generation, prompt: PromptLike, query: Optional[str], passages: Optional[ScoredPassages]) -> list[Passage]:
@@ -680,7 +681,8 @@ class NestDecoder:
             context = [p for p, _ in hits[: config.rag_passages]]
         if not config.uses_datastore:
             return context
-        gated = self._gate(q, hits, config)
+        decision = self._gate(q, hits, config)
+        gated = decision.kept
         stats.retrieval_s = time.perf_counter() - t0
         stats.gate_retrieved, stats.gate_kept = len(hits), len(gated)
         gen.candidates = self._candidates(gated, config, stats)
@@ -690,8 +692,8 @@ class NestDecoder:
                 stats.fallback_reason = "no_retriever"
             elif not hits:
                 stats.fallback_reason = "nothing_retrieved"
-            elif not gated:
-                stats.fallback_reason = "nothing_relevant"
+            elif decision.reason is not None:
+                stats.fallback_reason = decision.reason
             else:
                 stats.fallback_reason = "empty_datastore"
             logger.info("no datastore entries for this prompt (%s): generating with the LM alone", stats.fallback_reason)
