@@ -54,6 +54,10 @@ def test_throughput_writes_every_configuration_with_quality_and_memory(index, tm
     for name in ("nest batch 1", "nest batch 2", "nest 2 threads", "ChatNest", "ChatNest 2 async"):
         assert rows[name]["same_text"] == 1.0, name
     assert rows["prompt lookup"]["reference"] == "RAG" and rows["prompt lookup"]["same_text"] == 1.0
+    # Every configuration's decoding forwards are counted; a batch of 2 shares them.
+    assert all(row["lm_forwards"] >= 1 and row["fed_tokens"] >= row["lm_forwards"] for row in rows.values())
+    assert rows["nest batch 2"]["lm_forwards"] < rows["nest batch 1"]["lm_forwards"]
+    assert rows["LM batch 2"]["lm_forwards"] < rows["LM batch 1"]["lm_forwards"]
     assert bench["prompt_kinds"] == {kind: 1 for kind in PROMPT_KINDS}
     memory = bench["memory"]
     assert memory["batch"] == 2 and memory["kv_cache_peak_columns"] > 0

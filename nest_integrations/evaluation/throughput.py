@@ -361,6 +361,25 @@ def _memory_probe(model: Any) -> Iterator[dict[str, Any]]:
         found["kv_cache_bytes_per_column"] = ratio(found["kv_cache_peak_bytes"], found["kv_cache_peak_columns"])
 
 
+@contextmanager
+def _forward_counter(model: Any) -> Iterator[dict[str, int]]:
+    """Count ``model``'s decoding forwards (those handed a KV cache; datastore encoding has
+    none) and the tokens they are fed, while the block runs."""
+    counts = {"lm_forwards": 0, "fed_tokens": 0}
+    argument = cache_argument(model)
+
+    def count(_module: Any, _args: Any, kwargs: dict[str, Any]) -> None:
+        if kwargs.get(argument) is not None and kwargs.get("input_ids") is not None:
+            counts["lm_forwards"] += 1
+            counts["fed_tokens"] += int(kwargs["input_ids"].numel())
+
+    handle = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        yield counts
+    finally:
+        handle.remove()
+
+
 # --------------------------------------------------------------------------- rows and report
 
 
@@ -433,6 +452,8 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("what", "what"),
     ("width", "B / callers"),
     ("new_tokens", "tokens"),
+    ("lm_forwards", "LM forwards"),
+    ("fed_tokens", "fed tokens"),
     ("wall_s", "wall s"),
     ("tokens_per_s", "tok/s"),
     ("vs_nest", "vs nest"),
@@ -465,7 +486,8 @@ def _markdown(bench: Mapping[str, Any]) -> str:
             markdown_table(["configuration"] + [header for _, header in _COLUMNS], rows),
             "",
             "tok/s = generated tokens / wall seconds over all prompts; vs nest and vs prompt lookup are tokens/s "
-            "ratios within this run; same text = share of prompts whose text equals the reference configuration's. "
+            "ratios within this run; same text = share of prompts whose text equals the reference configuration's; "
+            "LM forwards = the model's decoding forwards (prefills included), fed tokens = the tokens they took in. "
             "NEST rows include retrieval; the peers' prompts were built before their timers started.",
             "",
             "## Targets",
@@ -543,7 +565,7 @@ def run_throughput(
         ``max_new_tokens``, ``item_ids``, ``prompt_kinds`` (count per kind),
         ``repeats``, ``bench_wall_s`` (the whole run, warm-ups and set-up
         included), ``rows`` (per configuration: what, width, prompts,
-        new_tokens, wall_s, wall_s_rounds, tokens_per_s, rouge1, answer_recall, reference, same_text, vs_nest,
+        new_tokens, lm_forwards, fed_tokens, wall_s, wall_s_rounds, tokens_per_s, rouge1, answer_recall, reference, same_text, vs_nest,
         vs_prompt_lookup, texts), ``targets`` and ``memory``.
 
     Raises:
@@ -572,21 +594,23 @@ def run_throughput(
 
     walls: dict[str, list[float]] = {spec.name: [] for spec in configs}
     outputs: dict[str, list[_Generated]] = {}
+    forwards: dict[str, dict[str, int]] = {}
     memory: dict[str, Any] = {}
     largest = f"nest batch {sizes[-1]}"
     for round_ in range(repeats):  # rounds interleave the configurations, so load drift hits them all
         for spec in configs:
             probe = _memory_probe(index.lm.model) if round_ == 0 and spec.name == largest else nullcontext({})
-            with probe as probed:
+            with probe as probed, _forward_counter(index.lm.model) as counted:
                 start = time.perf_counter()
                 generated = spec.run(items, max_new_tokens)
                 wall = time.perf_counter() - start
             memory.update(probed)
+            forwards[spec.name] = counted  # greedy decoding: every round runs the same forwards
             walls[spec.name].append(wall)
             outputs[spec.name] = generated  # greedy decoding: every round writes the same
             logger.info("throughput round %d: %s, %d tokens in %.1f s", round_ + 1, spec.name,
                         sum(g.new_tokens for g in generated), wall)
-    rows = {spec.name: _row(spec, items, outputs[spec.name], walls[spec.name]) for spec in configs}
+    rows = {spec.name: {**_row(spec, items, outputs[spec.name], walls[spec.name]), **forwards[spec.name]} for spec in configs}
     _add_ratios(rows)
 
     bench = {
