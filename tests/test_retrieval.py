@@ -120,6 +120,32 @@ def test_dense_scores_are_cosine_similarities(dense, embedder, passages):
     assert score == pytest.approx(float(q[0] @ doc / np.linalg.norm(doc)), abs=1e-5)
 
 
+def test_a_query_is_embedded_once_for_retrieval_gate_and_window(passages, embedder, monkeypatch):
+    retriever = DenseRetriever(passages[:20], embedder, show_progress=False)
+    calls = []
+    encode = embedder.encode
+    monkeypatch.setattr(embedder, "encode", lambda texts: calls.append(list(texts)) or encode(texts))
+    first = retriever.embed_queries(["Alvar Aalto"])
+    again = retriever.embed_queries(["Alvar Aalto", "Chinua Achebe", "Alvar Aalto"])
+    assert calls == [["Alvar Aalto"], ["Chinua Achebe"]], "each text embedded once"
+    np.testing.assert_array_equal(again[0], first[0])
+    np.testing.assert_array_equal(again[2], first[0])
+    assert again.shape == (3, 384) and again.flags.c_contiguous and again.dtype == np.float32
+    again[0] = 0.0  # the caller's copy
+    np.testing.assert_array_equal(retriever.embed_queries(["Alvar Aalto"])[0], first[0])
+
+
+def test_the_query_cache_keeps_the_most_recent():
+    from nest_integrations.retrieval.dense import _QueryCache
+
+    cache = _QueryCache(size=2)
+    for text in ("a", "b"):
+        cache.put(text, np.full(3, len(text), dtype=np.float32))
+    assert cache.get("a") is not None  # "a" is now the most recent
+    cache.put("c", np.zeros(3, dtype=np.float32))
+    assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None
+
+
 def test_passage_vectors_read_back_indexed_passages_and_embed_the_rest(dense, embedder, passages):
     indexed = passages[3]
     edited = Passage(id=indexed.id, title=indexed.title, text=indexed.text + " Edited.")
