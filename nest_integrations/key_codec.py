@@ -72,7 +72,7 @@ OPQ_ITERATIONS = 20
 iterations, so OPQ training costs several PQ trainings; fewer iterations, a less tuned rotation."""
 
 _SPEC = re.compile(r"^(?P<kind>float16|sq8|pq|opq|spq)(?P<m>[0-9]+)?$")
-CODEC_HELP = "float16 (none), sq8, pq<M> or opq<M> (M bytes per token; M divides the hidden size) or spq<M> (M bytes, any M up to the hidden size)"
+CODEC_HELP = "float16 (none), sq8, pq<M>, opq<M> (M bytes per token; M divides the hidden size) or spq<M> (M bytes, any M up to the hidden size)"
 
 
 class KeyCodec(ABC):
