@@ -24,7 +24,7 @@ Two storage modes give identical neighbours:
 
 Keys are stored as the datastore's :mod:`key codec <nest_integrations.key_codec>`
 writes them: float16 rows by default, or FAISS codes (``pq<M>``, ``opq<M>``,
-``sq8``) in either mode.
+``spq<M>``, ``sq8``) in either mode.
 
 Search is vectorised over a :class:`CandidateSet` (the entries of the passages
 retrieved for one generation), built once per generation: exact over float16
