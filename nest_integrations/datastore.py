@@ -38,7 +38,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -448,27 +448,29 @@ class TokenDatastore:
         """
         from tqdm.auto import tqdm
 
-        if train_keys < 1:
-            raise ValueError(f"train_keys must be positive, got {train_keys}")
         codec = make_codec(codec, self.hidden_size) if isinstance(codec, str) else (codec or self.codec)
         if codec.dim != self.hidden_size:
             raise ValueError(f"the key codec is {codec.dim}-d, the LM's hidden size is {self.hidden_size}")
-        encoded: list[EncodedPassage] = []
-        waiting: list[EncodedPassage] = []  # float16, until the codec is trained
+        texts = [p.text for p in self.passages]
         start = time.perf_counter()
         tokens = 0
-        with tqdm(total=len(self.passages), desc="Encoding datastore", unit="passage", disable=not show_progress) as bar:
-            for lo in range(0, len(self.passages), chunk_passages):
-                chunk = self.encoder.encode([p.text for p in self.passages[lo : lo + chunk_passages]])
+        with tqdm(total=len(texts), desc="Encoding datastore", unit="passage", disable=not show_progress) as bar:
+
+            def progress(chunk: list[EncodedPassage]) -> None:
+                nonlocal tokens
                 tokens += sum(len(e.token_ids) for e in chunk)
                 bar.update(len(chunk))
                 bar.set_postfix(tok_s=f"{tokens / max(time.perf_counter() - start, 1e-9):,.0f}")
-                if not codec.is_trained:
-                    waiting.extend(chunk)
-                    if sum(int(e.valid.sum()) for e in waiting) < train_keys and lo + chunk_passages < len(self.passages):
-                        continue
-                    codec.train(sample_rows(_entry_keys(waiting), train_keys, seed=seed))
-                    chunk, waiting = waiting, []
+
+            first: list[EncodedPassage] = []
+            if not codec.is_trained:
+                first = train_on_first_passages(
+                    self.encoder, texts, codec, train_keys=train_keys, seed=seed, chunk_passages=chunk_passages, on_chunk=progress
+                )
+            encoded = [store_keys(e, codec) for e in first]
+            for lo in range(len(first), len(texts), chunk_passages):
+                chunk = self.encoder.encode(texts[lo : lo + chunk_passages])
+                progress(chunk)
                 encoded.extend(store_keys(e, codec) for e in chunk)
         seconds = time.perf_counter() - start
         self.codec = codec
@@ -521,15 +523,15 @@ class TokenDatastore:
 
     def attach_precomputed(self, keys: "PrecomputedKeys | ShardedKeys") -> None:
         """Serve the first ``keys.num_passages`` passages from precomputed arrays
-        (flat, or :class:`~nest_integrations.shards.ShardedKeys`, float16 today),
-        and store lazily encoded passages with their codec."""
+        (flat, or :class:`~nest_integrations.shards.ShardedKeys`), and store lazily
+        encoded passages with their codec."""
         if keys.num_passages > len(self.passages):
             raise ValueError(
                 f"precomputed keys cover {keys.num_passages} passages but the datastore has {len(self.passages)}"
             )
-        codec = keys.codec if isinstance(keys, PrecomputedKeys) else Float16Codec(keys.key_width)
+        codec = keys.codec
         if codec.dim != self.hidden_size:
-            raise ValueError(f"precomputed keys have width {codec.dim}, the LM's hidden size is {self.hidden_size}")
+            raise ValueError(f"precomputed keys are {codec.dim}-d, the LM's hidden size is {self.hidden_size}")
         with self._lock:
             self.codec = codec
             self._cache.clear()
@@ -559,6 +561,51 @@ def store_keys(encoded: EncodedPassage, codec: KeyCodec) -> EncodedPassage:
     if not codec.is_trained:
         raise ValueError(f"the {codec.spec} key codec is not trained: precompute() or train_codec() first")
     return EncodedPassage(encoded.token_ids, encoded.char_spans, codec.encode(encoded.keys), encoded.valid)
+
+
+def train_on_first_passages(
+    encoder: PassageEncoder,
+    texts: Sequence[str],
+    codec: KeyCodec,
+    *,
+    train_keys: int = DEFAULT_TRAIN_KEYS,
+    seed: int = 0,
+    chunk_passages: int = 256,
+    on_chunk: Callable[[list[EncodedPassage]], None] | None = None,
+) -> list[EncodedPassage]:
+    """Train ``codec`` on ``train_keys`` entry keys sampled from the first passages of ``texts``.
+
+    Passages are encoded in chunks of ``chunk_passages`` from the first until
+    ``train_keys`` entries are seen (or ``texts`` runs out), so at most
+    ``train_keys`` float16 keys plus one chunk are held. The same texts, chunks
+    and seed give the same codec whichever process runs this: the
+    single-process :meth:`TokenDatastore.precompute` keeps the passages it
+    returns, the Ray build trains on the driver and ships the codec's arrays to
+    the workers.
+
+    Args:
+        on_chunk: called with each chunk as it is encoded (progress).
+
+    Returns:
+        The passages encoded, float16 keys (L, d) each: the first ``len(result)`` of ``texts``.
+
+    Raises:
+        ValueError: ``train_keys`` below 1, or a sample the codec cannot train on.
+    """
+    if train_keys < 1:
+        raise ValueError(f"train_keys must be positive, got {train_keys}")
+    encoded: list[EncodedPassage] = []
+    entries = 0
+    for lo in range(0, len(texts), chunk_passages):
+        chunk = encoder.encode(texts[lo : lo + chunk_passages])
+        if on_chunk is not None:
+            on_chunk(chunk)
+        encoded.extend(chunk)
+        entries += sum(int(e.valid.sum()) for e in chunk)
+        if entries >= train_keys:
+            break
+    codec.train(sample_rows(_entry_keys(encoded), train_keys, seed=seed))
+    return encoded
 
 
 def _entry_keys(encoded: Sequence[EncodedPassage]) -> np.ndarray:
