@@ -10,8 +10,8 @@ Folder layout (no pickle anywhere; loading never executes code from the folder):
     keys/shard-*/*.npy the same split in shards, as a distributed build writes them
                        (format version 2; see :mod:`nest_integrations.shards`)
     keys/codec/*.npy   the trained parameters of the key codec when keys/keys.npy
-                       holds codes instead of float16 keys (format version 2; see
-                       :mod:`nest_integrations.key_codec`)
+                       (or every shard's keys.npy) holds codes instead of float16
+                       keys (format version 2; see :mod:`nest_integrations.key_codec`)
 
 Saving never replaces a folder that is not an index (nor an index without
 ``overwrite=True``) and switches the new folder in atomically; loading checks
@@ -230,7 +230,7 @@ class NestIndex:
         """
         encoder = self.datastore.encoder
         pre = self.datastore.precomputed
-        codec = pre.codec if isinstance(pre, PrecomputedKeys) else None
+        codec = pre.codec if pre is not None else None
         compressed = codec is not None and codec.compresses
         manifest: dict[str, Any] = {
             "format": FORMAT,
@@ -263,10 +263,10 @@ class NestIndex:
             (folder / "keys").mkdir()
             for name in KEY_ARRAYS:
                 np.save(folder / "keys" / f"{name}.npy", np.ascontiguousarray(getattr(pre, name)), allow_pickle=False)
-            if compressed:
-                (folder / "keys" / "codec").mkdir()
-                for name, array in codec.arrays().items():
-                    np.save(folder / "keys" / "codec" / f"{name}.npy", array, allow_pickle=False)
+        if compressed:  # one codec for the flat arrays or for every shard
+            (folder / "keys" / "codec").mkdir()
+            for name, array in codec.arrays().items():
+                np.save(folder / "keys" / "codec" / f"{name}.npy", array, allow_pickle=False)
         files = sorted(p for p in folder.rglob("*") if p.is_file())
         manifest["checksums"] = {p.relative_to(folder).as_posix(): sha256_file(p) for p in files}
         (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
@@ -317,6 +317,7 @@ class NestIndex:
             needed += [rel for number in range(len(manifest.key_shards)) for rel in shard_files(number)]
         elif manifest.precomputed_keys:
             needed += [f"keys/{name}.npy" for name in KEY_ARRAYS]
+        if manifest.precomputed_keys:
             needed += [f"keys/codec/{name}.npy" for name in saved_array_names(manifest.key_codec)]
         verify_files(folder, manifest.checksums, needed, hash_files=verify_checksums)
         if lm is None:
@@ -386,7 +387,7 @@ class IndexManifest(ArtefactManifest):
     key_shards: Optional[Annotated[list[_Counts], Field(min_length=1)]] = None
     """Passages, tokens and entries of each shard of sharded keys (format 2); None: one set of arrays."""
     key_codec: StrictStr = "float16"
-    """How ``keys/keys.npy`` stores keys (format 2; absent: float16); sharded keys are float16."""
+    """How ``keys/keys.npy`` or every shard's ``keys.npy`` stores keys (format 2; absent: float16)."""
 
     @field_validator("key_codec")
     @classmethod
@@ -411,22 +412,22 @@ def _load_keys(
             the passages, or totals differing from the manifest's counts.
     """
     keys: PrecomputedKeys | ShardedKeys
+    codec = load_codec(folder, manifest)
     if manifest.key_shards is None:
         arrays = read_arrays(folder / "keys", KEY_ARRAYS)
-        codec = load_codec(folder, manifest)
         check_key_arrays(arrays, passages, hidden_size=manifest.hidden_size, vocab_size=vocab_size, codec=codec)
         keys = PrecomputedKeys(**arrays, codec=codec)
     else:
-        if manifest.key_codec != "float16":
-            raise ValueError(f"{folder}: sharded keys are float16; the manifest names the {manifest.key_codec} codec")
         if sum(shard.passages for shard in manifest.key_shards) != len(passages):
             raise ValueError(f"{folder}: the key shards cover {sum(s.passages for s in manifest.key_shards)} passages, the index has {len(passages)}")
 
         def check(arrays: dict[str, np.ndarray], first: int, count: int) -> None:
-            check_key_arrays(arrays, passages[first : first + count], hidden_size=manifest.hidden_size, vocab_size=vocab_size)
+            check_key_arrays(
+                arrays, passages[first : first + count], hidden_size=manifest.hidden_size, vocab_size=vocab_size, codec=codec
+            )
 
         records = [ShardRecord(s.passages, s.tokens, s.entries) for s in manifest.key_shards]
-        keys = ShardedKeys.open(folder / "keys", records, check=check)
+        keys = ShardedKeys.open(folder / "keys", records, check=check, codec=codec)
     if manifest.counts.tokens != keys.num_tokens or manifest.counts.entries != keys.num_entries:
         raise ValueError(
             f"the manifest counts {manifest.counts.tokens} tokens and {manifest.counts.entries} entries; "

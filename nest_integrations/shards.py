@@ -9,8 +9,8 @@ Layout under an index folder's ``keys/``::
 
     shard-00000/token_ids.npy    int32 (M_s,)       passage tokens back to back
                 char_spans.npy   int32 (M_s, 2)     character range of each token
-                keys.npy         (M_s, d)           float16 keys today; the reader takes
-                                                    the dtype and width the shard holds
+                keys.npy         (M_s, code_width)  the keys in the index's codec: float16
+                                                    (M_s, d), or uint8 codes (M_s, M)
                 valid.npy        bool (M_s,)        whether the token is a datastore entry
                 offsets.npy      int64 (P_s + 1,)   local: passage p of the shard owns
                                                     rows offsets[p]:offsets[p+1], 0 .. M_s
@@ -18,6 +18,8 @@ Layout under an index folder's ``keys/``::
                                                     vectors of the dense index; kept so a
                                                     shard is self-contained)
     shard-00001/...
+    codec/*.npy                     the trained codec's parameters, one set for every
+                                    shard (absent for float16 keys)
 
 Shard ``s`` holds passages ``[start_s, start_s + P_s)``, ``start_s`` being the
 sum of the earlier shards' ``P``. The index manifest lists each shard's passage,
@@ -35,6 +37,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from .datastore import EncodedPassage, PrecomputedKeys
+from .key_codec import Float16Codec, KeyCodec
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +74,8 @@ def write_shard(folder: Path, keys: PrecomputedKeys, embeddings: np.ndarray) -> 
     """Write one shard's arrays into the new folder ``folder``.
 
     Args:
-        keys: the shard's passages encoded (offsets local to the shard).
+        keys: the shard's passages encoded, keys in their codec's stored form
+            (offsets local to the shard); the codec itself is saved by the index.
         embeddings: float32 (P_s, D), the same passages' L2-normalised embeddings.
 
     Raises:
@@ -108,12 +112,12 @@ class ShardedKeys:
     Offers what :class:`~nest_integrations.datastore.TokenDatastore` and
     :class:`~nest_integrations.index.NestIndex` use of precomputed keys
     (``num_passages``, ``passage``, ``num_tokens``, ``num_entries``,
-    ``key_bytes``, ``key_width``). Arrays stay memory-mapped; nothing is
+    ``key_bytes``, ``key_width``, ``codec``). Arrays stay memory-mapped; nothing is
     concatenated.
 
     Args:
         folder: the ``keys/`` folder holding ``shard-*`` folders.
-        shards: each shard's keys, in passage order.
+        shards: each shard's keys, in passage order, all stored with one codec.
         embeddings: each shard's float32 (P_s, D) passage embeddings.
     """
 
@@ -123,6 +127,8 @@ class ShardedKeys:
         widths = {s.key_width for s in shards}
         if len(widths) != 1:
             raise ValueError(f"shards disagree on the key width: {sorted(widths)}")
+        if any(s.codec is not shards[0].codec for s in shards):
+            raise ValueError("shards must share one key codec")
         self.folder = folder
         self.shards = list(shards)
         self.embeddings = list(embeddings)
@@ -149,6 +155,11 @@ class ShardedKeys:
         return self.shards[0].key_width
 
     @property
+    def codec(self) -> KeyCodec:
+        """How every shard stores its keys."""
+        return self.shards[0].codec
+
+    @property
     def records(self) -> list[ShardRecord]:
         return [ShardRecord(s.num_passages, s.num_tokens, s.num_entries) for s in self.shards]
 
@@ -169,12 +180,15 @@ class ShardedKeys:
 
     @classmethod
     def open(
-        cls, folder: Path, records: Sequence[ShardRecord], *, check: Optional[ShardCheck] = None
+        cls, folder: Path, records: Sequence[ShardRecord], *, check: Optional[ShardCheck] = None,
+        codec: Optional[KeyCodec] = None,
     ) -> "ShardedKeys":
         """Memory-map the shards ``records`` describes, checking each against its record.
 
         Args:
             folder: the ``keys/`` folder.
+            codec: the trained codec the shards' keys are stored with (None: float16
+                of the width the first shard holds).
             check: called as ``check(arrays, first_passage, shard_passages)`` on each
                 shard's key arrays before use (the index checks dtypes, shapes,
                 token ids and spans against the passages); raises ValueError.
@@ -189,7 +203,9 @@ class ShardedKeys:
             arrays = read_arrays(where, KEY_ARRAYS)
             if check is not None:
                 check(arrays, start, record.passages)
-            keys = PrecomputedKeys(**arrays)
+            if codec is None:
+                codec = Float16Codec(arrays["keys"].shape[1])
+            keys = PrecomputedKeys(**arrays, codec=codec)
             if (keys.num_passages, keys.num_tokens, keys.num_entries) != (record.passages, record.tokens, record.entries):
                 raise ValueError(
                     f"{where}: the manifest records {record.passages} passages, {record.tokens} tokens and "
