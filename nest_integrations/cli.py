@@ -166,11 +166,9 @@ def index_build(
                 _fail("--ray builds precomputed keys; drop --lazy-keys")
             if any(faiss_options[k] is not None for k in ("nlist", "nprobe", "ef_search")) or hnsw_m != 32 or faiss_on_disk:
                 _fail("--ray builds take --faiss-index only; --nlist, --nprobe, --hnsw-m, --ef-search and --faiss-on-disk apply to local builds")
-            if parse_spec(key_compression)[0] != "float16":
-                _fail("--ray builds store float16 key shards; --key-compression applies to local builds")
             index = build_index_on_ray(
                 passages, lm, out, address=ray_address, workers=workers, cpus_per_worker=cpus_per_worker,
-                shard_passages=shard_passages, overwrite=force, **settings,
+                shard_passages=shard_passages, key_codec=key_compression, overwrite=force, **settings,
             )
         else:
             index = NestIndex.build(

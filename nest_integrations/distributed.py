@@ -7,9 +7,12 @@ weight fingerprint, so a worker holding another model is an error):
 * :func:`build_index_on_ray` splits the corpus into runs of ``shard_passages``
   passages; an actor embeds each run for the dense index and encodes its token
   keys, and writes them as one shard folder into the index being saved (layout
-  in :mod:`nest_integrations.shards`). The driver builds the FAISS index from the
-  shards' embeddings and writes the manifest; loading memory-maps the shards as
-  one datastore. The result equals a single-process build (see the tests).
+  in :mod:`nest_integrations.shards`). With a compressing key codec the driver
+  first trains it on the keys of the first passages, as the single-process build
+  does, and sends its arrays to the actors, which write coded shards. The driver
+  builds the FAISS index from the shards' embeddings and writes the manifest
+  (and the codec); loading memory-maps the shards as one datastore. The result
+  equals a single-process build (see the tests).
 * :func:`ray_generator` holds one actor per worker, each with the index loaded
   and a :class:`~nest_integrations.decoding.NestDecoder`; a chunk of prompts
   goes to a free actor, which runs the batched decoder on it
@@ -34,10 +37,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from .corpus import Passage
+from .key_codec import DEFAULT_TRAIN_KEYS
 
 if TYPE_CHECKING:  # pragma: no cover
     from .index import NestIndex
     from .jobs import ChunkRunner
+    from .key_codec import KeyCodec
     from .lm import LoadedLM
 
 logger = logging.getLogger(__name__)
@@ -134,14 +139,23 @@ def _one_lm(workers: list[dict[str, str]]) -> None:
 
 
 class _BuildWorker:
-    """A Ray actor: one LM (for keys) and one embedder (for the dense index)."""
+    """A Ray actor: one LM (for keys), one embedder (for the dense index) and the key codec.
 
-    def __init__(self, model: str, dtype: str, embedder: Optional[str], key_layer: str, encoding_prefix: Optional[str]):
+    ``codec`` is ``(spec, arrays)`` of the driver's trained codec
+    (:meth:`~nest_integrations.key_codec.KeyCodec.arrays`); ``("float16", {})`` keeps float16 keys.
+    """
+
+    def __init__(
+        self, model: str, dtype: str, embedder: Optional[str], key_layer: str, encoding_prefix: Optional[str],
+        codec: tuple[str, dict[str, np.ndarray]],
+    ):
         from .datastore import PassageEncoder
+        from .key_codec import codec_from_arrays
         from .lm import load_lm
 
         self.lm = load_lm(model, device="cpu", dtype=dtype)
         self.encoder = PassageEncoder(self.lm, key_layer, encoding_prefix)
+        self.codec = codec_from_arrays(codec[0], self.lm.hidden_size, codec[1])
         self.embedder_name = embedder
         self.embedder: Any = None  # loaded by the first shard, after the driver has checked the LM
 
@@ -156,15 +170,17 @@ class _BuildWorker:
         return _describe(self.lm)
 
     def build_shard(self, folder: str, records: list[dict[str, Any]]) -> dict[str, Any]:
-        """Embed and encode the passages ``records`` (Passage dicts) into the shard folder ``folder``."""
-        from .datastore import PrecomputedKeys
+        """Embed and encode the passages ``records`` (Passage dicts) into the shard folder ``folder``,
+        keys stored with the codec."""
+        from .datastore import PrecomputedKeys, store_keys
         from .retrieval.base import index_text
         from .retrieval.dense import embed_texts
         from .shards import write_shard
 
         start = time.perf_counter()
         passages = [Passage.from_dict(r) for r in records]
-        keys = PrecomputedKeys.from_encoded(self.encoder.encode([p.text for p in passages]), self.encoder)
+        encoded = [store_keys(e, self.codec) for e in self.encoder.encode([p.text for p in passages])]
+        keys = PrecomputedKeys.from_encoded(encoded, self.encoder, self.codec)
         vectors = embed_texts(self._embedder(), [index_text(p) for p in passages])
         record = write_shard(Path(folder), keys, vectors)
         return {"record": record, "seconds": time.perf_counter() - start, "host": socket.gethostname()}
@@ -219,6 +235,8 @@ def build_index_on_ray(
     retriever_kind: str = "hybrid",
     key_layer: str = "ffn_input",
     encoding_prefix: Optional[str] = "auto",
+    key_codec: "KeyCodec | str" = "float16",
+    codec_train_keys: int = DEFAULT_TRAIN_KEYS,
     overwrite: bool = False,
 ) -> "NestIndex":
     """Build and save a NEST index with precomputed keys, embedding and encoding on Ray actors.
@@ -246,17 +264,31 @@ def build_index_on_ray(
             overhead (each task costs a few ms of scheduling).
         embedder: the embedder's folder or name (None: the bundled MiniLM);
             an embedder object cannot be sent to workers.
+        key_codec: how the shards store keys, as in :meth:`NestIndex.build
+            <nest_integrations.index.NestIndex.build>`: ``"float16"``, ``"sq8"``,
+            ``"pq<M>"``..., or a :class:`~nest_integrations.key_codec.KeyCodec`
+            (a trained one is used as it is). An untrained codec is trained on
+            the driver, on ``codec_train_keys`` entry keys of the first passages
+            encoded in chunks of 256, as the single-process build trains it, so
+            both builds get the same codec. The trade-off: the driver encodes
+            those passages (about ``codec_train_keys`` tokens) before the
+            workers start, and the workers encode them again; only the codec's
+            arrays (kilobytes to a few MB) go to the workers.
+        codec_train_keys: the codec's training sample, as in :meth:`NestIndex.build
+            <nest_integrations.index.NestIndex.build>`.
         overwrite: replace an index already at ``out``.
 
     Returns:
         The saved index, loaded from ``out`` (keys memory-mapped).
 
     Raises:
-        ValueError: an empty corpus, bad settings, a worker whose LM differs, or
-            ``out`` not replaceable (checked before any work).
+        ValueError: an empty corpus, bad settings (an unknown codec among them),
+            a worker whose LM differs, or ``out`` not replaceable (checked before any work).
         ImportError: Ray is not installed.
     """
+    from .datastore import PassageEncoder, train_on_first_passages
     from .index import FORMAT, NestIndex
+    from .key_codec import make_codec
     from .retrieval.dense import DenseRetriever
     from .safe_io import atomic_folder, check_replaceable
     from .shards import ShardedKeys, shard_name
@@ -269,6 +301,14 @@ def build_index_on_ray(
         raise ValueError("a Ray build loads the embedder on each worker: pass its folder or name, not an object")
     check_replaceable(Path(out), FORMAT, overwrite=overwrite)  # before any work, not after
     model, dtype = _lm_source(lm)
+    codec = make_codec(key_codec, lm.hidden_size) if isinstance(key_codec, str) else key_codec
+    if codec.dim != lm.hidden_size:
+        raise ValueError(f"the key codec is {codec.dim}-d, the LM's hidden size is {lm.hidden_size}")
+    if not codec.is_trained:
+        start = time.perf_counter()
+        texts = [p.text for p in passages]
+        train_on_first_passages(PassageEncoder(lm, key_layer, encoding_prefix), texts, codec, train_keys=codec_train_keys)
+        logger.info("trained the %s key codec on the driver in %.1f s", codec.spec, time.perf_counter() - start)
     embedder_name = str(embedder) if embedder is not None else None
     records = [p.to_dict() for p in passages]
     runs = [records[lo : lo + shard_passages] for lo in range(0, len(records), shard_passages)]
@@ -277,7 +317,7 @@ def build_index_on_ray(
         keys_folder = tmp / "keys"
         keys_folder.mkdir()
         tasks = [(str(keys_folder / shard_name(n)), run) for n, run in enumerate(runs)]
-        settings = (model, dtype, embedder_name, key_layer, encoding_prefix)
+        settings = (model, dtype, embedder_name, key_layer, encoding_prefix, (codec.spec, codec.arrays()))
         with _actors(ray, _BuildWorker, workers, cpus_per_worker, *settings, check=_same_lm_as(lm)) as actors:
             pool = ray.util.ActorPool(actors)
             results = list(pool.map(lambda actor, task: actor.build_shard.remote(*task), tasks))
@@ -285,7 +325,7 @@ def build_index_on_ray(
             "built %d shards on %d workers (%s) in %.1f s", len(results), len(actors),
             ", ".join(sorted({r["host"] for r in results})), time.perf_counter() - start,
         )
-        sharded = ShardedKeys.open(keys_folder, [r["record"] for r in results])
+        sharded = ShardedKeys.open(keys_folder, [r["record"] for r in results], codec=codec)
         vectors = np.concatenate(sharded.embeddings)
         dense = DenseRetriever.from_vectors(passages, vectors, embedder_name, index_factory=index_factory, show_progress=False)
         index = NestIndex(lm, passages, dense, retriever_kind=retriever_kind, key_layer=key_layer, encoding_prefix=encoding_prefix)
