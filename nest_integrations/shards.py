@@ -127,8 +127,9 @@ class ShardedKeys:
         widths = {s.key_width for s in shards}
         if len(widths) != 1:
             raise ValueError(f"shards disagree on the key width: {sorted(widths)}")
-        if any(s.codec is not shards[0].codec for s in shards):
-            raise ValueError("shards must share one key codec")
+        first = shards[0].codec
+        if any(s.codec.spec != first.spec or s.codec.compresses and s.codec is not first for s in shards):
+            raise ValueError("shards must share one key codec (codes: one trained codec object)")
         self.folder = folder
         self.shards = list(shards)
         self.embeddings = list(embeddings)
