@@ -1,5 +1,6 @@
-"""Ray: a build on a local two-CPU cluster equals the single-process build; batch generation
-on Ray keeps the input order and equals the in-process run.
+"""Ray: a build on a local two-CPU cluster equals the single-process build, with float16 keys
+and with coded keys (sq8, pq8); batch generation on Ray keeps the input order and equals the
+in-process run.
 
 One local cluster (``ray.init(num_cpus=2)``) serves the whole module. The LM is
 the tiny random Llama, saved to a folder so that workers load it by path.
@@ -66,15 +67,19 @@ def single(corpus, path_lm):
     return NestIndex.build(corpus, path_lm, precompute_keys=True, show_progress=False)
 
 
-@pytest.fixture(scope="module")
-def on_ray(cluster, corpus_file, tiny_path, path_lm, tmp_path_factory):
+def build_with_cli(corpus_file, tiny_path, out, *options: str) -> None:
     """``nest index build --ray`` (which calls :func:`build_index_on_ray`), two workers, shards of 4 passages."""
-    out = tmp_path_factory.mktemp("built") / "index"
     result = CliRunner().invoke(app, [
         "index", "build", str(corpus_file), "--out", str(out), "--model", str(tiny_path), "--max-tokens", "0",
-        "--ray", "--workers", "2", "--shard-passages", "4",
+        "--ray", "--workers", "2", "--shard-passages", "4", *options,
     ])
     assert result.exit_code == 0, result.output
+
+
+@pytest.fixture(scope="module")
+def on_ray(cluster, corpus_file, tiny_path, path_lm, tmp_path_factory):
+    out = tmp_path_factory.mktemp("built") / "index"
+    build_with_cli(corpus_file, tiny_path, out)
     return NestIndex.load(out, path_lm), out
 
 
@@ -98,6 +103,79 @@ def test_ray_build_equals_the_single_process_build(single, on_ray, corpus):
         got, want = index.retrieve(query, 5), single.retrieve(query, 5)
         assert [p.id for p, _ in got] == [p.id for p, _ in want]
         np.testing.assert_allclose([s for _, s in got], [s for _, s in want], atol=1e-5)
+
+
+@pytest.fixture(scope="module", params=["sq8", "pq8"])
+def coded(request, cluster, corpus, corpus_file, tiny_path, path_lm, tmp_path_factory):
+    """(codec, the single-process coded build, the coded Ray build loaded, its folder): sq8 through
+    ``nest index build --ray --key-compression``, pq8 through :func:`build_index_on_ray`; shards of
+    4 passages on two workers, as ``on_ray``."""
+    codec = request.param
+    out = tmp_path_factory.mktemp(f"built-{codec}") / "index"
+    if codec == "sq8":
+        build_with_cli(corpus_file, tiny_path, out, "--key-compression", codec)
+    else:
+        build_index_on_ray(corpus, path_lm, out, workers=2, shard_passages=4, key_codec=codec)
+    local = NestIndex.build(corpus, path_lm, precompute_keys=True, show_progress=False, key_codec=codec)
+    return codec, local, NestIndex.load(out, path_lm), out
+
+
+def test_a_coded_ray_build_equals_the_coded_single_process_build(coded, single, on_ray, corpus):
+    codec, local, index, out = coded
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["key_codec"] == codec and [s["passages"] for s in manifest["key_shards"]] == [4, 4, 2]
+    assert any(rel.startswith("keys/codec/") for rel in manifest["checksums"])
+    a, b = local.datastore.precomputed, index.datastore.precomputed
+    assert a.codec.spec == b.codec.spec == codec
+    # The driver encodes the first passages in the chunks the single-process build uses, so both train
+    # the same codec from the same sample.
+    for name, array in a.codec.arrays().items():
+        np.testing.assert_array_equal(array, b.codec.arrays()[name])
+    assert (a.num_tokens, a.num_entries) == (b.num_tokens, b.num_entries)
+    float_local, float_ray = single.datastore.precomputed, on_ray[0].datastore.precomputed
+    for i in range(len(corpus)):
+        x, y = a.passage(i), b.passage(i)
+        assert np.array_equal(x.token_ids, y.token_ids) and np.array_equal(x.valid, y.valid)
+        assert x.keys.dtype == y.keys.dtype == np.uint8
+        # Codes are a function of the float16 keys and the (equal) codec. The float16 keys of the two
+        # builds agree within a rounding step, not bitwise (shards batch other passages together; see
+        # test_ray_build_equals_the_single_process_build), and a key a rounding step away may fall into
+        # the next sq8 bucket or, near a boundary, the next PQ centroid. So: the codes are the same on
+        # every row whose float16 keys are the same in both float16 builds, and sq8 codes move by at
+        # most one step on the others.
+        same_keys = (float_local.passage(i).keys == float_ray.passage(i).keys).all(axis=1)
+        assert np.array_equal(x.keys[same_keys], y.keys[same_keys])
+        if codec == "sq8":
+            assert np.abs(x.keys.astype(np.int16) - y.keys.astype(np.int16)).max(initial=0) <= 1
+    for query in QUERIES:
+        got, want = index.retrieve(query, 5), local.retrieve(query, 5)
+        assert [p.id for p, _ in got] == [p.id for p, _ in want]
+    # The shards are searched as one datastore: the same top-5 entries over every passage.
+    queries = torch.randn(4, a.codec.dim, generator=torch.Generator().manual_seed(0))
+    everything = list(range(len(corpus)))
+    got, want = index.datastore.candidates(everything).search(queries, 5), local.datastore.candidates(everything).search(queries, 5)
+    assert torch.equal(got.entries, want.entries)
+
+
+def test_a_coded_sharded_index_saves_again_and_loads_memory_mapped(coded, path_lm, tmp_path):
+    codec, _, index, _ = coded
+    again = NestIndex.load(index.save(tmp_path / "copy"), path_lm)
+    keys = again.datastore.precomputed
+    assert isinstance(keys.shards[0].keys, np.memmap) and keys.codec.spec == codec
+    for name, array in index.datastore.precomputed.codec.arrays().items():
+        np.testing.assert_array_equal(array, keys.codec.arrays()[name])
+    assert np.array_equal(keys.passage(9).keys, index.datastore.precomputed.passage(9).keys)
+    assert again.info()["key_codec"] == codec and again.info()["key_shards"] == 3
+    for query in QUERIES:
+        assert [p.id for p, _ in again.retrieve(query, 5)] == [p.id for p, _ in index.retrieve(query, 5)]
+
+
+def test_a_codec_that_cannot_be_trained_or_fit_is_refused_before_any_work(corpus, path_lm, tmp_path):
+    with pytest.raises(ValueError, match="divides the key width 64"):
+        build_index_on_ray(corpus, path_lm, tmp_path / "index", key_codec="pq7")
+    with pytest.raises(ValueError, match="needs at least 256 keys"):  # one passage holds fewer entries
+        build_index_on_ray(corpus[:1], path_lm, tmp_path / "index", key_codec="pq8")
+    assert not (tmp_path / "index").exists()
 
 
 def test_a_sharded_index_saves_again_and_loads_memory_mapped(on_ray, path_lm, tmp_path):
