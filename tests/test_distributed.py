@@ -133,6 +133,7 @@ def test_a_coded_ray_build_equals_the_coded_single_process_build(coded, single, 
         np.testing.assert_array_equal(array, b.codec.arrays()[name])
     assert (a.num_tokens, a.num_entries) == (b.num_tokens, b.num_entries)
     float_local, float_ray = single.datastore.precomputed, on_ray[0].datastore.precomputed
+    compared = 0
     for i in range(len(corpus)):
         x, y = a.passage(i), b.passage(i)
         assert np.array_equal(x.token_ids, y.token_ids) and np.array_equal(x.valid, y.valid)
@@ -145,8 +146,10 @@ def test_a_coded_ray_build_equals_the_coded_single_process_build(coded, single, 
         # most one step on the others.
         same_keys = (float_local.passage(i).keys == float_ray.passage(i).keys).all(axis=1)
         assert np.array_equal(x.keys[same_keys], y.keys[same_keys])
+        compared += int(same_keys.sum())
         if codec == "sq8":
             assert np.abs(x.keys.astype(np.int16) - y.keys.astype(np.int16)).max(initial=0) <= 1
+    assert compared > 0  # the rows compared code for code
     for query in QUERIES:
         got, want = index.retrieve(query, 5), local.retrieve(query, 5)
         assert [p.id for p, _ in got] == [p.id for p, _ in want]
