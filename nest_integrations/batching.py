@@ -260,19 +260,18 @@ class RowScheduler:
             return
         staying, offset = [], 0
         for row, feed in zip(rows, feeds):
-            n, kept = len(feed.tokens), feed.kept
+            n, kept, start = len(feed.tokens), feed.kept, column
+            column += n
             row.gen.stats.forward_passes += 1
             row.step = row.decoder._mix(logits[offset : offset + kept], keys[offset : offset + kept], row.gen)
             offset += kept
             if not feed.keep_all:  # a prefill: the row proposes its first token at the next step
                 row.at, row.continuation = 0, None
                 staying.append(row)
-                column += n
                 continue
             row.at, row.continuation = row.decoder._accept(row.gen, row.step, row.first, row.draft)  # type: ignore[arg-type]
             # The row keeps its token and its accepted draft; its other new columns die.
-            self.batch.owner[column + 1 + row.at : column + n] = -1
-            column += n
+            self.batch.owner[start + 1 + row.at : start + n] = -1
             if row.at:
                 self._notify(row)
             if row.gen.finished:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import numpy as np
 
 from .corpus import Passage
-from .key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, make_codec, sample_rows
+from .key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, resolve_codec, sample_rows
 from .lm import KeyReader
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -448,9 +448,9 @@ class TokenDatastore:
         """
         from tqdm.auto import tqdm
 
-        codec = make_codec(codec, self.hidden_size) if isinstance(codec, str) else (codec or self.codec)
-        if codec.dim != self.hidden_size:
-            raise ValueError(f"the key codec is {codec.dim}-d, the LM's hidden size is {self.hidden_size}")
+        if train_keys < 1:
+            raise ValueError(f"train_keys must be positive, got {train_keys}")
+        codec = resolve_codec(self.codec if codec is None else codec, self.hidden_size)
         texts = [p.text for p in self.passages]
         start = time.perf_counter()
         tokens = 0
@@ -506,9 +506,7 @@ class TokenDatastore:
         """
         if self._precomputed is not None:
             raise ValueError(f"this datastore's keys are precomputed as {self.codec.spec}; rebuild the index to change codec")
-        codec = make_codec(codec, self.hidden_size) if isinstance(codec, str) else codec
-        if codec.dim != self.hidden_size:
-            raise ValueError(f"the key codec is {codec.dim}-d, the LM's hidden size is {self.hidden_size}")
+        codec = resolve_codec(codec, self.hidden_size)
         if not codec.is_trained:
             live = sorted(self._index_by_id.values())
             rng = np.random.default_rng(seed)

@@ -288,7 +288,7 @@ def build_index_on_ray(
     """
     from .datastore import PassageEncoder, train_on_first_passages
     from .index import FORMAT, NestIndex
-    from .key_codec import make_codec
+    from .key_codec import resolve_codec
     from .retrieval.dense import DenseRetriever
     from .safe_io import atomic_folder, check_replaceable
     from .shards import ShardedKeys, shard_name
@@ -301,9 +301,7 @@ def build_index_on_ray(
         raise ValueError("a Ray build loads the embedder on each worker: pass its folder or name, not an object")
     check_replaceable(Path(out), FORMAT, overwrite=overwrite)  # before any work, not after
     model, dtype = _lm_source(lm)
-    codec = make_codec(key_codec, lm.hidden_size) if isinstance(key_codec, str) else key_codec
-    if codec.dim != lm.hidden_size:
-        raise ValueError(f"the key codec is {codec.dim}-d, the LM's hidden size is {lm.hidden_size}")
+    codec = resolve_codec(key_codec, lm.hidden_size)
     if not codec.is_trained:
         start = time.perf_counter()
         texts = [p.text for p in passages]

@@ -322,8 +322,8 @@ class ProductQuantizerCodec(_LookupTableCodec):
         self.rotation = None if rotation is None else _param(rotation, (dim, dim), "rotation")
         if rotate != (self.rotation is not None) and self.centroids is not None:
             raise ValueError(f"{self.spec}: a rotation is needed exactly when the codec is opq")
-        if self.rotation is not None and not np.allclose(self.rotation @ self.rotation.T, np.eye(dim), atol=1e-3):
-            raise ValueError(f"{self.spec}: the rotation is not orthogonal, so distances would change units")
+        if self.rotation is not None:
+            _check_orthogonal(self.rotation, self.spec)
 
     @property
     def is_trained(self) -> bool:
@@ -426,8 +426,7 @@ class SpectralPQCodec(_LookupTableCodec):
         widths = _param(widths, (self.m,), "widths")
         if (widths < 1).any() or (widths != np.round(widths)).any() or int(widths.sum()) != self.dim:
             raise ValueError(f"spq widths must be positive integers summing to {self.dim}")
-        if not np.allclose(rotation @ rotation.T, np.eye(self.dim), atol=1e-3):
-            raise ValueError(f"{self.spec}: the rotation is not orthogonal, so distances would change units")
+        _check_orthogonal(rotation, self.spec)
         self.rotation, self.centroids, self.widths = rotation, centroids, widths
         self._ends = np.cumsum(widths.astype(np.int64))
         self._starts = self._ends - widths.astype(np.int64)
@@ -530,6 +529,18 @@ def make_codec(spec: str, dim: int) -> KeyCodec:
     return ProductQuantizerCodec(dim, m, rotate=kind == "opq")
 
 
+def resolve_codec(codec: "KeyCodec | str", dim: int) -> KeyCodec:
+    """``codec`` itself, or an untrained codec from its name, checked against the key width ``dim``.
+
+    Raises:
+        ValueError: an unknown name, or a codec of another width than ``dim`` (the LM's hidden size).
+    """
+    codec = make_codec(codec, dim) if isinstance(codec, str) else codec
+    if codec.dim != dim:
+        raise ValueError(f"the key codec is {codec.dim}-d, the LM's hidden size is {dim}")
+    return codec
+
+
 def parse_spec(spec: str) -> tuple[str, int]:
     """``(kind, M)`` of a codec name (M = 0 for float16 and sq8).
 
@@ -592,6 +603,12 @@ def _param(value: np.ndarray, shape: tuple[int, ...], name: str) -> np.ndarray:
     if not np.isfinite(value).all():
         raise ValueError(f"codec parameter {name} holds non-finite values")
     return np.ascontiguousarray(value)
+
+
+def _check_orthogonal(rotation: np.ndarray, spec: str) -> None:
+    """A trained rotation must keep distances (scores stay in the keys' units)."""
+    if not np.allclose(rotation @ rotation.T, np.eye(len(rotation)), atol=1e-3):
+        raise ValueError(f"{spec}: the rotation is not orthogonal, so distances would change units")
 
 
 def _check_sample(sample: np.ndarray) -> np.ndarray:

@@ -276,3 +276,13 @@ def test_long_passages_are_encoded_whole_in_overlapping_windows(tiny_lm):
     ]
     with pytest.raises(ValueError):
         PassageEncoder(tiny_lm, max_passage_tokens=128, window_overlap=128)
+
+
+def test_precompute_refuses_a_training_sample_below_one_key_and_a_codec_of_another_width(tiny_lm, small_passages):
+    from nest_integrations.key_codec import make_codec
+
+    store = TokenDatastore(small_passages, PassageEncoder(tiny_lm))
+    with pytest.raises(ValueError, match="train_keys must be positive"):
+        store.precompute(train_keys=0, show_progress=False)  # even with float16 keys, which train nothing
+    with pytest.raises(ValueError, match="hidden size"):
+        store.precompute(codec=make_codec("sq8", tiny_lm.hidden_size * 2), show_progress=False)
