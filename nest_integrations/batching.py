@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
+from .attention import PACKED_SDPA
 from .attribution import NestOutput, TokenRecord
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -96,7 +97,7 @@ def supports_batching(model: Any) -> bool:
     if getattr(config, "attention_chunk_size", None):
         return False
     # The shared forward passes a 4-D additive mask, which these attention kernels take as it is.
-    return getattr(config, "_attn_implementation", None) in (None, "sdpa", "eager")
+    return getattr(config, "_attn_implementation", None) in (None, "sdpa", PACKED_SDPA, "eager")
 
 
 @dataclass

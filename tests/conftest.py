@@ -45,6 +45,8 @@ def make_tiny_lm(tokenizer, seed: int = 0) -> LoadedLM:
     """A 2-layer, hidden-64 random Llama over the SmolLM2 vocabulary (built in ~1 s)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from nest_integrations.attention import use_packed_sdpa
+
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -60,6 +62,7 @@ def make_tiny_lm(tokenizer, seed: int = 0) -> LoadedLM:
         pad_token_id=tokenizer.pad_token_id,
     )
     model = LlamaForCausalLM(config).eval()
+    use_packed_sdpa(model)  # as load_lm does: the batch tests run the attention the package runs
     return LoadedLM(model=model, tokenizer=tokenizer, name=f"tiny-llama-{seed}")
 
 
