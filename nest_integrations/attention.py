@@ -18,17 +18,12 @@ switches a model that runs ``sdpa`` to it; :func:`~nest_integrations.lm.load_lm`
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 __all__ = ["PACKED_SDPA", "use_packed_sdpa"]
 
 PACKED_SDPA = "nest_packed_sdpa"
 """The name under which the attention is registered with transformers' attention and mask interfaces."""
-
-_registered = False
-_register_lock = threading.Lock()
-
 
 def _packed_sdpa_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple[Any, None]:
     """transformers' ``sdpa_attention_forward``, with grouped key/value heads left to the
@@ -61,17 +56,13 @@ def _packed_sdpa_attention(module: Any, query: Any, key: Any, value: Any, attent
 
 
 def _register() -> None:
-    global _registered
-    with _register_lock:
-        if _registered:
-            return
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    """Register (again: each registration is one dict entry) with transformers' global interfaces."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-        AttentionInterface.register(PACKED_SDPA, _packed_sdpa_attention)
-        # The same masks as sdpa (a name without a mask function would get none at all).
-        AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)
-        _registered = True
+    AttentionInterface.register(PACKED_SDPA, _packed_sdpa_attention)
+    # The same masks as sdpa (a name without a mask function would get none at all).
+    AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)
 
 
 def use_packed_sdpa(model: Any) -> bool:
