@@ -25,6 +25,7 @@ __all__ = ["PACKED_SDPA", "use_packed_sdpa"]
 PACKED_SDPA = "nest_packed_sdpa"
 """The name under which the attention is registered with transformers' attention and mask interfaces."""
 
+
 def _packed_sdpa_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple[Any, None]:
     """transformers' ``sdpa_attention_forward``, with grouped key/value heads left to the
     CPU kernel when a mask is given. Shapes as there: query (B, H, Q, D), key and
