@@ -172,6 +172,7 @@ def load_lm(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .attention import use_packed_sdpa
+    from .packed_linear import use_packed_linears
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -190,6 +191,8 @@ def load_lm(
         ) from err
     model.to(device).eval()
     use_packed_sdpa(model)  # same results; a shared batch's masked attention copies no heads
+    if device == "cpu":
+        use_packed_linears(model)  # forwards of 4+ tokens 1.15-1.3x faster, for the packed weights' memory
     # Small LMs produce denormal activations; on x86 CPUs each op on them is
     # ~10x slower (measured: SmolLM2 encodes 96 -> 776 tokens/s on 2 cores).
     # Flushing them to zero changes no result that matters and is process-wide.

@@ -46,6 +46,7 @@ def make_tiny_lm(tokenizer, seed: int = 0) -> LoadedLM:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from nest_integrations.attention import use_packed_sdpa
+    from nest_integrations.packed_linear import use_packed_linears
 
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -62,7 +63,8 @@ def make_tiny_lm(tokenizer, seed: int = 0) -> LoadedLM:
         pad_token_id=tokenizer.pad_token_id,
     )
     model = LlamaForCausalLM(config).eval()
-    use_packed_sdpa(model)  # as load_lm does: the batch tests run the attention the package runs
+    use_packed_sdpa(model)  # as load_lm does: the batch tests run the attention and linears the package runs
+    use_packed_linears(model)
     return LoadedLM(model=model, tokenizer=tokenizer, name=f"tiny-llama-{seed}")
 
 
