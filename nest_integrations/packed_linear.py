@@ -30,7 +30,6 @@ in place (its version counter).
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import torch
 
@@ -80,8 +79,7 @@ class PackedLinear(torch.nn.Linear):
         cached = _packed.get(self)
         if cached is not None and cached[0] == state:
             return cached[1]
-        with torch.no_grad():
-            packed = torch.ops.mkl._mkl_reorder_linear_weight(self.weight.detach(), MIN_PACKED_ROWS)
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(self.weight.detach(), MIN_PACKED_ROWS)
         _packed[self] = (state, packed)
         return packed
 
