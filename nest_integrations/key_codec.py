@@ -46,6 +46,7 @@ from __future__ import annotations
 import logging
 import re
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
@@ -70,6 +71,11 @@ GATHER_ELEMENTS = 1 << 22
 OPQ_ITERATIONS = 20
 """Rotation updates of OPQ training (FAISS's default is 50): each runs a few PQ k-means
 iterations, so OPQ training costs several PQ trainings; fewer iterations, a less tuned rotation."""
+
+ENERGY_HEADROOM = 4.0
+"""spq's error levels reach this many times the largest squared error of the training keys: keys
+the codec never saw are coded worse than its training sample (1.6x at the 99th percentile on the
+tiny test model's 1,024 training keys); a wider range costs resolution (~3% per level at 1,000x)."""
 
 _SPEC = re.compile(r"^(?P<kind>float16|sq8|pq|opq|spq)(?P<m>[0-9]+)?$")
 CODEC_HELP = "float16 (none), sq8, pq<M>, opq<M> (M bytes per token; M divides the hidden size) or spq<M> (M bytes, any M up to the hidden size)"
@@ -372,62 +378,98 @@ class ProductQuantizerCodec(_LookupTableCodec):
         return out
 
 
-class SpectralPQCodec(_LookupTableCodec):
-    """Product quantization in the keys' PCA basis, sub-spaces sized by the spectrum (``spq<M>``).
+@dataclass(frozen=True)
+class _SpectralBlock:
+    """Search form of spq rows: lookup-table indices of the sub-space codes, and each row's
+    stored squared reconstruction error (float32 (n,))."""
 
-    Keys are rotated onto their principal axes (orthogonal, so scores keep
-    their units), then cut into ``m`` runs of consecutive axes, each coded by
-    one byte (256 k-means centroids). Plain PQ gives every sub-space the same
-    width, so a byte covers strong and weak directions alike; here the widths
-    follow reverse water-filling on the eigenvalues (the rate allocation that
-    minimises the squared error of Gaussian keys at ``8 * m`` bits): each run
-    carries about the same share of bits, so the leading axes get narrow
-    sub-spaces (1-2 of SmolLM2's 576 dimensions) and the weak tail wide ones
-    (~10). ``m`` need not divide ``d`` (any 1 <= m <= d). On ``nest bench-keys``
-    (8,462 training keys, 576-d) spq144 finds the float16 nearest entry for
-    89.6% of decoding queries (pq144: 87.2%, opq144: 88.3%) with a third less
-    top-1 distance error than pq144; training is one eigendecomposition plus
-    ``m`` small k-means (no OPQ-style alternation), ~1.5 min; a query's table
-    costs ~2x pq144's (2.1 ms against 1.0 ms per decoding step over ~600 tokens).
+    codes: "torch.Tensor"
+    residual_energy: "torch.Tensor"
+
+
+class SpectralPQCodec(_LookupTableCodec):
+    """Product quantization in the keys' PCA basis, weighted by the spectrum, plus each key's error (``spq<M>``).
+
+    A row is ``M`` bytes: ``M - 1`` sub-space codes and one byte for the
+    key's squared reconstruction error ``||k - k~||^2``.
+
+    * **Sub-spaces.** Keys are rotated onto their principal axes (orthogonal, so
+      scores keep their units), then cut into ``M - 1`` runs of consecutive axes,
+      each coded by one byte (256 centroids). The widths follow reverse
+      water-filling (:func:`spectral_widths`), so the leading axes get narrow
+      sub-spaces and the weak tail wide ones; ``M`` need not divide ``d``.
+    * **Metric.** Centroids are trained, and keys encoded, in the metric that
+      weights axis ``i`` by its variance ``lambda_i``. A ranking error of a
+      candidate ``k`` is ``2 (q - k) . (k - k~)``, and ``q - k`` for a decoding
+      query and its nearest candidates spreads along the axes roughly as the
+      keys do (measured: like ``lambda^0.76``), so bits go where that product is
+      large; water-filling runs on ``lambda^2``, the weighted variances.
+    * **Error byte.** ``||q - k||^2 = ||q - k~||^2 + 2 (q - k~) . (k~ - k) + ||k - k~||^2``:
+      the middle term averages out, the last does not, and it is largest for the
+      outlying keys that codes pull towards the bulk (they would look closer than
+      they are). Each row stores it on a 256-level logarithmic scale
+      (``energy_levels``), and :meth:`squared_norms` adds it to ``||k~||^2``.
+
+    Measured on ``nest bench-keys`` (8,462 training keys, 576-d, 384 decoding
+    queries): spq144 finds the float16 nearest entry for 93% of the queries
+    (plain spectral PQ without the weighting and the error byte 89.6%, pq144
+    87.2%, opq144 88.3%); README section *Compressed keys*. Training is one
+    eigendecomposition plus ``M - 1`` small k-means (no OPQ-style alternation).
 
     Args:
         dim: key width ``d``.
-        m: sub-quantizers, i.e. bytes per token.
+        m: bytes per token (``2 <= m <= d``).
         rotation: trained orthogonal float32 (d, d), rows the principal axes by
             falling variance, ``x_rot = x @ rotation.T``; or None (untrained).
+        spectrum: trained float32 (d,): the variance along each axis (the
+            metric's weights), positive and falling.
         centroids: trained float32 (256, d): column block ``j`` (``widths[j]``
-            columns, in order) holds sub-space ``j``'s 256 centroids.
-        widths: trained float32 (m,) of positive integers summing to ``d``.
+            columns, in order) holds sub-space ``j``'s 256 centroids, in the
+            rotated (unweighted) coordinates.
+        widths: trained float32 (m - 1,) of positive integers summing to ``d``.
+        energy_levels: trained float32 (256,), non-negative and rising: the
+            squared errors the error byte stands for.
 
-    Scored as :class:`_LookupTableCodec`; a query's lookup table costs one
-    elementwise product with the (256, d) centroids and a cumulative sum over
-    the columns.
+    Scored as :class:`_LookupTableCodec` over the ``m - 1`` codes; a query's
+    lookup table costs one elementwise product with the (256, d) centroids and
+    a cumulative sum over the columns.
     """
 
     def __init__(
         self, dim: int, m: int, *,
-        rotation: np.ndarray | None = None, centroids: np.ndarray | None = None, widths: np.ndarray | None = None,
+        rotation: np.ndarray | None = None, spectrum: np.ndarray | None = None, centroids: np.ndarray | None = None,
+        widths: np.ndarray | None = None, energy_levels: np.ndarray | None = None,
     ):
         _check_dim(dim)
-        if not 1 <= m <= dim:
-            raise ValueError(f"spq needs 1 <= M <= the key width {dim}; got M={m}")
-        self.spec, self.dim, self.m = f"spq{m}", dim, m
+        if not 2 <= m <= dim:
+            raise ValueError(f"spq needs 2 <= M <= the key width {dim}; got M={m}")
+        self.spec, self.dim = f"spq{m}", dim
+        self.m = m - 1  # sub-quantizers; the last byte is the error
         self.code_dtype, self.code_width = np.dtype(np.uint8), m
-        given = [rotation is not None, centroids is not None, widths is not None]
+        trained = {"rotation": rotation, "spectrum": spectrum, "centroids": centroids, "widths": widths, "energy_levels": energy_levels}
+        given = [value is not None for value in trained.values()]
         if any(given) and not all(given):
-            raise ValueError("spq needs rotation, centroids and widths, or none of them")
-        self.rotation = self.centroids = self.widths = None
+            raise ValueError(f"spq needs {', '.join(trained)}, or none of them")
+        self.rotation = self.spectrum = self.centroids = self.widths = self.energy_levels = None
         if all(given):
-            self._set_trained(rotation, centroids, widths)
+            self._set_trained(**trained)
 
-    def _set_trained(self, rotation: np.ndarray, centroids: np.ndarray, widths: np.ndarray) -> None:
+    def _set_trained(
+        self, rotation: np.ndarray, spectrum: np.ndarray, centroids: np.ndarray, widths: np.ndarray, energy_levels: np.ndarray
+    ) -> None:
         rotation = _param(rotation, (self.dim, self.dim), "rotation")
+        spectrum = _param(spectrum, (self.dim,), "spectrum")
         centroids = _param(centroids, (PQ_CENTROIDS, self.dim), "centroids")
         widths = _param(widths, (self.m,), "widths")
+        energy_levels = _param(energy_levels, (PQ_CENTROIDS,), "energy_levels")
         if (widths < 1).any() or (widths != np.round(widths)).any() or int(widths.sum()) != self.dim:
             raise ValueError(f"spq widths must be positive integers summing to {self.dim}")
+        if (spectrum <= 0).any():
+            raise ValueError("spq spectrum must be positive")
+        if (energy_levels < 0).any() or (np.diff(energy_levels) < 0).any():
+            raise ValueError("spq energy_levels must be non-negative and rising")
         _check_orthogonal(rotation, self.spec)
-        self.rotation, self.centroids, self.widths = rotation, centroids, widths
+        self.rotation, self.spectrum, self.centroids, self.widths, self.energy_levels = rotation, spectrum, centroids, widths, energy_levels
         self._ends = np.cumsum(widths.astype(np.int64))
         self._starts = self._ends - widths.astype(np.int64)
 
@@ -439,26 +481,63 @@ class SpectralPQCodec(_LookupTableCodec):
         sample = _check_sample(self._check_keys(sample)).astype(np.float64)
         eigenvalues, axes = np.linalg.eigh(np.cov(sample, rowvar=False))
         order = np.argsort(eigenvalues)[::-1]
+        spectrum = np.maximum(eigenvalues[order], 1e-9 * max(eigenvalues[order[0]], 1e-30))
         rotation = np.ascontiguousarray(axes[:, order].T, dtype=np.float32)
-        widths = spectral_widths(eigenvalues[order], self.m)
-        rotated = np.ascontiguousarray(sample @ rotation.T.astype(np.float64), dtype=np.float32)
+        widths = spectral_widths(spectrum**2, self.m)
+        scale = np.sqrt(spectrum)
+        weighted = np.ascontiguousarray((sample @ rotation.T.astype(np.float64)) * scale, dtype=np.float32)
         ends = np.cumsum(widths)
-        centroids = np.concatenate([_kmeans(rotated[:, b - w : b]) for b, w in zip(ends, widths)], axis=1)
-        self._set_trained(rotation, centroids, widths.astype(np.float32))
+        centroids = np.concatenate([_kmeans(weighted[:, b - w : b]) / scale[b - w : b] for b, w in zip(ends, widths)], axis=1)
+        self._set_trained(rotation, spectrum.astype(np.float32), centroids.astype(np.float32), widths.astype(np.float32), np.zeros(PQ_CENTROIDS, np.float32))
+        energies = self._codes_and_energies(sample.astype(np.float32))[1]
+        positive = energies[energies > 0]
+        low = float(positive.min()) if len(positive) else 1e-6
+        high = ENERGY_HEADROOM * max(float(energies.max()), low)
+        self.energy_levels = np.geomspace(low, high, PQ_CENTROIDS).astype(np.float32)
+
+    def _codes_and_energies(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """uint8 (n, m - 1) nearest centroids in the weighted metric, float32 (n,) squared errors."""
+        rotated = keys @ self.rotation.T
+        codes = np.empty((len(rotated), self.m), dtype=np.uint8)
+        energies = np.zeros(len(rotated), dtype=np.float32)
+        for j, (a, b) in enumerate(zip(self._starts, self._ends)):
+            sub, cents, weights = rotated[:, a:b], self.centroids[:, a:b], self.spectrum[a:b]
+            half_sq = 0.5 * (cents * cents) @ weights
+            for lo in range(0, len(sub), 16_384):  # nearest centroid: argmax of x.W.c - c.W.c / 2
+                part = sub[lo : lo + 16_384]
+                chosen = np.argmax((part * weights) @ cents.T - half_sq, axis=1)
+                codes[lo : lo + 16_384, j] = chosen
+                energies[lo : lo + 16_384] += ((part - cents[chosen]) ** 2).sum(1)
+        return codes, energies
 
     def encode(self, keys: np.ndarray) -> np.ndarray:
         self._check_trained()
-        rotated = self._check_keys(keys) @ self.rotation.T
-        codes = np.empty((len(rotated), self.m), dtype=np.uint8)
-        for j, (a, b) in enumerate(zip(self._starts, self._ends)):
-            sub, cents = rotated[:, a:b], self.centroids[:, a:b]
-            half_sq = 0.5 * (cents * cents).sum(1)
-            for lo in range(0, len(sub), 16_384):  # nearest centroid: argmax of x.c - |c|^2 / 2
-                codes[lo : lo + 16_384, j] = np.argmax(sub[lo : lo + 16_384] @ cents.T - half_sq, axis=1)
-        return codes
+        codes, energies = self._codes_and_energies(self._check_keys(keys))
+        return np.ascontiguousarray(np.concatenate([codes, self._energy_bytes(energies)[:, None]], axis=1))
+
+    def _energy_bytes(self, energies: np.ndarray) -> np.ndarray:
+        """uint8 (n,): the nearest level of each squared error on the levels' logarithmic scale."""
+        log_levels = np.log(np.maximum(self.energy_levels, 1e-30))
+        midpoints = 0.5 * (log_levels[1:] + log_levels[:-1])
+        return np.searchsorted(midpoints, np.log(np.maximum(energies, 1e-30))).astype(np.uint8)
+
+    def prepare(self, rows: np.ndarray) -> _SpectralBlock:
+        import torch
+
+        rows = np.asarray(rows)
+        assert rows.ndim == 2 and rows.shape[1] == self.code_width and rows.dtype == np.uint8, (rows.shape, rows.dtype)
+        self._check_trained()
+        return _SpectralBlock(super().prepare(rows[:, :-1]), torch.from_numpy(self.energy_levels[rows[:, -1]]))
+
+    def inner_products(self, queries: "torch.Tensor", block: _SpectralBlock) -> "torch.Tensor":
+        return super().inner_products(queries, block.codes)
+
+    def squared_norms(self, block: _SpectralBlock) -> "torch.Tensor":
+        """``||k~||^2`` plus the stored squared error: ``||q||^2 - 2 q.k~ +`` this estimates ``||q - k||^2``."""
+        return super().squared_norms(block.codes) + block.residual_energy
 
     def _segment_sums(self, per_column: "torch.Tensor") -> "torch.Tensor":
-        """(..., m): sums of the last axis (d columns) over each sub-space's columns."""
+        """(..., m - 1): sums of the last axis (d columns) over each sub-space's columns."""
         import torch
 
         totals = per_column.cumsum(-1).index_select(-1, torch.from_numpy(self._ends - 1))
@@ -483,7 +562,10 @@ class SpectralPQCodec(_LookupTableCodec):
 
     def arrays(self) -> dict[str, np.ndarray]:
         self._check_trained()
-        return {"rotation": self.rotation, "centroids": self.centroids, "widths": self.widths}
+        return {
+            "rotation": self.rotation, "spectrum": self.spectrum, "centroids": self.centroids,
+            "widths": self.widths, "energy_levels": self.energy_levels,
+        }
 
 
 def spectral_widths(eigenvalues: np.ndarray, m: int) -> np.ndarray:
@@ -569,7 +651,7 @@ def codec_from_arrays(spec: str, dim: int, arrays: Mapping[str, np.ndarray]) -> 
     if kind == "sq8":
         return ScalarQuantizer8Codec(dim, vmin=arrays["vmin"], vdiff=arrays["vdiff"])
     if kind == "spq":
-        return SpectralPQCodec(dim, m, rotation=arrays["rotation"], centroids=arrays["centroids"], widths=arrays["widths"])
+        return SpectralPQCodec(dim, m, **arrays)
     return ProductQuantizerCodec(dim, m, rotate=kind == "opq", centroids=arrays["centroids"], rotation=arrays.get("rotation"))
 
 
@@ -578,7 +660,7 @@ def saved_array_names(spec: str) -> tuple[str, ...]:
     kind, _ = parse_spec(spec)
     return {
         "float16": (), "sq8": ("vmin", "vdiff"), "pq": ("centroids",), "opq": ("centroids", "rotation"),
-        "spq": ("centroids", "rotation", "widths"),
+        "spq": ("centroids", "energy_levels", "rotation", "spectrum", "widths"),
     }[kind]
 
 

@@ -54,7 +54,7 @@ def _noisy_queries(encoded, count=200, scale=0.3, seed=0):
 
 
 def _spq_decoded(codec, codes):
-    """The keys spq codes stand for: each sub-space's centroid columns, rotated back."""
+    """The keys spq codes stand for: each sub-space's centroid columns, rotated back (the last byte is the error)."""
     ends = np.cumsum(codec.widths.astype(int))
     rotated = np.zeros((len(codes), codec.dim), dtype=np.float32)
     for j, (start, end) in enumerate(zip(ends - codec.widths.astype(int), ends)):
@@ -94,14 +94,16 @@ def test_adc_scores_are_those_of_the_keys_the_codes_stand_for_and_approximate_th
         decoded = quantizer.decode(codes)
     elif spec == "spq16":
         decoded = _spq_decoded(codec, codes)
+        energy = torch.from_numpy(codec.energy_levels[codes[:, -1]])
     else:
         pq = faiss.ProductQuantizer(64, 16, 8)
         faiss.copy_array_to_vector(codec.centroids.ravel(), pq.centroids)
         decoded = pq.decode(codes) @ (codec.rotation if codec.rotation is not None else np.eye(64, dtype=np.float32))
     decoded = torch.from_numpy(np.ascontiguousarray(decoded, dtype=np.float32))
-    # Asymmetric distance computation is exact for the reconstructed keys ...
+    # Asymmetric distance computation is exact for the reconstructed keys (plus spq's stored error) ...
     torch.testing.assert_close(codec.inner_products(queries, block), queries @ decoded.T, rtol=1e-4, atol=1e-3)
-    torch.testing.assert_close(codec.squared_norms(block), (decoded**2).sum(-1), rtol=1e-4, atol=1e-3)
+    expected_sq = (decoded**2).sum(-1) + (energy if spec == "spq16" else 0.0)
+    torch.testing.assert_close(codec.squared_norms(block), expected_sq, rtol=1e-4, atol=1e-3)
     # ... and close to the float16 keys' distances, in the same units.
     exact = torch.cdist(queries, torch.from_numpy(keys)) ** 2
     approx = (queries**2).sum(-1, keepdim=True) - 2 * codec.inner_products(queries, block) + codec.squared_norms(block)
@@ -128,7 +130,7 @@ def test_a_codec_with_shuffled_centroids_fails_the_agreement_floor(corpus, train
 
 
 def test_codec_configuration_is_validated():
-    for spec in ("pq7", "pq", "opq0", "sq4", "int8", "sq8x", "spq", "spq0", "spq65"):
+    for spec in ("pq7", "pq", "opq0", "sq4", "int8", "sq8x", "spq", "spq0", "spq1", "spq65"):
         with pytest.raises(ValueError, match="key codec|divides|M <="):
             make_codec(spec, 64)
     with pytest.raises(ValueError, match="at least 256 keys"):
@@ -141,12 +143,21 @@ def test_codec_configuration_is_validated():
         codec_from_arrays("pq16", 64, {"centroids": np.zeros((16, 256, 2), dtype=np.float32)})
     with pytest.raises(ValueError, match="not orthogonal"):
         ProductQuantizerCodec(64, 16, rotate=True, centroids=np.zeros((16, 256, 4), np.float32), rotation=np.ones((64, 64), np.float32))
-    spq = {"rotation": np.eye(64, dtype=np.float32), "centroids": np.zeros((256, 64), np.float32), "widths": np.full(4, 16, np.float32)}
-    assert codec_from_arrays("spq4", 64, spq).bytes_per_key == 4
+    spq = {
+        "rotation": np.eye(64, dtype=np.float32), "spectrum": np.ones(64, np.float32), "centroids": np.zeros((256, 64), np.float32),
+        "widths": np.full(4, 16, np.float32), "energy_levels": np.geomspace(0.01, 10, 256).astype(np.float32),
+    }
+    assert codec_from_arrays("spq5", 64, spq).bytes_per_key == 5
     with pytest.raises(ValueError, match="summing to 64"):
-        codec_from_arrays("spq4", 64, {**spq, "widths": np.array([16, 16, 16, 15], np.float32)})
-    with pytest.raises(ValueError, match="rotation, centroids and widths"):
-        SpectralPQCodec(64, 4, rotation=spq["rotation"])
+        codec_from_arrays("spq5", 64, {**spq, "widths": np.array([16, 16, 16, 15], np.float32)})
+    with pytest.raises(ValueError, match="non-negative and rising"):
+        codec_from_arrays("spq5", 64, {**spq, "energy_levels": spq["energy_levels"][::-1].copy()})
+    with pytest.raises(ValueError, match="spectrum must be positive"):
+        codec_from_arrays("spq5", 64, {**spq, "spectrum": np.zeros(64, np.float32)})
+    with pytest.raises(ValueError, match="saved as"):  # an spq codec saved before the error byte
+        codec_from_arrays("spq5", 64, {k: spq[k] for k in ("rotation", "centroids", "widths")})
+    with pytest.raises(ValueError, match="or none of them"):
+        SpectralPQCodec(64, 5, rotation=spq["rotation"])
 
 
 def test_spectral_widths_follow_the_spectrum():
@@ -176,6 +187,27 @@ def test_spq_agreement_beats_plain_pq_at_equal_bytes():
         approx = (-2 * codec.inner_products(queries, block) + codec.squared_norms(block)).argmin(1)
         agreement[spec] = float((approx == exact).float().mean())
     assert agreement["spq8"] > agreement["pq8"] + 0.1, agreement  # measured 0.58 vs 0.34 on 4,096 training keys
+
+
+def test_spq_error_byte_holds_each_keys_squared_error_and_unbiases_distances(corpus, trained):
+    codec = trained["spq16"]
+    keys = np.concatenate([e.keys[e.valid] for e in corpus[2]]).astype(np.float32)
+    codes = codec.encode(keys)
+    error = ((_spq_decoded(codec, codes) - keys) ** 2).sum(1)
+    stored = codec.energy_levels[codes[:, -1]]
+    inside = (error >= codec.energy_levels[0]) & (error <= codec.energy_levels[-1])
+    half_step = 0.5 * np.log(codec.energy_levels[-1] / codec.energy_levels[0]) / 255
+    assert inside.mean() > 0.99
+    assert np.abs(np.log(stored[inside] / error[inside])).max() <= half_step + 1e-4
+    # ||q - k||^2 = ||q - k~||^2 + 2 (q - k~).(k~ - k) + ||k - k~||^2: without the last term the codes'
+    # distances run short on average; with it they are right on average.
+    queries = _noisy_queries(corpus[2], count=64)
+    block = codec.prepare(codes)
+    exact = torch.cdist(queries, torch.from_numpy(keys)) ** 2
+    with_error = (queries**2).sum(-1, keepdim=True) - 2 * codec.inner_products(queries, block) + codec.squared_norms(block)
+    without = with_error - block.residual_energy
+    assert abs(float(with_error.mean() / exact.mean()) - 1) < 0.02
+    assert float(without.mean() / exact.mean()) < 1 - 0.02
 
 
 def test_lazy_and_precomputed_compressed_keys_give_the_same_neighbours(corpus, trained, tiny_lm):
