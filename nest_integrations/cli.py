@@ -571,6 +571,9 @@ def bench_keys(
     seed: int = typer.Option(0, help="Sampling seed of the prompts and the training sample."),
     max_new_tokens: int = typer.Option(64, help="Tokens the LM writes per prompt (queries per prompt)."),
     sample_passages: int = typer.Option(384, help="Corpus passages encoded to train every codec."),
+    queries: str = typer.Option(
+        "base,nest", help="Comma-separated modes whose answers give the queries: base (the LM alone, far from the corpus), nest (the decoder's own)."
+    ),
     out: Path = typer.Option(Path("runs/bench-keys"), help="Output folder (key_bench.json, key_bench.md)."),
 ) -> None:
     """Compressed keys vs float16: bytes per token, neighbour agreement, lambda change, search speed."""
@@ -580,7 +583,8 @@ def bench_keys(
     try:
         run_key_bench(
             index, codecs=[c.strip() for c in codecs.split(",") if c.strip()], n=n, seed=seed,
-            max_new_tokens=max_new_tokens, sample_passages=sample_passages, out_dir=out,
+            max_new_tokens=max_new_tokens, sample_passages=sample_passages,
+            query_modes=[q.strip() for q in queries.split(",") if q.strip()], out_dir=out,
         )
     except ValueError as err:
         _fail(str(err))

@@ -16,11 +16,12 @@ generation's retrieved passages -- without reconstructing them:
 * ``opq<M>``: ``pq<M>`` after a learned orthogonal rotation (FAISS OPQ), which
   spreads variance evenly over the sub-spaces; same bytes, better agreement,
   slower training.
-* ``spq<M>``: ``M`` bytes of product quantization in the keys' PCA basis, with
-  sub-spaces sized by the spectrum (narrow for the strong axes, wide for the
-  weak ones; ``M`` need not divide ``d``): at the same bytes, better top-1
-  agreement and a third less distance error than ``pq<M>`` on SmolLM2 keys,
-  training in the time of ``pq<M>``, scoring about twice as slow
+* ``spq<M>``: ``M - 1`` bytes of product quantization in the keys' PCA basis,
+  with sub-spaces sized by the spectrum (narrow for the strong axes, wide for
+  the weak ones; ``M`` need not divide ``d``) and trained in a metric weighted
+  by it, plus one byte for each key's squared reconstruction error: at the same
+  bytes, the best top-1 agreement of these codecs on SmolLM2 keys, training in
+  less time than ``pq<M>``, scoring about twice as slow
   (:class:`SpectralPQCodec`).
 
 Every codec exposes the same two quantities, from which the candidate set
@@ -28,7 +29,8 @@ computes squared L2 distances in the keys' own units (see
 :meth:`nest_integrations.datastore.CandidateSet.search`):
 
 * ``inner_products(queries, block)``: ``q . k~`` for every query and row;
-* ``squared_norms(block)``: ``||k~||^2`` per row;
+* ``squared_norms(block)``: ``||k~||^2`` per row (for ``spq``, plus the row's
+  stored squared error ``||k - k~||^2``);
 
 where ``k~`` is the key the codes stand for (the rotation is orthogonal, so it
 changes neither). ``||q - k~||^2 = ||q||^2 - 2 q.k~ + ||k~||^2``: the RRC
@@ -127,7 +129,8 @@ class KeyCodec(ABC):
 
     @abstractmethod
     def squared_norms(self, block: Any) -> "torch.Tensor":
-        """float32 (n,): ``||k~||^2`` of a prepared block."""
+        """float32 (n,): the row term of ``||q - k||^2``: ``||k~||^2`` of a prepared block,
+        plus the stored squared error where the codec keeps one (``spq``)."""
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Trained parameters by name (float32, C-contiguous), what is saved."""
