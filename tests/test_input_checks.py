@@ -173,8 +173,12 @@ def test_chunked_score_equals_unchunked(nest_decoder, mode):
     chunked_decoder.SCORE_CHUNK = 7
     chunked = chunked_decoder.score("Minutes:", continuation, **kwargs)
     assert chunked.token_ids == whole.token_ids
-    for name in ("logp_mixture", "logp_lm", "lam", "ratio"):
+    for name in ("logp_lm", "lam", "ratio"):
         torch.testing.assert_close(getattr(chunked, name), getattr(whole, name), rtol=1e-5, atol=1e-5)
+    # The kNN distances are float32 products whose rounding depends on how many query rows they
+    # get (BLAS picks kernels by shape; d_min / d_max moves by ~3e-7 between chunks of 7 and 61 on
+    # some CPUs), and the kNN softmax's temperature amplifies that in log p_M (up to 4e-5 seen).
+    torch.testing.assert_close(chunked.logp_mixture, whole.logp_mixture, rtol=1e-4, atol=1e-4)
     # the chunked LM head reproduces the model's own logits
     assert decoder._head_reproduces_logits()
     full_logits = NestDecoder(decoder.lm, decoder.datastore)

@@ -103,7 +103,7 @@ def _fastest_search_s(candidates: CandidateSet, query: torch.Tensor, k: int) -> 
 
 
 def _compare(reference: Any, approx: Any, k_overlap: int, alpha: float, tau: float) -> dict[str, np.ndarray]:
-    """Per-query agreement of two :class:`Neighbours` over the same entries (``reference``: all of them)."""
+    """Per-query agreement of two :class:`Neighbours` over the same entries."""
     top1 = (approx.entries[:, 0] == reference.entries[:, 0]).numpy()
     top1_value = (approx.values[:, 0] == reference.values[:, 0]).numpy()
     ref_k, app_k = reference.entries[:, :k_overlap].numpy(), approx.entries[:, :k_overlap].numpy()
