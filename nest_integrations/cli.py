@@ -61,6 +61,11 @@ def _quiet_by_default(
     _setup_logging(verbose)
 
 
+def _comma_list(text: str) -> list[str]:
+    """The non-empty, stripped items of a comma-separated option value."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def _load_index(path: Optional[Path], model: Optional[str] = None) -> Any:
     from .index import NestIndex
     from .lm import load_lm
@@ -451,7 +456,7 @@ def evaluate(
             codec = index.datastore.train_codec(key_compression, sample_passages=codec_sample, seed=seed)
             console.print(f"Keys stored as {codec.spec} ({codec.bytes_per_key:,} B/token)")
         run_eval(
-            index, task, n=n, seed=seed, modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+            index, task, n=n, seed=seed, modes=tuple(_comma_list(modes)),
             max_new_tokens=max_new_tokens, out_dir=out, qa_path=qa_path,
         )
     except ValueError as err:
@@ -502,7 +507,7 @@ def bench(
         try:
             run_scale_bench(
                 out_dir=folder, sizes=[int(s) for s in sizes.split(",") if s.strip()],
-                indexes=[k.strip() for k in scale_indexes.split(",") if k.strip()], hnsw_max=hnsw_max,
+                indexes=_comma_list(scale_indexes), hnsw_max=hnsw_max,
                 prompts=3 if n is None else n, max_new_tokens=max_new_tokens or 32,
                 embeddings_cache=cache_dir() / "scale",
             )
@@ -526,7 +531,7 @@ def bench(
 
             run_throughput(
                 index, n=n, seed=seed, max_new_tokens=max_new_tokens, out_dir=out, repeats=repeats,
-                kinds=[kind.strip() for kind in kinds.split(",") if kind.strip()],
+                kinds=_comma_list(kinds),
             )
         else:
             run_bench(index, n=n, max_new_tokens=max_new_tokens, out_dir=out)
@@ -582,9 +587,9 @@ def bench_keys(
     index = _load_index(datastore)
     try:
         run_key_bench(
-            index, codecs=[c.strip() for c in codecs.split(",") if c.strip()], n=n, seed=seed,
+            index, codecs=_comma_list(codecs), n=n, seed=seed,
             max_new_tokens=max_new_tokens, sample_passages=sample_passages,
-            query_modes=[q.strip() for q in queries.split(",") if q.strip()], out_dir=out,
+            query_modes=_comma_list(queries), out_dir=out,
         )
     except ValueError as err:
         _fail(str(err))
