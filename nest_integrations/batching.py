@@ -64,6 +64,7 @@ one (:func:`supports_batching`): a foreign column would count against a window.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -76,6 +77,8 @@ from .attribution import NestOutput, TokenRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from .decoding import NestDecoder, _Generation, _Step
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Row", "RowListener", "RowScheduler", "batched_generate", "supports_batching"]
 
@@ -116,7 +119,8 @@ class Row:
     submitted: float = field(default_factory=time.perf_counter)
     """When the row's preparation began; ``stats.wall_s`` runs from here to its finish."""
     cancelled: bool = False
-    """Set by a consumer that stopped listening (an abandoned stream); the row leaves at the next step."""
+    """Set by a consumer that stopped listening (an abandoned stream, a cancelled future or
+    task); the row leaves at the next step and its listener hears nothing more."""
     owner: int = -1
     """The row's id in the packed cache, given when it joins."""
     step: Optional["_Step"] = None
@@ -261,23 +265,14 @@ class RowScheduler:
             return
         staying, offset = [], 0
         for row, feed in zip(rows, feeds):
-            n, kept, start = len(feed.tokens), feed.kept, column
-            column += n
-            row.gen.stats.forward_passes += 1
-            row.step = row.decoder._mix(logits[offset : offset + kept], keys[offset : offset + kept], row.gen)
-            offset += kept
-            if not feed.keep_all:  # a prefill: the row proposes its first token at the next step
-                row.at, row.continuation = 0, None
-                staying.append(row)
-                continue
-            row.at, row.continuation = row.decoder._accept(row.gen, row.step, row.first, row.draft)  # type: ignore[arg-type]
-            # The row keeps its token and its accepted draft; its other new columns die.
-            self.batch.owner[start + 1 + row.at : start + n] = -1
-            if row.at:
-                self._notify(row)
-            if row.gen.finished:
-                self._finish(row)
-            else:
+            start, kept = column, (logits[offset : offset + feed.kept], keys[offset : offset + feed.kept])
+            column, offset = column + len(feed.tokens), offset + feed.kept
+            try:
+                stays = self._verify(row, feed, start, *kept)
+            except Exception as error:  # this row's decisions failed: the other rows go on
+                self._fail(row, error)
+                stays = False
+            if stays and self._stays(row):
                 staying.append(row)
         self.active, self.joining = staying, []
         if not staying:
@@ -293,14 +288,17 @@ class RowScheduler:
         while self.waiting:
             failing.append(self.waiting.popleft())
         for row in failing:
-            if row.listener is not None:
-                row.listener.failed(row, error)
+            self._fail(row, error)
 
     # ------------------------------------------------------------------ phases of a step
     def _drop_cancelled(self) -> None:
-        for row in [r for r in self.active if r.cancelled]:
+        self.active = [row for row in self.active if self._stays(row)]
+
+    def _stays(self, row: Row) -> bool:
+        """False for a row whose consumer stopped listening (or that failed); its columns die."""
+        if row.cancelled and row.owner >= 0:
             self.batch.release(row.owner)
-        self.active = [r for r in self.active if not r.cancelled]
+        return not row.cancelled
 
     def _admit(self) -> list[Row]:
         """Take waiting rows while the batch has room; returns those that join (their
@@ -320,20 +318,46 @@ class RowScheduler:
         return joining
 
     def _propose(self, row: Row) -> bool:
-        """The row's next token and draft (its own decisions); False when it finished."""
+        """The row's next token and draft (its own decisions); False when it finished or failed."""
         assert row.step is not None
-        first, draft = row.decoder._decide(row.gen, row.step, row.at, row.continuation, row.generator)
-        row.decoder._commit(row.gen, [first])
+        try:
+            first, draft = row.decoder._decide(row.gen, row.step, row.at, row.continuation, row.generator)
+            row.decoder._commit(row.gen, [first])
+        except Exception as error:
+            self._fail(row, error)
+            return False
         self._notify(row)
         if row.gen.finished:
             self._finish(row)
             return False
         row.first, row.draft = first, draft[: row.gen.config.max_new_tokens - len(row.gen.records)]
+        return self._stays(row)
+
+    def _verify(self, row: Row, feed: "_Feed", start: int, logits: torch.Tensor, keys: torch.Tensor) -> bool:
+        """The row's part of a shared forward: p_M at its fed positions, then either its
+        first distribution (a prefill) or the verification of its draft. ``start`` is the
+        row's first new cache column. False when the row finished."""
+        row.gen.stats.forward_passes += 1
+        row.step = row.decoder._mix(logits, keys, row.gen)
+        if not feed.keep_all:  # a prefill: the row proposes its first token at the next step
+            row.at, row.continuation = 0, None
+            return True
+        row.at, row.continuation = row.decoder._accept(row.gen, row.step, row.first, row.draft)  # type: ignore[arg-type]
+        # The row keeps its token and its accepted draft; its other new columns die.
+        self.batch.owner[start + 1 + row.at : start + len(feed.tokens)] = -1
+        if row.at:
+            self._notify(row)
+        if row.gen.finished:
+            self._finish(row)
+            return False
         return True
 
     def _notify(self, row: Row) -> None:
-        if row.listener is not None:
-            row.listener.progress(row)
+        if row.listener is not None and not row.cancelled:
+            try:
+                row.listener.progress(row)
+            except Exception as error:
+                self._fail(row, error)
 
     def _finish(self, row: Row) -> None:
         now = time.perf_counter()
@@ -341,8 +365,27 @@ class RowScheduler:
         row.gen.stats.wall_s = now - row.submitted
         if row.owner >= 0:
             self.batch.release(row.owner)
-        if row.listener is not None:
+        if row.listener is None or row.cancelled:
+            return
+        try:
             row.listener.finished(row, row.decoder._output(row.gen))
+        except Exception as error:  # building or handing over this row's output failed: its caller hears why
+            self._fail(row, error)
+
+    def _fail(self, row: Row, error: BaseException) -> None:
+        """``row`` cannot go on: it leaves the batch (its columns die) and its listener
+        hears ``error``. An exception the listener raises is logged, never propagated:
+        one row's caller must not stop the others."""
+        row.cancelled = True
+        if row.owner >= 0:
+            self.batch.release(row.owner)
+        if row.listener is None:
+            return
+        listener, row.listener = row.listener, None  # told once
+        try:
+            listener.failed(row, error)
+        except Exception:
+            logger.exception("a row's listener raised while told of the row's error")
 
 
 class _Collect(RowListener):

@@ -288,9 +288,17 @@ class NestDecoder:
         **overrides: Any,
     ) -> NestOutput:
         """:meth:`generate` for asyncio: preparation runs in a worker thread, decoding
-        in the LM's shared batch, and no thread waits for the result."""
-        future = await asyncio.to_thread(self.submit, prompt, query=query, passages=passages, **overrides)
-        return await asyncio.wrap_future(future)
+        in the LM's shared batch, and no thread waits for the result. Cancelling the
+        awaiting task (``task.cancel()``, ``asyncio.wait_for``) takes the row out of
+        the batch at its next step; a task cancelled while its row is prepared never
+        queues it."""
+        check_prompt(prompt)
+        if not self._batches:
+            return await asyncio.to_thread(self.generate, prompt, query=query, passages=passages, **overrides)
+        from .serving import shared_service
+
+        row = await asyncio.to_thread(self.prepare_row, prompt, query, passages, self._call_config(overrides))
+        return await asyncio.wrap_future(shared_service(self).submit(row))
 
     def generate_batch(
         self,

@@ -27,7 +27,7 @@ import logging
 import queue
 import threading
 import weakref
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Optional, Union
 
 from .batching import Row, RowListener, RowScheduler
@@ -85,9 +85,17 @@ class BatchingService:
         self._scheduler.max_batch = int(value)
 
     def submit(self, row: Row) -> "Future[NestOutput]":
-        """Queue ``row``; the future resolves to its output (or raises its error)."""
+        """Queue ``row``; the future resolves to its output (or raises its error).
+        Cancelling the future (directly, or an asyncio task awaiting it through
+        ``asyncio.wrap_future``) takes the row out of the batch at its next step."""
         future: "Future[NestOutput]" = Future()
         row.listener = _Resolve(future)
+
+        def leave_if_cancelled(done: "Future[NestOutput]") -> None:
+            if done.cancelled():
+                row.cancelled = True
+
+        future.add_done_callback(leave_if_cancelled)
         self._enqueue(row)
         return future
 
@@ -134,22 +142,37 @@ class BatchingService:
             self._scheduler.add(row)
             self._closing = False
             if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="nest-batching", daemon=True)
-                self._worker.start()
+                self._start_worker()
             self._wake.notify()
 
+    def _start_worker(self) -> None:
+        """Start the worker thread; the caller holds ``_lock``."""
+        self._worker = threading.Thread(target=self._work, name="nest-batching", daemon=True)
+        self._worker.start()
+
     def _work(self) -> None:
+        try:
+            self._serve()
+        finally:
+            # Normally the queue is empty here. Should the worker ever die with rows
+            # still queued, a new one takes them over rather than leaving them waiting.
+            with self._lock:
+                self._worker = None
+                if self._scheduler.busy:
+                    logger.error("the batching worker stopped with %d rows pending; starting a new one", self.pending)
+                    self._start_worker()
+
+    def _serve(self) -> None:
         scheduler = self._scheduler
         while True:
             with self._lock:
                 if not scheduler.busy:
                     self._wake.wait_for(lambda: scheduler.busy or self._closing, timeout=self.idle_s)
                 if not scheduler.busy:  # idle for idle_s, or closing
-                    self._worker = None
                     return
             try:
                 scheduler.step()
-            except BaseException as error:  # a bug in a row's decisions: fail the batch, keep serving
+            except BaseException as error:  # a bug in the shared step itself: fail the batch, keep serving
                 logger.exception("batched decoding step failed; failing %d rows", len(scheduler.active))
                 scheduler.fail_all(error)
 
@@ -161,10 +184,16 @@ class _Resolve(RowListener):
         self.future = future
 
     def finished(self, row: Row, output: "NestOutput") -> None:
-        self.future.set_result(output)
+        try:
+            self.future.set_result(output)
+        except InvalidStateError:  # cancelled by its caller meanwhile: nobody waits for it
+            pass
 
     def failed(self, row: Row, error: BaseException) -> None:
-        self.future.set_exception(error)
+        try:
+            self.future.set_exception(error)
+        except InvalidStateError:
+            pass
 
 
 class _Forward(RowListener):

@@ -27,6 +27,7 @@ from llama_index.core.chat_engine.types import AgentChatResponse, BaseChatEngine
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.memory import BaseMemory, ChatMemoryBuffer
 
+from ..attribution import NestOutput
 from ..conversation import retrieval_query
 from .llms import NestLLM, _assistant_message, _message_dicts
 from .query_engine import _cited_nodes, _metadata
@@ -87,8 +88,7 @@ class NestChatEngine(BaseChatEngine):
         query = retrieval_query(_message_dicts(self._memory.get_all())) or message
         return self._memory.get(), self.retriever.retrieve(query), query
 
-    def _answer(self, messages: list[ChatMessage], nodes: Any, query: str) -> AgentChatResponse:
-        output = self.llm.generate(messages, nodes=nodes, query=query, mode=self.mode)
+    def _answer(self, output: NestOutput, nodes: Any) -> AgentChatResponse:
         self._memory.put(_assistant_message(output.text, output.spans))
         return AgentChatResponse(
             response=output.text, source_nodes=_cited_nodes(output, nodes), metadata=_metadata(output, nodes)
@@ -97,11 +97,14 @@ class NestChatEngine(BaseChatEngine):
     def chat(self, message: str, chat_history: Optional[List[ChatMessage]] = None) -> AgentChatResponse:
         """Answer ``message`` in the conversation so far (``chat_history`` replaces it when given)."""
         messages, nodes, query = self._turn(message, chat_history)
-        return self._answer(messages, nodes, query)
+        return self._answer(self.llm.generate(messages, nodes=nodes, query=query, mode=self.mode), nodes)
 
     async def achat(self, message: str, chat_history: Optional[List[ChatMessage]] = None) -> AgentChatResponse:
-        """Async :meth:`chat` (generation runs in a worker thread)."""
-        return await asyncio.to_thread(self.chat, message, chat_history)
+        """Async :meth:`chat`: retrieval runs in a worker thread, decoding in the LM's
+        shared batch; a cancelled task takes its row out of the batch and adds no reply
+        to the memory."""
+        messages, nodes, query = await asyncio.to_thread(self._turn, message, chat_history)
+        return self._answer(await self.llm.agenerate(messages, nodes=nodes, query=query, mode=self.mode), nodes)
 
     def stream_chat(self, message: str, chat_history: Optional[List[ChatMessage]] = None) -> StreamingAgentChatResponse:
         """Not supported yet: LlamaIndex's streamed chat responses rewrite the history message as plain text.

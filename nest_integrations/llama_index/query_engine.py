@@ -22,7 +22,6 @@ with a ``NestLLM`` in mode ``base``: ``index.as_query_engine(llm=...)`` (RAG) an
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, AsyncIterator, Iterator, Literal, Sequence, Union
 
@@ -111,10 +110,11 @@ class NestQueryEngine(CustomQueryEngine):
         return StreamingResponse(_texts(stream, nodes, cited, metadata), source_nodes=cited, metadata=metadata)
 
     async def acustom_query(self, query_str: str) -> Union[Response, AsyncStreamingResponse]:
-        """Async :meth:`custom_query` (generation runs in a worker thread)."""
+        """Async :meth:`custom_query`: decoding joins the LM's shared batch; a cancelled
+        task takes its row out of the batch."""
         nodes = await self.retriever.aretrieve(query_str)
         if not self.streaming:
-            output = await asyncio.to_thread(self.llm.generate, query_str, nodes=nodes, mode=self.mode)
+            output = await self.llm.agenerate(query_str, nodes=nodes, mode=self.mode)
             return self._response(output, nodes)
         cited: list[NodeWithScore] = []
         metadata: dict[str, Any] = {}
