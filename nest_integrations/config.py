@@ -92,6 +92,13 @@ class NestConfig(BaseModel):
         "Applies to chat prompts in nest and ra_nest.",
     )
     accept_threshold: float = Field(0.5, gt=0.0, lt=1.0, description="Deterministic acceptance when the ratio exceeds this.")
+    repeat_ngram: int = Field(
+        8,
+        ge=0,
+        description="Repetition guard (nest and ra_nest): a copy stops before, and the LM may not pick, a token that "
+        "would complete a run of this many tokens the answer already holds, so an answer never loops; 0 turns it off. "
+        "Smaller catches shorter loops but also refuses legitimate repeats (nest_integrations.repetition).",
+    )
     # --- generation ------------------------------------------------------
     max_new_tokens: int = Field(128, ge=0, description="Tokens to generate at most.")
     stop: list[str] = Field(

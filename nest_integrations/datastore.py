@@ -799,6 +799,12 @@ class CandidateSet:
             if e is not None:
                 self.used[e] = True
 
+    def is_used(self, passage_index: int, position: int) -> bool:
+        """Whether the entry whose value is token ``position`` of a passage is masked
+        (already copied, or outside an answer window); False for a token with no entry."""
+        e = self._entry_of.get((passage_index, position))
+        return e is not None and bool(self.used[e])
+
     def passage(self, passage_index: int) -> EncodedPassage:
         return self._by_passage[passage_index]
 

@@ -71,6 +71,7 @@ from .datastore import CandidateSet, EncodedPassage, EncodeStats, TokenDatastore
 from .lm import KeyReader, cache_argument
 from .mixture import accepted_prefix_length, distance_ratio, knn_distribution, mix, relaxed_accept_ratio, rrc_lambda
 from .relevance import GateDecision, RelevanceGate, subject_name
+from .repetition import repeat_free_length, repeating_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     from .batching import Row
@@ -882,12 +883,26 @@ class NestDecoder:
         if proposal is not None:
             pidx, pos = proposal
             tokens = gen.candidates.passage(pidx).token_ids  # type: ignore[union-attr]
-            end = min(len(tokens), pos + config.span_length)
+            end = self._copy_end(gen, pidx, pos)
             span = [TokenRecord(int(tokens[i]), pidx, i) for i in range(pos, end)]
-            first_ok = relaxed_accept_ratio(p_m[None], torch.tensor([span[0].token_id]), config.effective_gamma)
-            if float(first_ok[0]) > config.accept_threshold:
+            first_ok = relaxed_accept_ratio(p_m[None], torch.tensor([span[0].token_id]), config.effective_gamma) if span else None
+            if first_ok is not None and float(first_ok[0]) > config.accept_threshold:
                 return span[0], span[1:]
+        if config.mode in ("nest", "ra_nest") and (repeats := repeating_tokens(gen.ids, config.repeat_ngram)):
+            p_m = p_m.index_fill(0, torch.tensor(sorted(repeats)), 0.0)
         return TokenRecord(self._pick(p_m, config, generator)), []
+
+    def _copy_end(self, gen: _Generation, pidx: int, pos: int) -> int:
+        """Where a copy from token ``pos`` of passage ``pidx`` must end (exclusive): at most
+        ``span_length`` tokens, never past the passage, never into a token this answer has
+        already copied (a used entry), never completing a run of ``repeat_ngram`` tokens the
+        answer already holds (:func:`~nest_integrations.repetition.repeat_free_length`)."""
+        candidates, config = gen.candidates, gen.config
+        assert candidates is not None
+        tokens = candidates.passage(pidx).token_ids
+        end = min(len(tokens), pos + config.span_length)
+        end = next((i for i in range(pos, end) if candidates.is_used(pidx, i)), end)
+        return pos + repeat_free_length(gen.ids, [int(t) for t in tokens[pos:end]], config.repeat_ngram)
 
     @staticmethod
     def _passage_has(candidates: CandidateSet, pidx: int, pos: int) -> bool:
