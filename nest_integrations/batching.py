@@ -68,7 +68,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -80,7 +80,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Row", "RowListener", "RowScheduler", "batched_generate", "supports_batching"]
+__all__ = ["Row", "RowListener", "RowScheduler", "batched_generate", "run_rows", "supports_batching"]
 
 _COMPACT_SLACK = 64
 """Dead columns always tolerated; beyond them the cache is compacted once they exceed a quarter of the live ones."""
@@ -130,6 +130,10 @@ class Row:
     first: Optional[TokenRecord] = None
     draft: list[TokenRecord] = field(default_factory=list)
     t_decode: float = 0.0
+    output: Optional[NestOutput] = None
+    """The complete result, once the row finished (None for a cancelled or failed row)."""
+    error: Optional[BaseException] = None
+    """Why the row failed, if it did."""
 
     @property
     def cached(self) -> int:
@@ -365,18 +369,21 @@ class RowScheduler:
         row.gen.stats.wall_s = now - row.submitted
         if row.owner >= 0:
             self.batch.release(row.owner)
-        if row.listener is None or row.cancelled:
+        if row.cancelled:
             return
         try:
-            row.listener.finished(row, row.decoder._output(row.gen))
+            row.output = row.decoder._output(row.gen)
+            if row.listener is not None:
+                row.listener.finished(row, row.output)
         except Exception as error:  # building or handing over this row's output failed: its caller hears why
+            row.output = None
             self._fail(row, error)
 
     def _fail(self, row: Row, error: BaseException) -> None:
         """``row`` cannot go on: it leaves the batch (its columns die) and its listener
         hears ``error``. An exception the listener raises is logged, never propagated:
         one row's caller must not stop the others."""
-        row.cancelled = True
+        row.cancelled, row.error = True, error
         if row.owner >= 0:
             self.batch.release(row.owner)
         if row.listener is None:
@@ -388,35 +395,29 @@ class RowScheduler:
             logger.exception("a row's listener raised while told of the row's error")
 
 
-class _Collect(RowListener):
-    """Keeps each row's output (or error) by its place in the prompt list."""
-
-    def __init__(self, count: int):
-        self.outputs: list[Optional[NestOutput]] = [None] * count
-        self.places: dict[int, int] = {}
-        self.error: Optional[BaseException] = None
-
-    def finished(self, row: Row, output: NestOutput) -> None:
-        self.outputs[self.places[id(row)]] = output
-
-    def failed(self, row: Row, error: BaseException) -> None:
-        self.error = self.error or error
+def run_rows(rows: Sequence[Row], *, max_batch: int) -> Iterator[None]:
+    """Run prepared ``rows`` to the end in this thread, at most ``max_batch`` sharing each
+    forward, yielding after every step so the caller can read each row's progress
+    (``row.gen``). Each row ends with its ``output`` or its ``error``. Closing the
+    iterator early abandons the rows. One prompt decoded alone is this with one row:
+    there is one step loop, whatever the batch."""
+    scheduler = RowScheduler(max_batch=max_batch)
+    for row in rows:
+        scheduler.add(row)
+    while scheduler.busy:
+        scheduler.step()
+        yield
 
 
 def batched_generate(rows: Sequence[Row], *, max_batch: int) -> list[NestOutput]:
     """Run prepared ``rows`` to the end in this thread, at most ``max_batch`` sharing
     each forward; outputs in the rows' order. Raises the first row's error, if any."""
-    collect = _Collect(len(rows))
-    scheduler = RowScheduler(max_batch=max_batch)
-    for place, row in enumerate(rows):
-        collect.places[id(row)] = place
-        row.listener = collect
-        scheduler.add(row)
-    while scheduler.busy:
-        scheduler.step()
-    if collect.error is not None:
-        raise collect.error
-    return collect.outputs  # type: ignore[return-value]
+    for _ in run_rows(rows, max_batch=max_batch):
+        pass
+    for row in rows:
+        if row.error is not None:
+            raise row.error
+    return [row.output for row in rows]  # type: ignore[misc]
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,9 @@ concurrent callers (threads, :meth:`~NestDecoder.agenerate` tasks) run as rows
 of one KV cache, each row verifying its own draft and advancing by its own
 accepted length (:mod:`nest_integrations.batching`, the row scheduler;
 :mod:`nest_integrations.serving`, one running batch per LM). Models with
-sliding-window attention generate one prompt after another (:meth:`NestDecoder._run`).
+sliding-window attention generate one prompt after another, each as a batch of
+one in the caller's thread (:func:`~nest_integrations.batching.run_rows`): one
+step loop serves every path.
 """
 
 from __future__ import annotations
@@ -382,13 +384,17 @@ class NestDecoder:
 
             yield from shared_service(self).stream(self.prepare_row(prompt, query, passages, config))
             return
+        from .batching import run_rows
+
         prepared = self.prepare_row(prompt, query, passages, config)
         cursor = StreamCursor(self)
-        for _ in self._run(prepared):
+        for _ in run_rows([prepared], max_batch=1):
             if (chunk := cursor.advance(prepared.gen)) is not None:
                 yield chunk
-        prepared.gen.stats.wall_s = time.perf_counter() - prepared.submitted
-        yield cursor.last(self._output(prepared.gen))
+        if prepared.error is not None:
+            raise prepared.error
+        assert prepared.output is not None
+        yield cursor.last(prepared.output)
 
     async def astream(
         self,
@@ -752,41 +758,6 @@ class NestDecoder:
             pidx = self.datastore.index_of(kept[0].id)
             if pidx is not None and len(candidates.passage(pidx).token_ids):
                 gen.opening = (pidx, 0)
-
-    def _run(self, prepared: "Row") -> Iterator[None]:
-        """Decode one prepared generation alone, in its own KV cache (models that cannot
-        share a batch); yields whenever tokens were committed."""
-        gen, prompt_ids, generator = prepared.gen, prepared.prompt_ids, prepared.generator
-        config, stats = gen.config, gen.stats
-        if config.max_new_tokens == 0:
-            gen.finish("length")
-            return
-        t_decode = time.perf_counter()
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
-        logits, queries = self._forward(prompt_ids, cache, stats, keep=1)
-        step = self._mix(logits, queries, gen)
-        row = 0  # the position of ``step`` that holds the next token's distribution
-        continuation: Optional[tuple[int, int]] = None
-        while not gen.finished:
-            first, draft = self._decide(gen, step, row, continuation, generator)
-            self._commit(gen, [first])
-            yield
-            if gen.finished:
-                break
-            budget = config.max_new_tokens - len(gen.records)
-            draft = draft[:budget]
-            fed = [first.token_id] + [r.token_id for r in draft]
-            logits, queries = self._forward(fed, cache, stats, keep=len(fed))
-            step = self._mix(logits, queries, gen)
-            row, continuation = self._accept(gen, step, first, draft)
-            excess = cache.get_seq_length() - (len(prompt_ids) + len(gen.records))
-            if excess > 0:  # negative: "remove this many", understood by old and new transformers
-                cache.crop(-excess)
-            if row:
-                yield
-        stats.decode_s = time.perf_counter() - t_decode
 
     def _candidates(self, passages: list[Passage], config: NestConfig, stats: GenerationStats) -> Optional[CandidateSet]:
         if self.datastore is None or not passages:

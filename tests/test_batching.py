@@ -65,7 +65,7 @@ def _count_decoding_forwards(decoder, calls):
 
 
 def _one_by_one(decoder, prompts, queries=None, passages=None, **overrides):
-    """Each prompt decoded alone in its own KV cache (NestDecoder._run)."""
+    """Each prompt decoded alone in its own KV cache (a batch of one in this thread)."""
     decoder._supports_batching = False
     try:
         queries = queries or [None] * len(prompts)
@@ -104,11 +104,12 @@ def test_batch_equals_one_by_one(decoder, overrides, shared_rows):
         batched = _batched(decoder, PROMPTS, **overrides)
     finally:
         hook.remove()
+    batch_rows = list(shared_rows)
     single = _one_by_one(decoder, PROMPTS, **overrides)
     _same(batched, single)
     # The prompts are prefilled together in the first shared forward, and every LM call is a
     # shared one: far fewer than one by one.
-    assert shared_rows[0] == max(shared_rows) == len(PROMPTS) and len(calls) == len(shared_rows)
+    assert batch_rows[0] == max(batch_rows) == len(PROMPTS) and len(calls) == len(batch_rows)
     assert len(calls) < sum(o.stats.forward_passes for o in single)
 
 

@@ -37,7 +37,8 @@ def decoder(tiny_lm, small_passages):
 @pytest.fixture
 def batches(monkeypatch):
     """Records the rows of each shared forward; ``on_second(rows)`` runs before the second one
-    (every row has prefilled by then and is decoding)."""
+    (every row has prefilled by then and is decoding). Clear ``rows`` after any one-by-one
+    reference run: it runs shared forwards too."""
 
     class Batches:
         rows: list[list[batching.Row]] = []
@@ -84,6 +85,7 @@ def _after_cancel(decoder, batches, marked, single, outputs):
 
 def test_cancelling_a_future_takes_its_row_out(decoder, batches):
     single = _one_by_one(decoder, PROMPTS[:4], **OVERRIDES)
+    batches.rows.clear()
     marked = []
     releaser = held_back(decoder.lm, 4)
     futures = [decoder.submit(PROMPTS[i], **OVERRIDES) for i in range(4)]
@@ -102,6 +104,7 @@ def test_cancelling_a_future_takes_its_row_out(decoder, batches):
 
 def test_a_cancelled_task_takes_its_row_out(decoder, batches):
     single = _one_by_one(decoder, PROMPTS[:4], **OVERRIDES)
+    batches.rows.clear()
     marked = []
 
     async def main():
@@ -128,6 +131,7 @@ def test_a_cancelled_task_takes_its_row_out(decoder, batches):
 def test_a_timed_out_call_frees_the_batch(decoder, batches):
     """The web-server case: ``asyncio.wait_for`` with a deadline shorter than the generation."""
     single = _one_by_one(decoder, PROMPTS[:4], **OVERRIDES)
+    batches.rows.clear()
     marked = []
     batches.on_second = lambda rows: marked.append(_wait_until_marked(rows))  # the deadline passes meanwhile
 
@@ -151,6 +155,7 @@ def test_a_cancelled_chat_model_call_takes_its_row_out(decoder, batches):
 
     chat = ChatNest.from_decoder(decoder, nest_config=decoder.config.updated(**OVERRIDES))
     single = _one_by_one(decoder, [[{"role": "user", "content": p}] for p in PROMPTS[:4]], **OVERRIDES)
+    batches.rows.clear()
     marked = []
 
     async def main():
