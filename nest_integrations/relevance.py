@@ -33,10 +33,11 @@ The thresholds and their measured trade-off are in the README (Relevance gate).
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Literal, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 from .corpus import Passage
 
@@ -79,7 +80,7 @@ def content_words(text: str) -> set[str]:
     ``content_words("Constantin Brâncuși (sculptor)") == {"constantin", "brancusi"}``.
     """
     words = _WORD.findall(_fold(_PARENTHETICAL.sub(" ", text)))
-    return {stem(w) for w in words if w not in _STOPWORDS and not w.isdigit()}
+    return {stem(w) for w in words if w not in _STOPWORDS and w not in _NAME_PARTICLES and not w.isdigit()}
 
 
 _IDENTIFIER_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
@@ -104,6 +105,9 @@ def coverage(query: str, text: str) -> float:
 _NAME_PARTICLES = frozenset(
     "of the de de' der den di du da das dos del della van von la le al el ibn bin bint y e zu ter ten".split()
 )
+_GROUP_NOUNS = frozenset("brothers sisters family twins".split())
+"""Words that end a group's name ("the Lumière brothers") without naming anyone: like the
+particles, a passage that shares only these with the query ("The Marx Brothers") is not about it."""
 _ROMAN_NUMERAL = re.compile(r"^(?=[ivxlc])(?:x{0,3}|xl|l|lx{1,3}|xc|c)(?:i{0,3}|iv|v|vi{1,3}|ix)$")
 _SUBJECT_WINDOW = 15
 """A passage's subject is named among the first words of its opening sentence."""
@@ -120,8 +124,9 @@ def is_name_query(query: str) -> bool:
 
 
 _ASKED_NAME = re.compile(
-    r"\b(?i:bio(?:graphy)?|life|about|who\s+(?:is|was|were))\s+(?:of\s+)?"
-    r"(?P<name>[A-Z][\w'.-]*(?:\s+(?:[A-Z][\w'.-]*|of|de|de'|von|van|da|di|du|del|la|le|al|ibn|bin|the))*)"
+    r"\b(?i:bio(?:graphy)?|life|about|who\s+(?:is|was|were))\s+(?:of\s+)?(?:the\s+)?"
+    r"(?P<name>[A-Z][\w'.-]*(?:\s+(?:[A-Z][\w'.-]*|(?:al|el|ibn|bin|ad|as|at|an|ar|az)-[A-Z][\w'.-]*"
+    r"|of|de|de'|von|van|da|di|du|del|la|le|al|ibn|bin|the|brothers|sisters|family|twins))*)"
 )
 
 
@@ -140,7 +145,9 @@ def subject_name(query: str) -> str | None:
     words = match.group("name").rstrip(".").split()
     while words and _fold(words[-1]) in _NAME_PARTICLES:
         words.pop()
-    return " ".join(words) or None
+    if not [w for w in words if _fold(w) not in _NAME_PARTICLES | _GROUP_NOUNS]:
+        return None
+    return " ".join(words)
 
 
 def _name_parts(name: str) -> tuple[list[str], set[str]]:
@@ -151,7 +158,7 @@ def _name_parts(name: str) -> tuple[list[str], set[str]]:
     for match in re.finditer(r"[\w']+\.?", name):
         raw = match.group()
         word = _fold(raw.rstrip("."))
-        if word.strip("'") in _NAME_PARTICLES or not word:
+        if word.strip("'") in _NAME_PARTICLES | _GROUP_NOUNS or not word:
             continue
         if _ROMAN_NUMERAL.match(word) and not raw.endswith("."):
             numerals.add(word)
@@ -168,14 +175,33 @@ def lead(text: str) -> str:
     return head[: match.end()] if match else head
 
 
+@functools.lru_cache(maxsize=4096)
+def given_name_forms(word: str) -> frozenset[str]:
+    """A folded given name with its other English forms: "billy" -> {"billy", "william",
+    "bill", ...}, from the hand-curated ``nicknames`` dataset (its nicknames and canonical
+    names both ways). A passage often opens with the formal name of someone asked about
+    by the familiar one ("William Franklin Graham Jr." for "Billy Graham")."""
+    namer = _nick_namer()
+    return frozenset({word} | namer.canonicals_of(word) | namer.nicknames_of(word))
+
+
+@functools.lru_cache(maxsize=1)
+def _nick_namer() -> Any:
+    from nicknames import NickNamer  # lazily: its tables load in ~0.1 s
+
+    return NickNamer()
+
+
 def _in_order(words: Sequence[str], opening: Sequence[str]) -> int:
-    """Index in ``opening`` just past ``words`` found as an ordered subsequence, or -1."""
+    """Index in ``opening`` just past ``words`` found as an ordered subsequence, or -1.
+    The first word (a given name) may stand in any of its forms (:func:`given_name_forms`)."""
     at = 0
-    for word in words:
-        try:
-            at = opening.index(word, at) + 1
-        except ValueError:
+    for i, word in enumerate(words):
+        forms = given_name_forms(word) if i == 0 else {word}
+        found = next((j for j in range(at, len(opening)) if opening[j] in forms), None)
+        if found is None:
             return -1
+        at = found + 1
     return at
 
 

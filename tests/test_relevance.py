@@ -52,3 +52,30 @@ def test_gate_combines_similarity_margin_and_coverage():
         RelevanceGate(min_coverage=2.0)
     with pytest.raises(ValueError):
         gate("q", [seq], [])
+
+
+HAYTHAM = "Ibn al-Haytham, Latinized as Alhazen, was a mathematician, astronomer, and physicist of the Islamic Golden Age."
+WAHHAB = "Shaykh al-Islam al-Imam Muhammad ibn Abd al-Wahhab ibn Sulayman al-Tamimi al-Najdi was an Arab Muslim scholar."
+LUMIERE = "The Lumière brothers, Auguste Marie Louis Nicolas Lumière and Louis Jean Lumière, were French manufacturers."
+MARX = "The Marx Brothers were an American comedy troupe who achieved success in vaudeville, on Broadway, and in film."
+GRAHAM = "William Franklin Graham Jr. was an American evangelist, ordained Southern Baptist minister, and civil rights advocate."
+
+
+def test_generic_name_words_name_nobody():
+    """Particles and group nouns ("ibn", "al", "brothers", "the") are shared by many names: a passage
+    that shares only them with the query is not about its subject."""
+    assert subject_name("Tell me a bio of Ibn al-Haytham.") == "Ibn al-Haytham"
+    assert names_subject("Ibn al-Haytham", HAYTHAM) and not names_subject("Ibn al-Haytham", WAHHAB)
+    assert subject_name("Tell me a bio of the Lumière brothers.") == "Lumière brothers"
+    assert names_subject("Lumière brothers", LUMIERE) and not names_subject("Lumière brothers", MARX)
+    assert content_words("Tell me a bio of Ibn al-Haytham") == {"bio", "haytham"}
+    gate = RelevanceGate()
+    assert gate("Tell me a bio of Ibn al-Haytham.", [Passage(id="w", text=WAHHAB)], [0.5]).kept == []
+    assert gate("Tell me a bio of the Lumière brothers.", [Passage(id="m", text=MARX)], [0.6]).kept == []
+
+
+def test_a_familiar_given_name_finds_the_formal_one():
+    assert names_subject("Billy Graham", GRAHAM), "Billy is William"
+    assert names_subject("Tom Hanks", "Thomas Jeffrey Hanks is an American actor and filmmaker.")
+    assert not names_subject("Billy Graham", "Franklin Graham is an American evangelist and missionary."), "the given name still counts"
+    assert not names_subject("Graham Greene", GRAHAM), "only a given name has other forms"
