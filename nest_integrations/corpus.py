@@ -135,18 +135,11 @@ class Passage:
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(1-based line number, object)`` for each non-blank line of a JSONL file."""
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{line_no}: invalid JSON ({err.msg})") from err
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
-            yield line_no, obj
+    """Yield ``(1-based line number, object)`` for each non-blank line of a JSONL file
+    (lines end at ``\\n`` only; see :func:`nest_integrations.jsonl.iter_jsonl`)."""
+    from .jsonl import iter_jsonl
+
+    return iter_jsonl(path)
 
 
 def _passage_from_record(record: dict[str, Any], default_id: str, where: str) -> Passage:
