@@ -11,7 +11,9 @@ a whole passage from its first word to its last. Two small rules fix that:
   otherwise only where the source really continues the text so far (its last
   ``CONTINUATION_WORDS`` words precede the copy in the source too) and not
   inside a bracket or quotation the text so far never opened; never to
-  repeat what the text so far already says.
+  repeat what the text so far already says. In Markdown, never inside markup
+  a reader does not see, and inside a code block only at a line's start
+  (:func:`~nest_integrations.markdown_structure.start_allowed`).
 * **Answer focus** (:func:`focus_window`): for a question, the sentence of the
   kept passages that shares the most (rarest) words with it, extended while
   it is shorter than ``MIN_WINDOW_WORDS``, and taking in the line that heads
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .corpus import Passage, sentence_spans
+from .markdown_structure import copy_layout, start_allowed
 from .relevance import content_words, is_name_query, text_stems
 
 CONTINUATION_WORDS = 2
@@ -96,6 +99,8 @@ def acceptable_start(generated: str, source: str, char_pos: int, starts: Sequenc
         starts: the sentence starts of ``source`` (:func:`sentence_starts`).
     """
     begin = char_pos + len(source[char_pos:]) - len(source[char_pos:].lstrip())
+    if begin < len(source) and not start_allowed(source, begin):
+        return False  # Markdown: inside hidden markup, or mid-line in a code block
     ahead = source[begin : begin + REPEAT_CHARS]
     if len(ahead) == REPEAT_CHARS and ahead in generated:
         return False  # the text so far already says this (a completion prompt's own first sentence)
@@ -108,8 +113,19 @@ def acceptable_start(generated: str, source: str, char_pos: int, starts: Sequenc
 
 
 def sentence_starts(text: str) -> list[int]:
-    """Character offsets where the sentences of ``text`` start (0 included when text starts one)."""
-    return [start for start, _ in sentence_spans(text)]
+    """Character offsets where the sentences of ``text`` start (0 included when text starts one), sorted.
+
+    In Markdown (:func:`~nest_integrations.markdown_structure.copy_layout`) the
+    first character of every readable block is a start too, a code block's
+    only starts are its lines' first characters, and hidden markup (a heading
+    line, a comment, ...) has none.
+    """
+    starts = [start for start, _ in sentence_spans(text)]
+    layout = copy_layout(text)
+    if layout is None:
+        return starts
+    extra = [*layout.block_starts, *layout.code_line_starts]
+    return sorted({s for s in starts if start_allowed(text, s)} | set(extra))
 
 
 def is_question(query: str) -> bool:

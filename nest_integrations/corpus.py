@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
 
 from .jsonsafe import json_safe
+from .markdown_structure import Block, is_markdown, looks_like_markdown, parse_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ _SENTENCE_END = re.compile(
     r"|(?<=\n)(?=[ \t]*[A-Z0-9*#>|\u2022-])"  # ...or before a capital, a digit or a list marker
 )
 _WORD = re.compile(r"\S+")
+_LINE = re.compile(r"[^\n]+")
 
 
 @dataclass(frozen=True)
@@ -479,8 +481,28 @@ def _glue_headings(text: str, spans: Sequence[tuple[int, int]]) -> list[tuple[in
     return glued
 
 
+def _sentence_pieces(
+    text: str, span: tuple[int, int], cost: Callable[[str], int], budget: int
+) -> list[tuple[int, int]]:
+    """Ranges of the whole sentences of ``text[span[0]:span[1]]`` (heading lines glued to
+    what follows them, :func:`_glue_headings`), a sentence over ``budget`` split at words."""
+    lo, hi = span
+    pieces: list[tuple[int, int]] = []
+    for start, end in _glue_headings(text, [(lo + a, lo + b) for a, b in sentence_spans(text[lo:hi])]):
+        if cost(text[start:end]) <= budget:
+            pieces.append((start, end))
+        else:
+            pieces.extend(_split_on_words(text, (start, end), cost, budget))
+    return pieces
+
+
 def chunk_text(
-    text: str, *, max_words: int = 100, max_tokens: int | None = None, tokenizer: TokenCounter | None = None
+    text: str,
+    *,
+    max_words: int = 100,
+    max_tokens: int | None = None,
+    tokenizer: TokenCounter | None = None,
+    markdown: bool | None = None,
 ) -> list[tuple[int, int]]:
     """Split ``text`` into character ranges of whole sentences within a size budget.
 
@@ -488,6 +510,7 @@ def chunk_text(
     newline) are packed greedily into chunks; a sentence over the budget on its
     own is split at word boundaries. Ranges exclude surrounding whitespace and
     ``text[start:end]`` is the exact original text (no normalisation).
+    Markdown is cut along its sections instead (:func:`section_chunks`).
 
     Args:
         text: the document text.
@@ -500,19 +523,130 @@ def chunk_text(
             tokenizer call per sentence.
         tokenizer: an object with HF-style ``encode(s, add_special_tokens=False)``
             or a callable ``str -> int`` (count) / ``str -> sequence of tokens``.
+        markdown: cut along Markdown sections; None: when the text looks like
+            Markdown (:func:`~nest_integrations.markdown_structure.looks_like_markdown`).
 
     Returns:
         ``[(start, end), ...]`` in increasing order; ``[]`` for blank text.
         Only a single word longer than ``max_tokens`` can exceed the budget.
     """
+    if markdown or (markdown is None and looks_like_markdown(text)):
+        return [(c.start, c.end) for c in section_chunks(text, max_words=max_words, max_tokens=max_tokens, tokenizer=tokenizer)]
     cost, budget = _budget(max_words, max_tokens, tokenizer)
+    return _pack(text, _sentence_pieces(text, (0, len(text)), cost, budget), cost, budget)
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    """Characters ``[start, end)`` of a document, and the headings they sit under
+    (outermost first; those shared by every block of the chunk)."""
+
+    start: int
+    end: int
+    heading_path: tuple[str, ...]
+
+
+def _line_pieces(text: str, block: Block, cost: Callable[[str], int], budget: int) -> list[tuple[int, int]]:
+    """The lines of an over-budget code block or table (a line over ``budget`` split at words)."""
     pieces: list[tuple[int, int]] = []
-    for span in _glue_headings(text, sentence_spans(text)):
-        if cost(text[span[0] : span[1]]) <= budget:
-            pieces.append(span)
+    for match in _LINE.finditer(text, block.start, block.end):
+        for span in _trimmed(text, match.start(), match.end()):
+            pieces.extend([span] if cost(text[span[0] : span[1]]) <= budget else _split_on_words(text, span, cost, budget))
+    return pieces
+
+
+def _block_pieces(text: str, blocks: Sequence[Block], cost: Callable[[str], int], budget: int) -> list[tuple[int, int]]:
+    """Ranges to pack for a run of blocks without sub-sections: whole blocks; an over-budget
+    code block or table by lines, any other by sentences. A heading (or other hidden block:
+    an anchor, a comment) is joined to what follows it while that fits, so no chunk ends on one."""
+    pieces: list[tuple[int, int]] = []
+    after_heading = False
+    for block in blocks:
+        if cost(text[block.start : block.end]) <= budget:
+            parts = [(block.start, block.end)]
+        elif block.kind in ("code", "table"):
+            parts = _line_pieces(text, block, cost, budget)
         else:
-            pieces.extend(_split_on_words(text, span, cost, budget))
-    return _pack(text, pieces, cost, budget)
+            parts = _sentence_pieces(text, (block.start, block.end), cost, budget)
+        if after_heading and parts and cost(text[pieces[-1][0] : parts[0][1]]) <= budget:
+            parts[0] = (pieces.pop()[0], parts[0][1])
+        pieces.extend(parts)
+        after_heading = not block.copyable
+    return pieces
+
+
+def _sibling_sections(blocks: Sequence[Block]) -> list[list[Block]]:
+    """``blocks`` cut before the headings of the shallowest level that splits them, each part
+    holding some readable block (a heading, anchor or comment directly followed by a
+    sub-heading stays with it); one part when no heading splits them."""
+    for level in sorted({b.level for b in blocks[1:] if b.kind == "heading"}):
+        parts = [[blocks[0]]]
+        for block in blocks[1:]:
+            if block.kind == "heading" and block.level == level and any(b.copyable for b in parts[-1]):
+                parts.append([block])
+            else:
+                parts[-1].append(block)
+        if len(parts) > 1:
+            return parts
+    return [list(blocks)]
+
+
+def _section_pieces(text: str, blocks: Sequence[Block], cost: Callable[[str], int], budget: int) -> list[tuple[int, int]]:
+    """Chunk ranges of a run of blocks: all of it when it fits; else its sub-sections, each
+    cut the same way, consecutive ones that fit whole packed together; a run without
+    sub-sections is packed block by block (:func:`_block_pieces`)."""
+    if cost(text[blocks[0].start : blocks[-1].end]) <= budget:
+        return [(blocks[0].start, blocks[-1].end)]
+    sections = _sibling_sections(blocks)
+    if len(sections) == 1:
+        return _pack(text, _block_pieces(text, blocks, cost, budget), cost, budget)
+    out: list[tuple[int, int]] = []
+    last_whole = False
+    for section in sections:
+        pieces = _section_pieces(text, section, cost, budget)
+        if len(pieces) == 1 and last_whole and cost(text[out[-1][0] : pieces[0][1]]) <= budget:
+            out[-1] = (out[-1][0], pieces[0][1])
+        else:
+            out.extend(pieces)
+        last_whole = len(pieces) == 1
+    return out
+
+
+def _shared_path(blocks: Sequence[Block], start: int, end: int) -> tuple[str, ...]:
+    """The heading path every readable block or heading overlapping ``[start, end)`` shares
+    (front matter, comments and link definitions do not count)."""
+    paths = [b.heading_path for b in blocks if b.start < end and b.end > start and (b.copyable or b.kind == "heading")]
+    if not paths:
+        return ()
+    shared = paths[0]
+    for path in paths[1:]:
+        n = next((i for i, (a, b) in enumerate(zip(shared, path)) if a != b), min(len(shared), len(path)))
+        shared = shared[:n]
+    return shared
+
+
+def section_chunks(
+    text: str, *, max_words: int = 100, max_tokens: int | None = None, tokenizer: TokenCounter | None = None
+) -> list[TextChunk]:
+    """Cut a Markdown text along its sections within a size budget (same knobs as :func:`chunk_text`).
+
+    A section (a heading and everything up to the next heading of its level
+    or above) that fits is one chunk, packed with the sibling sections after it
+    while they fit; a larger one is cut into its sub-sections the same way,
+    and a section without sub-sections into whole blocks (paragraphs, list
+    items, code blocks, tables). Only a block over the budget on its own is
+    cut: a code block or table at line ends, any other block by sentences. A
+    heading never ends a chunk when what follows it fits beside it. Ranges
+    exclude surrounding whitespace; ``text[c.start:c.end]`` is the exact text.
+
+    Returns:
+        :class:`TextChunk` in document order; ``[]`` for blank text.
+    """
+    cost, budget = _budget(max_words, max_tokens, tokenizer)
+    blocks = parse_blocks(text)
+    if not blocks:
+        return []
+    return [TextChunk(s, e, _shared_path(blocks, s, e)) for s, e in _section_pieces(text, blocks, cost, budget)]
 
 
 def chunk_passages(
@@ -524,10 +658,15 @@ def chunk_passages(
 ) -> list[Passage]:
     """Cut long passages into chunks with :func:`chunk_text` (same budget knobs).
 
-    A passage that fits in one chunk is kept unchanged except that ``doc_id``
-    is set (to its own id when it is a whole document). A longer one becomes
-    passages ``f"{id}#{i}"`` (i from 0) with the same title and metadata,
-    ``doc_id`` = the original document id and ``doc_char_start`` such that
+    A Markdown passage (:func:`~nest_integrations.markdown_structure.is_markdown`:
+    a ``.md`` / ``.markdown`` / ``.mdx`` file name in its metadata or title, or
+    Markdown syntax in its text) is cut along its sections (:func:`section_chunks`)
+    and each of its chunks gets ``metadata["heading_path"]``, the list of
+    headings it sits under. A passage that fits in one chunk is kept unchanged
+    except that ``doc_id`` is set (to its own id when it is a whole document)
+    and, for Markdown, its heading path. A longer one becomes passages
+    ``f"{id}#{i}"`` (i from 0) with the same title and metadata, ``doc_id`` =
+    the original document id and ``doc_char_start`` such that
     ``doc.text[p.doc_char_start:p.doc_char_end] == p.text`` (offsets compose
     when an already-cut passage is cut again).
 
@@ -537,19 +676,31 @@ def chunk_passages(
     chunked: list[Passage] = []
     for passage in passages:
         doc_id = passage.doc_id or passage.id
-        spans = chunk_text(passage.text, max_words=max_words, max_tokens=max_tokens, tokenizer=tokenizer)
-        if len(spans) <= 1:
-            chunked.append(replace(passage, doc_id=doc_id))
+        if is_markdown(passage.text, passage.metadata, passage.title):
+            chunks = section_chunks(passage.text, max_words=max_words, max_tokens=max_tokens, tokenizer=tokenizer)
+        else:
+            spans = chunk_text(passage.text, max_words=max_words, max_tokens=max_tokens, tokenizer=tokenizer, markdown=False)
+            chunks = [TextChunk(start, end, ()) for start, end in spans]
+        markdown = is_markdown(passage.text, passage.metadata, passage.title)
+        if markdown:
+            chunks = section_chunks(passage.text, max_words=max_words, max_tokens=max_tokens, tokenizer=tokenizer)
+        else:
+            spans = chunk_text(passage.text, max_words=max_words, max_tokens=max_tokens, tokenizer=tokenizer, markdown=False)
+            chunks = [TextChunk(start, end, ()) for start, end in spans]
+        if len(chunks) <= 1:
+            path = {"heading_path": list(chunks[0].heading_path if chunks else ())} if markdown else {}
+            chunked.append(replace(passage, doc_id=doc_id, **({"metadata": {**passage.metadata, **path}} if markdown else {})))
             continue
         chunked.extend(
             replace(
                 passage,
                 id=f"{passage.id}#{i}",
-                text=passage.text[start:end],
+                text=passage.text[chunk.start : chunk.end],
+                metadata={**passage.metadata, "heading_path": list(chunk.heading_path)} if markdown else passage.metadata,
                 doc_id=doc_id,
-                doc_char_start=passage.doc_char_start + start,
+                doc_char_start=passage.doc_char_start + chunk.start,
             )
-            for i, (start, end) in enumerate(spans)
+            for i, chunk in enumerate(chunks)
         )
     _check_unique_ids(chunked)
     return chunked

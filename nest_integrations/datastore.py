@@ -45,6 +45,7 @@ import numpy as np
 from .corpus import Passage
 from .key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, resolve_codec, sample_rows
 from .lm import KeyReader
+from .markdown_structure import copyable_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -96,7 +97,10 @@ class EncodedPassage:
             stands for the hidden state just before token ``j`` (the last prefix
             position for ``j = 0``; zeros when there is no prefix). float16
             (L, d) as the encoder returns them; uint8 codes when compressed.
-        valid: bool (L,), whether ``keys[j] -> token_ids[j]`` is a datastore entry.
+        valid: bool (L,), whether ``keys[j] -> token_ids[j]`` is a datastore entry
+            (never for Markdown a reader does not see: a heading line, a comment,
+            front matter, a link definition, HTML; see
+            :func:`~nest_integrations.markdown_structure.copyable_tokens`).
     """
 
     token_ids: np.ndarray
@@ -245,7 +249,7 @@ class PassageEncoder:
         for i, (ids, spans) in enumerate(tokenized):
             keys = np.concatenate(by_passage[i])
             assert len(keys) == len(ids), "windows must tile the passage"
-            results.append(EncodedPassage(ids, spans, keys, self._valid_mask(ids)))
+            results.append(EncodedPassage(ids, spans, keys, self._valid_mask(ids) & copyable_tokens(texts[i], spans)))
         return results
 
     def _forward(self, passages_ids: list[np.ndarray]) -> list[np.ndarray]:

@@ -71,6 +71,7 @@ from .copy_policy import acceptable_start, continues, focus_window, sentence_sta
 from .corpus import Passage
 from .datastore import CandidateSet, EncodedPassage, EncodeStats, TokenDatastore
 from .lm import KeyReader, cache_argument
+from .markdown_structure import copyable_end
 from .mixture import accepted_prefix_length, distance_ratio, knn_distribution, mix, relaxed_accept_ratio, rrc_lambda
 from .relevance import GateDecision, RelevanceGate, subject_name
 from .repetition import repeat_free_length, repeating_tokens
@@ -865,13 +866,15 @@ class NestDecoder:
 
     def _copy_end(self, gen: _Generation, pidx: int, pos: int) -> int:
         """Where a copy from token ``pos`` of passage ``pidx`` must end (exclusive): at most
-        ``span_length`` tokens, never past the passage, never into a token this answer has
-        already copied (a used entry), never completing a run of ``repeat_ngram`` tokens the
+        ``span_length`` tokens, never past the passage, never into Markdown a reader does not
+        see (:func:`~nest_integrations.markdown_structure.copyable_end`), never into a token this
+        answer has already copied (a used entry), never completing a run of ``repeat_ngram`` tokens the
         answer already holds (:func:`~nest_integrations.repetition.repeat_free_length`)."""
         candidates, config = gen.candidates, gen.config
         assert candidates is not None
         tokens = candidates.passage(pidx).token_ids
         end = min(len(tokens), pos + config.span_length)
+        end = copyable_end(self.datastore.passages[pidx].text, candidates.passage(pidx).char_spans, pos, end)  # type: ignore[union-attr]
         end = next((i for i in range(pos, end) if candidates.is_used(pidx, i)), end)
         return pos + repeat_free_length(gen.ids, [int(t) for t in tokens[pos:end]], config.repeat_ngram)
 
