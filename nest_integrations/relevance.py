@@ -108,6 +108,8 @@ _NAME_PARTICLES = frozenset(
 _GROUP_NOUNS = frozenset("brothers sisters family twins".split())
 """Words that end a group's name ("the Lumière brothers") without naming anyone: like the
 particles, a passage that shares only these with the query ("The Marx Brothers") is not about it."""
+_PARTICLE_JOINED = re.compile(r"^(?:al|el|ad|as|at|an|ar|az|bi|ibn|bin|abu|d|l)[-'’]\w*[A-Z]")
+"""A name word opened by a joined particle: "al-Ghazi", "bi-Amr", "d'Alembert"."""
 _ROMAN_NUMERAL = re.compile(r"^(?=[ivxlc])(?:x{0,3}|xl|l|lx{1,3}|xc|c)(?:i{0,3}|iv|v|vi{1,3}|ix)$")
 _SUBJECT_WINDOW = 15
 """A passage's subject is named among the first words of its opening sentence."""
@@ -120,12 +122,12 @@ def is_name_query(query: str) -> bool:
     if not 1 <= len(words) <= 6 or "?" in query:
         return False
     named = [w for w in words if _fold(w).strip(".,'") not in _NAME_PARTICLES]
-    return bool(named) and all(w[:1].isupper() for w in named)
+    return bool(named) and all(w[:1].isupper() or _PARTICLE_JOINED.match(w) for w in named)
 
 
 _ASKED_NAME = re.compile(
     r"\b(?i:bio(?:graphy)?|life|about|who\s+(?:is|was|were))\s+(?:of\s+)?(?:the\s+)?"
-    r"(?P<name>[A-Z][\w'.-]*(?:\s+(?:[A-Z][\w'.-]*|(?:al|el|ibn|bin|ad|as|at|an|ar|az)-[A-Z][\w'.-]*"
+    r"(?P<name>[A-Z][\w'.-]*(?:\s+(?:[A-Z][\w'.-]*|(?:al|el|ad|as|at|an|ar|az|bi|ibn|bin|abu)-[A-Z][\w'.-]*"
     r"|of|de|de'|von|van|da|di|du|del|la|le|al|ibn|bin|the|brothers|sisters|family|twins))*)"
 )
 
@@ -151,9 +153,9 @@ def subject_name(query: str) -> str | None:
 
 
 def _name_parts(name: str) -> tuple[list[str], set[str]]:
-    """``(words, numerals)`` of a name: folded words without particles and initials
-    ("Arthur C. Clarke" -> ["arthur", "clarke"]) up to its regnal numeral
-    ("Richard I of England" -> ["richard"], {"i"})."""
+    """``(words, numerals)`` of a name: folded words without particles, initials as their
+    letter and a full stop ("Arthur C. Clarke" -> ["arthur", "c.", "clarke"]), up to its
+    regnal numeral ("Richard I of England" -> ["richard"], {"i"})."""
     words, numerals = [], set()
     for match in re.finditer(r"[\w']+\.?", name):
         raw = match.group()
@@ -165,6 +167,8 @@ def _name_parts(name: str) -> tuple[list[str], set[str]]:
             break  # a ruler's territory after the numeral is often left out ("William III and II, ...")
         if len(word) > 1:
             words.extend(_WORD.findall(word))
+        elif word.isalpha():
+            words.append(word + ".")
     return words, numerals
 
 
@@ -192,13 +196,20 @@ def _nick_namer() -> Any:
     return NickNamer()
 
 
+def _matches(word: str, opening_word: str, first: bool) -> bool:
+    """Whether a name word stands for an opening word: an initial ("g.") for any word with that
+    letter ("Godfrey"), the first word in any of its forms (:func:`given_name_forms`), else itself."""
+    if word.endswith("."):
+        return opening_word.startswith(word[0])
+    return opening_word in given_name_forms(word) if first else opening_word == word
+
+
 def _in_order(words: Sequence[str], opening: Sequence[str]) -> int:
-    """Index in ``opening`` just past ``words`` found as an ordered subsequence, or -1.
-    The first word (a given name) may stand in any of its forms (:func:`given_name_forms`)."""
+    """Index in ``opening`` just past ``words`` found as an ordered subsequence, or -1
+    (see :func:`_matches`)."""
     at = 0
     for i, word in enumerate(words):
-        forms = given_name_forms(word) if i == 0 else {word}
-        found = next((j for j in range(at, len(opening)) if opening[j] in forms), None)
+        found = next((j for j in range(at, len(opening)) if _matches(word, opening[j], i == 0)), None)
         if found is None:
             return -1
         at = found + 1
@@ -208,21 +219,23 @@ def _in_order(words: Sequence[str], opening: Sequence[str]) -> int:
 def names_subject(name: str, text: str, *, whole_sentence: bool = False) -> bool:
     """Whether ``text`` opens with ``name`` as its subject.
 
-    Every word of the name (initials and particles aside) must occur, in the
+    Every word of the name (particles aside; an initial as any word with its letter:
+    "G. H. Hardy" is "Godfrey Harold Hardy", not "Thomas Hardy") must occur, in the
     name's order, among the first ``_SUBJECT_WINDOW`` words of the opening
     sentence ("Maria Salomea Skłodowska-Curie, known as Marie Curie, was...");
     "Alexander Pope" is not "Pope Alexander VI". Regnal numerals must match:
     "Pedro I of Brazil" is not "Pedro II of Brazil", "Túpac Amaru" not
-    "Túpac Amaru II". Nicknames that share no word with the lead ("Tom Hanks"
-    for "Thomas Jeffrey Hanks") do not pass: the price of keeping other
-    people's summaries out (README: Relevance gate).
+    "Túpac Amaru II". A familiar given name matches its formal forms ("Tom Hanks"
+    for "Thomas Jeffrey Hanks"); a byname that shares no word with the opening
+    ("El Cid" for "Rodrigo Díaz de Vivar") does not pass: the price of keeping
+    other people's summaries out (README: Relevance gate).
 
     ``whole_sentence``: the name may come anywhere in the opening sentence
     (the gate allows it for very similar passages: "Eric Arthur Blair was an
     English novelist ... who wrote under the pen name of George Orwell").
     """
     words, numerals = _name_parts(name)
-    if not words:
+    if not [w for w in words if not w.endswith(".")]:
         return False
     opening = _WORD.findall(_fold(lead(text)))
     if not whole_sentence:

@@ -79,3 +79,12 @@ def test_a_familiar_given_name_finds_the_formal_one():
     assert names_subject("Tom Hanks", "Thomas Jeffrey Hanks is an American actor and filmmaker.")
     assert not names_subject("Billy Graham", "Franklin Graham is an American evangelist and missionary."), "the given name still counts"
     assert not names_subject("Graham Greene", GRAHAM), "only a given name has other forms"
+
+
+def test_initials_and_joined_particles_must_match_too():
+    assert names_subject("G. H. Hardy", "Godfrey Harold Hardy was an English mathematician.")
+    assert not names_subject("G. H. Hardy", "Thomas Hardy was an English novelist and poet.")
+    assert not names_subject("T. S. Eliot", "Mary Ann Evans, known by her pen name George Eliot, was an English novelist.")
+    assert subject_name("Ahmad ibn Ibrahim al-Ghazi") == "Ahmad ibn Ibrahim al-Ghazi"
+    assert subject_name("Al-Hakim bi-Amr Allah") == "Al-Hakim bi-Amr Allah"
+    assert not names_subject("Ahmad ibn Ibrahim al-Ghazi", "Ahmad ibn Hanbal was a Muslim jurist, theologian and ascetic.")
