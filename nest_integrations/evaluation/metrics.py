@@ -1,12 +1,16 @@
 """Evaluation metrics for NEST generations.
 
-All functions are pure and work offline. They fall into four groups:
+All functions are pure and work offline. They fall into these groups:
 
 * text overlap: :func:`rouge_scores`, :func:`years`, :func:`year_precision`;
 * question answering: :func:`normalize_answer`, :func:`answer_recall`;
 * biography entity checks: :func:`opens_with_entity`,
   :func:`opens_with_other_name`, :func:`fragment_answer`;
 * seams (where a copy starts): :func:`seam_ok`, :func:`seam_ok_rate`;
+* degenerate output and copied markup: :func:`repeated_ngram`,
+  :func:`recopied_source`, :func:`is_repetitive`, :func:`markup_ranges`,
+  :func:`copied_markup`; questions the corpus does not answer:
+  :func:`unanswerable_scores`;
 * output-contract checks and speed: :func:`span_integrity`,
   :func:`spans_tile_text`, :func:`tokens_per_forward`, plus :func:`aggregate`
   to average per-item rows.
@@ -27,18 +31,25 @@ from rouge_score import rouge_scorer
 from ..attribution import tokens_per_decoding_forward
 
 __all__ = [
+    "MARKUP_KINDS",
     "aggregate",
     "answer_recall",
+    "copied_markup",
     "fragment_answer",
+    "is_repetitive",
+    "markup_ranges",
     "normalize_answer",
     "opens_with_entity",
     "opens_with_other_name",
+    "recopied_source",
+    "repeated_ngram",
     "rouge_scores",
     "seam_ok",
     "seam_ok_rate",
     "span_integrity",
     "spans_tile_text",
     "tokens_per_forward",
+    "unanswerable_scores",
     "year_precision",
     "years",
 ]
@@ -604,6 +615,214 @@ def spans_tile_text(output: Mapping[str, Any]) -> bool:
             return False
         position = end
     return position == len(text)
+
+
+# --------------------------------------------------------------------------- degenerate output
+
+REPEAT_NGRAM = 4
+"""Words per n-gram of :func:`repeated_ngram`."""
+REPEAT_TIMES = 3
+"""Occurrences of one n-gram that make an output a loop (:func:`repeated_ngram`)."""
+RECOPY_MIN_CHARS = 16
+"""Source characters two copied spans must share to count as a re-copy (:func:`recopied_source`)."""
+
+_WORD_RE = re.compile(r"\w+")
+
+
+def repeated_ngram(text: str, n: int = REPEAT_NGRAM, times: int = REPEAT_TIMES) -> bool:
+    """Whether some word ``n``-gram occurs ``times`` or more times in ``text``.
+
+    Words are runs of word characters after NFKC and lower-casing, so
+    punctuation, markup and case do not hide a loop; occurrences may overlap
+    (``"a a a a a a"`` holds ``"a a a a"`` three times). A larger ``n`` or
+    ``times`` flags only longer loops and spares answers that list similar
+    items (``reply.header('x-foo', ...)`` twice is not a loop).
+
+    Raises:
+        ValueError: if ``n`` or ``times`` is below 1.
+    """
+    if n < 1 or times < 1:
+        raise ValueError(f"n and times must be >= 1, got n={n}, times={times}")
+    words = _WORD_RE.findall(_fold(text))
+    counts: dict[tuple[str, ...], int] = {}
+    for i in range(len(words) - n + 1):
+        gram = tuple(words[i : i + n])
+        counts[gram] = counts.get(gram, 0) + 1
+        if counts[gram] >= times:
+            return True
+    return False
+
+
+def _copied_sources(output: Mapping[str, Any]) -> list[tuple[str, int, int]]:
+    """``(passage id, char_start, char_end)`` of each copied span of ``output`` whose
+    source gives a string id and int offsets (the others cannot be located)."""
+    located = []
+    for span in _spans(output):
+        source = span.get("source") if span.get("copied") else None
+        if not isinstance(source, Mapping):
+            continue
+        passage_id, start, end = source.get("id"), source.get("char_start"), source.get("char_end")
+        if isinstance(passage_id, str) and isinstance(start, int) and isinstance(end, int):
+            located.append((passage_id, start, end))
+    return located
+
+
+def recopied_source(
+    output: Mapping[str, Any],
+    doc_positions: Mapping[str, tuple[str, int]] | None = None,
+    min_chars: int = RECOPY_MIN_CHARS,
+) -> bool:
+    """Whether two copied spans of ``output`` share ``min_chars`` or more characters of one source.
+
+    Args:
+        output: a generation following the output contract.
+        doc_positions: passage id -> ``(document id, offset of the passage in
+            it)``; with it, offsets are compared in document coordinates, so the
+            overlapping chunks of one document (LangChain's 200-character
+            overlap) count as one source. Without it (or for an id it lacks)
+            each passage is its own source.
+        min_chars: shared characters that make a re-copy; below about a word,
+            copying the same short token twice ("`", "the") would count.
+
+    Raises:
+        ValueError: if ``output`` lacks ``text`` or ``spans``, or ``min_chars < 1``.
+    """
+    if min_chars < 1:
+        raise ValueError(f"min_chars must be >= 1, got {min_chars}")
+    positions = doc_positions or {}
+    ranges = sorted(
+        (doc, offset + start, offset + end)
+        for passage_id, start, end in _copied_sources(output)
+        for doc, offset in [positions.get(passage_id, (passage_id, 0))]
+    )
+    furthest: dict[str, int] = {}  # per source, the largest end of the ranges seen so far
+    for doc, start, end in ranges:
+        if min(end, furthest.get(doc, start)) - start >= min_chars:
+            return True
+        furthest[doc] = max(end, furthest.get(doc, end))
+    return False
+
+
+def is_repetitive(output: Mapping[str, Any], doc_positions: Mapping[str, tuple[str, int]] | None = None) -> bool:
+    """Whether ``output`` is a degenerate loop: its text repeats a word 4-gram 3 or
+    more times (:func:`repeated_ngram` with :data:`REPEAT_NGRAM`, :data:`REPEAT_TIMES`)
+    or it copies the same source characters twice (:func:`recopied_source`, at least
+    :data:`RECOPY_MIN_CHARS` shared, ``doc_positions`` as there). The share of such
+    outputs is the evaluation's repetition rate.
+
+    Raises:
+        ValueError: if ``output`` lacks ``text`` or ``spans``.
+    """
+    return recopied_source(output, doc_positions) or repeated_ngram(output["text"])
+
+
+# --------------------------------------------------------------------------- copied markup
+
+MARKUP_KINDS: tuple[str, ...] = ("html_comment", "front_matter", "link_definition", "html_tag", "heading")
+"""Markup a reader never quotes, found by :func:`markup_ranges`."""
+
+_FENCE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)
+_MARKUP_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("html_comment", re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)),
+    ("front_matter", re.compile(r"\A\ufeff?---[ \t]*\n[\w-]+:.*?\n(?:---|\.\.\.)[ \t]*$", re.DOTALL | re.MULTILINE)),
+    ("link_definition", re.compile(r"^ {0,3}\[[^\]\n]+\]:[ \t].*$", re.MULTILINE)),
+    # HTML elements only, so TypeScript generics in prose (`Array<string>`) are not tags.
+    (
+        "html_tag",
+        re.compile(
+            r"</?(?:a|abbr|b|br|code|dd|details|div|dl|dt|em|h[1-6]|hr|i|img|kbd|li|ol|p|pre|span|strong|sub|"
+            r"summary|sup|table|tbody|td|th|thead|tr|ul)\b[^<>]*>",
+            re.IGNORECASE,
+        ),
+    ),
+    ("heading", re.compile(r"^ {0,3}#{1,6}(?:[ \t].*)?$", re.MULTILINE)),
+)
+
+
+def _fenced_ranges(text: str) -> list[tuple[int, int]]:
+    """Character ranges of the fenced code blocks of ``text``, fence lines included; a
+    block closes at the next fence of the same character (an unclosed one runs to the end)."""
+    ranges: list[tuple[int, int]] = []
+    opened: tuple[int, str] | None = None
+    for match in _FENCE_RE.finditer(text):
+        if opened is None:
+            opened = (match.start(), match.group(1)[0])
+        elif match.group(1)[0] == opened[1]:
+            line_end = text.find("\n", match.end())
+            ranges.append((opened[0], len(text) if line_end < 0 else line_end))
+            opened = None
+    if opened is not None:
+        ranges.append((opened[0], len(text)))
+    return ranges
+
+
+def markup_ranges(text: str) -> list[tuple[int, int, str]]:
+    """Character ranges ``(start, end, kind)`` of the markup in a Markdown source text.
+
+    Kinds (:data:`MARKUP_KINDS`): an HTML comment (``<!-- ... -->``, to the end
+    when unclosed); YAML front matter (a ``---`` line opening the text, ``key:``
+    lines, a closing ``---`` or ``...``); a link-reference definition line
+    (``[id]: target``); an HTML tag or anchor of a known HTML element
+    (``<a id="x">``, ``</h1>``, ``<sup>``); a heading line (``#`` to ``######``).
+    Markup that starts inside a fenced code block is code, not markup (a shell
+    ``# comment`` is no heading). A text cut from a document inside a code block
+    cannot know it is fenced: its lines are read as prose.
+
+    Returns:
+        The ranges sorted by start (they may overlap: a heading holding a tag).
+    """
+    fenced = _fenced_ranges(text)
+    found = [
+        (match.start(), match.end(), kind)
+        for kind, pattern in _MARKUP_RES
+        for match in pattern.finditer(text)
+        if not any(lo <= match.start() < hi for lo, hi in fenced)
+    ]
+    return sorted(found)
+
+
+def copied_markup(output: Mapping[str, Any], passages: Mapping[str, str]) -> list[str]:
+    """The :data:`MARKUP_KINDS` that the copied spans of ``output`` take from their sources.
+
+    A copied span takes a markup range of :func:`markup_ranges` of its source
+    passage (``passages[source["id"]]``) when its ``[char_start, char_end)``
+    shares at least one character with it: half an anchor counts. Spans whose
+    source is unknown are skipped; what the LM writes itself never counts.
+
+    Returns:
+        The kinds found, in :data:`MARKUP_KINDS` order (``[]`` when none).
+
+    Raises:
+        ValueError: if ``output`` lacks ``text`` or ``spans``.
+    """
+    found: set[str] = set()
+    ranges_of: dict[str, list[tuple[int, int, str]]] = {}
+    for passage_id, start, end in _copied_sources(output):
+        if passage_id not in passages:
+            continue
+        if passage_id not in ranges_of:
+            ranges_of[passage_id] = markup_ranges(passages[passage_id])
+        found.update(kind for lo, hi, kind in ranges_of[passage_id] if lo < end and start < hi)
+    return [kind for kind in MARKUP_KINDS if kind in found]
+
+
+# --------------------------------------------------------------------------- unanswerable questions
+
+
+def unanswerable_scores(output: Mapping[str, Any], unanswerable: bool) -> dict[str, Any]:
+    """How a generation cites sources for a question the corpus does not answer.
+
+    Returns:
+        ``{"cited_unanswerable": attribution_ratio > 0, "unanswerable_attribution":
+        attribution_ratio}`` for an unanswerable question (``attribution_ratio``
+        from the output, 0 when absent): a copy there lends a corpus source to an
+        answer the corpus does not hold. Both None for an answerable question,
+        so averages run over the unanswerable ones only.
+    """
+    if not unanswerable:
+        return {"cited_unanswerable": None, "unanswerable_attribution": None}
+    attribution = float(output.get("attribution_ratio", 0.0))
+    return {"cited_unanswerable": attribution > 0, "unanswerable_attribution": attribution}
 
 
 # --------------------------------------------------------------------------- speed / aggregation

@@ -16,11 +16,20 @@ Domains and their commands (all five modes on the same items):
   ``nest eval --task docs`` over whole documents, ``nest eval --task docs
   --docs-chunking splitter`` over LangChain's default splitter chunks (the
   index is built once into the cache, see
-  :func:`~nest_integrations.evaluation.docs_corpus.docs_passages`).
+  :func:`~nest_integrations.evaluation.docs_corpus.docs_passages`);
+* Markdown documentation as users keep it (the Fastify reference docs, with
+  follow-up and unanswerable questions): ``nest eval --task markdown-docs``
+  with ``--docs-chunking cli``, ``splitter`` (LangChain) or ``sentence``
+  (LlamaIndex), see :func:`~nest_integrations.evaluation.markdown_docs.markdown_passages`.
 
 Every task reports attribution, :func:`~.metrics.seam_ok_rate` (copies that
-start where a reader accepts them), tokens per forward and speed; the question
-tasks answer recall, biographies also :func:`~.metrics.fragment_answer`.
+start where a reader accepts them), the repetition rate
+(:func:`~.metrics.is_repetitive`), the markup-copied rate
+(:func:`~.metrics.copied_markup`), tokens per forward and speed against base
+and against in-context RAG; the question tasks answer recall (over the
+answerable questions), and where questions are unanswerable how often a mode
+cites a source anyway (:func:`~.metrics.unanswerable_scores`); biographies
+also :func:`~.metrics.fragment_answer`.
 
 Protocol (documented in every summary under ``"protocol"``):
 
@@ -40,6 +49,7 @@ Protocol (documented in every summary under ``"protocol"``):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -57,10 +67,14 @@ from nest_integrations.config import MODES, NestConfig
 from nest_integrations.corpus import Passage
 from nest_integrations.datastore import TokenDatastore
 from nest_integrations.decoding import NestDecoder, ScoredPassages
+from nest_integrations.evaluation.docs_corpus import DOCS_CHUNKINGS, docs_passages
+from nest_integrations.evaluation.markdown_docs import MARKDOWN_CHUNKINGS, markdown_passages
 from nest_integrations.evaluation.metrics import (
     aggregate,
     answer_recall,
+    copied_markup,
     fragment_answer,
+    is_repetitive,
     opens_with_entity,
     opens_with_other_name,
     rouge_scores,
@@ -68,6 +82,7 @@ from nest_integrations.evaluation.metrics import (
     span_integrity,
     spans_tile_text,
     tokens_per_forward,
+    unanswerable_scores,
     year_precision,
 )
 from nest_integrations.evaluation.tasks import QA_TASKS, TASK_MAX_NEW_TOKENS, EvalItem, get_task, qa_items
@@ -75,8 +90,11 @@ from nest_integrations.index import NestIndex
 
 __all__ = [
     "CONDITIONS",
+    "DOCS_DOMAIN_CHUNKINGS",
     "TASK_METRICS",
+    "docs_domain_passages",
     "evaluate_item",
+    "passages_fingerprint",
     "perplexity",
     "run_eval",
     "score_item",
@@ -98,6 +116,10 @@ COMMON_METRICS: tuple[str, ...] = (
     "span_integrity",
     "spans_tile",
     "seam_ok_rate",
+    "repetitive",
+    "markup_copied",
+    "cited_unanswerable",
+    "unanswerable_attribution",
     "wall_s",
     "retrieval_s",
     "encode_s",
@@ -132,12 +154,19 @@ _SHARED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("mean_copied_span_tokens", "mean span (tok)"),
     ("span_integrity", "span integrity"),
     ("seam_ok_rate", "seam ok"),
+    ("repetitive", "repetition"),
+    ("markup_copied", "markup copied"),
+    ("cited_unanswerable", "cited on unanswerable"),
+    ("unanswerable_attribution", "attribution on unanswerable"),
     ("datastore_fallback", "LM fallback"),
     ("tokens_per_forward", "tok/fwd"),
     ("new_tokens", "new tok"),
     ("wall_s", "wall s"),
     ("speedup_vs_base", "speed vs base"),
+    ("speedup_vs_rag", "speed vs rag"),
 )
+_WHEN_MEASURED = frozenset({"cited_unanswerable", "unanswerable_attribution"})
+"""Columns shown only when some row has a value (tasks with unanswerable questions)."""
 
 PROTOCOL = (
     "conditions: absent removes the item's own passage (and its chunks) from first-stage hits for every mode; "
@@ -145,8 +174,16 @@ PROTOCOL = (
     "wall_s and retrieval_s of every non-base mode; lazy-key indexes give each generation a fresh "
     "datastore (encode_s is paid per generation), precomputed ones are read as they are; "
     "one untimed warm-up generation; speedup_vs_base = mode tokens/s / base tokens/s (new_tokens / wall_s, "
-    "same condition), so a mode that stops earlier gains nothing from writing less."
+    "same condition), so a mode that stops earlier gains nothing from writing less; speedup_vs_rag the same "
+    "against rag; repetitive: the text repeats a word 4-gram 3+ times or two copied spans share 16+ source "
+    "characters; markup_copied: a copied span takes an HTML comment, front matter, link-reference definition, "
+    "HTML tag or heading line from outside its source's code fences; answer_recall over answerable questions; "
+    "cited_unanswerable (attribution > 0) and unanswerable_attribution over unanswerable ones."
 )
+
+
+DOCS_DOMAIN_CHUNKINGS: dict[str, tuple[str, ...]] = {"docs": DOCS_CHUNKINGS, "markdown-docs": MARKDOWN_CHUNKINGS}
+"""The documentation tasks whose index the CLI builds from bundled documents, and their chunkings."""
 
 
 # --------------------------------------------------------------------------- validation
@@ -247,7 +284,7 @@ def load_items(
     builder = get_task(task)
     if n is not None and n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    if task == "docs":
+    if task in ("docs", "markdown-docs"):
         return builder(n, seed)
     if task != "qa":
         if qa_path is not None:
@@ -262,10 +299,39 @@ def load_items(
     return items[:n]
 
 
+def docs_domain_passages(task: str, chunking: str) -> list[Passage]:
+    """The passages of a documentation task's default index (:data:`DOCS_DOMAIN_CHUNKINGS`):
+    :func:`~.docs_corpus.docs_passages` or :func:`~.markdown_docs.markdown_passages`.
+
+    Raises:
+        ValueError: for another task or a chunking the task does not offer.
+    """
+    if task not in DOCS_DOMAIN_CHUNKINGS:
+        raise ValueError(f"{task!r} has no bundled documents; choose from {sorted(DOCS_DOMAIN_CHUNKINGS)}")
+    if chunking not in DOCS_DOMAIN_CHUNKINGS[task]:
+        raise ValueError(f"unknown {task} chunking {chunking!r}; choose from {DOCS_DOMAIN_CHUNKINGS[task]}")
+    return docs_passages(chunking) if task == "docs" else markdown_passages(chunking)
+
+
+def passages_fingerprint(passages: Sequence[Passage]) -> str:
+    """12 hex digits of SHA-256 over the passages' ids and texts, in order: a cached
+    index named with it is rebuilt when the documents or their chunking change."""
+    digest = hashlib.sha256()
+    for passage in passages:
+        digest.update(f"{len(passage.id)}:{passage.id}{len(passage.text)}:{passage.text}".encode())
+    return digest.hexdigest()[:12]
+
+
 def gold_passage_ids(passages: Sequence[Passage], gold_id: str) -> list[str]:
     """Ids of the passages that are the gold passage ``gold_id`` or one of its chunks
     (``doc_id == gold_id``)."""
     return [p.id for p in passages if gold_id in (p.id, p.doc_id)]
+
+
+def doc_positions_of(passages: Sequence[Passage]) -> dict[str, tuple[str, int]]:
+    """Passage id -> ``(document id, character offset of the passage in it)``; a whole
+    document is its own document at offset 0."""
+    return {p.id: (p.doc_id or p.id, p.doc_char_start) for p in passages}
 
 
 def check_gold_in_index(items: Sequence[EvalItem], passages: Sequence[Passage]) -> None:
@@ -323,7 +389,8 @@ def eval_decoder(index: NestIndex, config: NestConfig) -> NestDecoder:
 def _task_scores(item: EvalItem, text: str, task: str) -> dict[str, Any]:
     """Quality metrics of ``text`` for ``task`` (see :data:`TASK_METRICS`)."""
     if task in QA_TASKS:
-        return {"answer_recall": answer_recall(text, _meta(item, "answers"))}
+        unanswerable = bool(item.meta.get("unanswerable", False))
+        return {"answer_recall": None if unanswerable else answer_recall(text, _meta(item, "answers"))}
     scores: dict[str, Any] = rouge_scores(text, item.reference)
     if task == "bio":
         name = _meta(item, "name")
@@ -364,6 +431,7 @@ def score_item(
     passages_by_id: Mapping[str, str],
     *,
     first_stage_s: float = 0.0,
+    doc_positions: Mapping[str, tuple[str, int]] | None = None,
 ) -> dict[str, Any]:
     """Per-item metrics of one generation.
 
@@ -371,18 +439,27 @@ def score_item(
         item: the evaluated item.
         output: the generation as a dict (``NestOutput.to_dict()``).
         task: a name of :data:`TASK_METRICS`.
-        passages_by_id: passage id -> full text, to check copied spans and their seams.
+        passages_by_id: passage id -> full text, to check copied spans, their
+            seams and the markup they take.
         first_stage_s: seconds of first-stage retrieval done outside the decoder
             for this output; added to ``wall_s`` and ``retrieval_s``.
+        doc_positions: passage id -> ``(document id, offset in it)``
+            (:func:`doc_positions_of`), so re-copies across overlapping chunks
+            are found; None compares passages alone.
 
     Returns:
         ``attribution_ratio`` and ``mean_copied_span_tokens`` (from the output),
         ``span_integrity`` in [0, 1], ``spans_tile`` (bool), ``seam_ok_rate``
-        (in [0, 1], None when nothing was copied), the task metrics of
+        (in [0, 1], None when nothing was copied), ``repetitive`` (bool,
+        :func:`~.metrics.is_repetitive`), ``markup_copied`` (bool) and
+        ``copied_markup`` (the kinds, :func:`~.metrics.copied_markup`),
+        ``cited_unanswerable`` and ``unanswerable_attribution``
+        (:func:`~.metrics.unanswerable_scores` with ``meta["unanswerable"]``;
+        None for answerable items), the task metrics of
         :data:`TASK_METRICS` (ROUGE F1 in [0, 1] vs ``item.reference``; for bio
         also ``year_precision`` (None without years), the two opening checks
         and ``fragment_answer`` (bools); for the question tasks
-        ``answer_recall`` in {0, 1}), the latency split in
+        ``answer_recall`` in {0, 1}, None for unanswerable items), the latency split in
         seconds (``wall_s``, ``retrieval_s``, ``encode_s``, ``decode_s``),
         ``new_tokens``, ``forward_passes`` and ``tokens_per_forward``.
 
@@ -397,12 +474,17 @@ def score_item(
     integrity = span_integrity(output, passages_by_id)  # validates text and spans
     if not isinstance(output.get("stats"), Mapping):
         raise ValueError("output has no 'stats' mapping")
+    markup = copied_markup(output, passages_by_id)
     return {
         "attribution_ratio": float(output.get("attribution_ratio", 0.0)),
         "mean_copied_span_tokens": float(output.get("mean_copied_span_tokens", 0.0)),
         "span_integrity": integrity,
         "spans_tile": spans_tile_text(output),
         "seam_ok_rate": seam_ok_rate(output, passages_by_id),
+        "repetitive": is_repetitive(output, doc_positions),
+        "markup_copied": bool(markup),
+        "copied_markup": markup,
+        **unanswerable_scores(output, bool(item.meta.get("unanswerable", False))),
         **_task_scores(item, output["text"], task),
         **_speed_scores(output["stats"], first_stage_s),
     }
@@ -440,6 +522,7 @@ def evaluate_item(
     hits: ScoredPassages,
     first_stage_s: float,
     passages_by_id: Mapping[str, str],
+    doc_positions: Mapping[str, tuple[str, int]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Generate (see :func:`eval_decoder`) and score one item in one mode.
 
@@ -450,7 +533,7 @@ def evaluate_item(
     """
     output, fallback = generate_item(eval_decoder(index, config), item, mode, hits)
     charged = 0.0 if mode == "base" else first_stage_s
-    metrics = score_item(item, output, task, passages_by_id, first_stage_s=charged)
+    metrics = score_item(item, output, task, passages_by_id, first_stage_s=charged, doc_positions=doc_positions)
     metrics["datastore_fallback"] = fallback
     return output, metrics
 
@@ -541,15 +624,17 @@ def summarize_records(
     """One row per mode x condition (mode-major): ``mode``, ``condition`` and the
     :func:`aggregate` means of :func:`metric_keys`, plus ``speedup_vs_base``
     (mode tokens per wall second / base tokens per wall second in the same
-    condition, so per generated token; None without base)."""
+    condition, so per generated token; None without base) and ``speedup_vs_rag``
+    (the same against rag, the mode NEST must beat to be worth its index)."""
     rows = []
     for mode in modes:
         for condition in conditions:
             metrics = [r["metrics"] for r in records if r["mode"] == mode and r["condition"] == condition]
             rows.append({"mode": mode, "condition": condition, **aggregate(metrics, metric_keys(task))})
-    base_rate = {row["condition"]: ratio(row["new_tokens"], row["wall_s"]) for row in rows if row["mode"] == "base"}
-    for row in rows:
-        row["speedup_vs_base"] = ratio(ratio(row["new_tokens"], row["wall_s"]), base_rate.get(row["condition"]))
+    for reference in ("base", "rag"):
+        rate = {row["condition"]: ratio(row["new_tokens"], row["wall_s"]) for row in rows if row["mode"] == reference}
+        for row in rows:
+            row[f"speedup_vs_{reference}"] = ratio(ratio(row["new_tokens"], row["wall_s"]), rate.get(row["condition"]))
     return rows
 
 
@@ -589,7 +674,11 @@ def write_json(path: Path, data: Any) -> None:
 
 def _summary_markdown(summary: Mapping[str, Any]) -> str:
     """``summary.md``: run facts and one table row per mode x condition."""
-    columns = _TABLE_COLUMNS[summary["task"]] + _SHARED_COLUMNS
+    columns = [
+        (key, header)
+        for key, header in _TABLE_COLUMNS[summary["task"]] + _SHARED_COLUMNS
+        if key not in _WHEN_MEASURED or any(r.get(key) is not None for r in summary["results"])
+    ]
     headers = ["mode", "condition", "n"] + [header for _, header in columns]
     rows = [[r["mode"], r["condition"], r["count"]] + [r.get(key) for key, _ in columns] for r in summary["results"]]
     config = summary["config"]
@@ -669,6 +758,7 @@ def run_eval(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     passages_by_id = {p.id: p.text for p in index.passages}
+    doc_positions = doc_positions_of(index.passages)
     warm_up(index, config, items[0])
     retrieved = {
         (item.id, condition): first_stage(index, item, condition, config.passage_k)
@@ -684,7 +774,7 @@ def run_eval(
                 hits, first_stage_s = retrieved[(item.id, condition)]
                 for mode in modes:
                     output, metrics = evaluate_item(
-                        index, config, item, task, mode, hits, first_stage_s, passages_by_id
+                        index, config, item, task, mode, hits, first_stage_s, passages_by_id, doc_positions
                     )
                     records.append(
                         {

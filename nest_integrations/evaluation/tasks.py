@@ -21,8 +21,13 @@ Five tasks are registered in :data:`TASKS` (``nest eval --task NAME``):
   ``nest eval --task docs`` (whole documents, as ``nest index build`` keeps
   them) or ``nest eval --task docs --docs-chunking splitter`` (LangChain's
   default splitter chunks).
+* ``"markdown-docs"`` (:func:`markdown_docs_items`): hand-written questions
+  about the Fastify web framework's Markdown reference docs
+  (:mod:`.markdown_docs`): how-to questions, follow-ups that need the chat
+  history, and questions the docs do not answer.
+  ``nest eval --task markdown-docs [--docs-chunking cli|splitter|sentence]``.
 
-The question tasks (qa, wiki-qa, docs) are scored by answer recall with a
+The question tasks (qa, wiki-qa, docs, markdown-docs) are scored by answer recall with a
 short answer budget by default (:data:`TASK_MAX_NEW_TOKENS`).
 
 Sampling is deterministic: candidates are sorted by id and drawn with
@@ -35,16 +40,18 @@ import json
 import logging
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from nest_integrations.conversation import retrieval_query
 from nest_integrations.corpus import Passage, load_wikipedia_summaries
 
 __all__ = [
     "DOCS_QA_PATH",
     "EvalItem",
+    "MARKDOWN_QA_KINDS",
     "QA_TASKS",
     "TASKS",
     "TASK_MAX_NEW_TOKENS",
@@ -54,6 +61,8 @@ __all__ = [
     "docs_items",
     "get_task",
     "is_person_title",
+    "markdown_docs_items",
+    "markdown_qa_items",
     "qa_items",
     "split_sentences",
     "wiki_qa_items",
@@ -91,14 +100,16 @@ class EvalItem:
     Attributes:
         id: unique, stable id within a task (e.g. ``"bio/Marie Curie"``).
         prompt: text given to the generator (a chat turn unless
-            ``meta["chat"]`` is False, in which case a plain-text prefix).
+            ``meta["chat"]`` is False, in which case a plain-text prefix), or a
+            list of ``{"role", "content"}`` messages ending with the user's
+            turn (a follow-up in a conversation).
         query: retrieval query for the datastore.
         reference: gold text for overlap metrics (``""`` for QA).
         meta: task-specific extras (``name``, ``passage_id``, ``answers``, ...).
     """
 
     id: str
-    prompt: str
+    prompt: str | list[dict[str, str]]
     query: str
     reference: str
     meta: dict[str, Any] = field(default_factory=dict)
@@ -575,18 +586,182 @@ def docs_items(n: int | None = None, seed: int = 0) -> list[EvalItem]:
     return _sample(items, n, seed, "docs")
 
 
+# --------------------------------------------------------------------------- markdown-docs
+
+MARKDOWN_QA_KINDS: tuple[str, ...] = ("howto", "followup", "unanswerable")
+"""Kinds of :func:`markdown_qa_items` records: a question answered somewhere in a
+section; a follow-up whose ``messages`` hold the earlier turns it needs; a question
+the documents do not answer (``answers`` empty, ``doc`` null)."""
+
+_ROLES = frozenset({"system", "user", "assistant"})
+
+
+def _string(record: Mapping[str, Any], key: str, where: str) -> str:
+    """``record[key]`` as a stripped non-empty string (else ValueError naming ``where`` and ``key``)."""
+    value = record.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: {key!r} must be a non-empty string")
+    return value.strip()
+
+
+def _history(record: Mapping[str, Any], where: str) -> list[dict[str, str]]:
+    """The ``messages`` of a follow-up record: a non-empty list of ``{"role", "content"}``
+    turns (roles system/user/assistant) that ends with the assistant's answer."""
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"{where}: a followup needs 'messages', a non-empty list of earlier turns")
+    history = []
+    for turn in messages:
+        if not isinstance(turn, Mapping) or turn.get("role") not in _ROLES:
+            raise ValueError(f"{where}: every message needs a 'role' among {sorted(_ROLES)}")
+        history.append({"role": turn["role"], "content": _string(turn, "content", where)})
+    if history[-1]["role"] != "assistant":
+        raise ValueError(f"{where}: 'messages' must end with the assistant's turn the follow-up answers to")
+    return history
+
+
+def _markdown_qa_item(record: Any, where: str) -> EvalItem:
+    """One :data:`MARKDOWN_QA_KINDS` record as an item (see :func:`markdown_qa_items`).
+
+    Raises:
+        ValueError: naming ``where`` and the field: a missing id or question, an
+            unknown kind, answers that are not strings (or not empty exactly when
+            the kind is unanswerable), a ``doc`` that is not a file name for an
+            answerable question (or set for an unanswerable one), ``unanswerable``
+            disagreeing with the kind, follow-up ``messages`` missing or malformed,
+            or ``messages`` on another kind.
+    """
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    item_id, question = _string(record, "id", where), _string(record, "question", where)
+    kind = record.get("kind")
+    if kind not in MARKDOWN_QA_KINDS:
+        raise ValueError(f"{where}: 'kind' must be one of {MARKDOWN_QA_KINDS}, got {kind!r}")
+    unanswerable = kind == "unanswerable"
+    if bool(record.get("unanswerable", False)) != unanswerable:
+        raise ValueError(f"{where}: 'unanswerable' must be true exactly for kind 'unanswerable'")
+    answers, doc = record.get("answers"), record.get("doc")
+    if not isinstance(answers, list) or not all(isinstance(a, str) and a.strip() for a in answers):
+        raise ValueError(f"{where}: 'answers' must be a list of non-empty strings")
+    if unanswerable and (answers or doc is not None):
+        raise ValueError(f"{where}: an unanswerable question has 'answers': [] and 'doc': null")
+    if not unanswerable and (not answers or not isinstance(doc, str) or not doc):
+        raise ValueError(f"{where}: an answerable question needs gold 'answers' and its 'doc' file name")
+    if (kind == "followup") != ("messages" in record):
+        raise ValueError(f"{where}: 'messages' is required for a followup and only for one")
+    prompt: str | list[dict[str, str]] = question
+    if kind == "followup":
+        prompt = [*_history(record, where), {"role": "user", "content": question}]
+    meta: dict[str, Any] = {"answers": answers, "kind": kind, "unanswerable": unanswerable, "chat": True}
+    if doc is not None:
+        meta["passage_id"] = doc
+    query = retrieval_query(prompt) if isinstance(prompt, list) else question
+    return EvalItem(id=item_id, prompt=prompt, query=query, reference="", meta=meta)
+
+
+def markdown_qa_items(path: str | Path) -> list[EvalItem]:
+    """The items of a JSONL file of Markdown-documentation questions.
+
+    Each non-blank line is ``{"id", "question", "answers": [str, ...], "doc":
+    file name or null, "kind": one of MARKDOWN_QA_KINDS, "messages"?: [...],
+    "unanswerable"?: bool}``. The prompt is the question, or for a follow-up
+    ``messages + [the question as the user's turn]``; the query is the question,
+    or for a follow-up :func:`~nest_integrations.conversation.retrieval_query`
+    of that conversation (as the decoder and the integrations build it). Meta:
+    ``{"answers", "kind", "unanswerable", "chat": True}`` plus ``"passage_id"``
+    = ``doc`` when the question has one.
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+        ValueError: on invalid JSON or a malformed record (``path:line`` and the
+            field named), a duplicate id, or a file without records.
+    """
+    path = Path(path)
+    items: list[EvalItem] = []
+    with path.open(encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: invalid JSON ({exc.msg})") from exc
+            item = _markdown_qa_item(record, where)
+            if any(item.id == earlier.id for earlier in items):
+                raise ValueError(f"{where}: duplicate id {item.id!r}")
+            items.append(item)
+    if not items:
+        raise ValueError(f"{path}: no records found")
+    return items
+
+
+def _stratified_sample(items: Sequence[EvalItem], n: int, seed: int, what: str) -> list[EvalItem]:
+    """``n`` items drawn per ``meta["kind"]`` in proportion to the kinds' shares, each
+    kind by :func:`_sample`; returned in the input order.
+
+    Every kind gets at least one item when ``n`` allows (taken from the largest
+    kinds), and the largest remainders get the rounding, so a small ``n`` still
+    holds follow-ups and unanswerable questions.
+
+    Raises:
+        ValueError: if ``n`` exceeds ``len(items)``.
+    """
+    if n > len(items):
+        raise ValueError(f"asked for {n} {what} items but only {len(items)} candidates qualify")
+    kinds = sorted({item.meta["kind"] for item in items})
+    pools = {kind: [item for item in items if item.meta["kind"] == kind] for kind in kinds}
+    exact = {kind: n * len(pools[kind]) / len(items) for kind in kinds}
+    floor = 1 if n >= len(kinds) else 0
+    counts = {kind: max(floor, int(exact[kind])) for kind in kinds}
+    while sum(counts.values()) > n:
+        counts[max(kinds, key=lambda k: counts[k])] -= 1
+    for kind in sorted(kinds, key=lambda k: counts[k] - exact[k])[: n - sum(counts.values())]:
+        counts[kind] += 1
+    chosen = {item.id for kind in kinds for item in _sample(pools[kind], counts[kind], seed, what)}
+    return [item for item in items if item.id in chosen]
+
+
+def markdown_docs_items(n: int | None = None, seed: int = 0) -> list[EvalItem]:
+    """Questions about the Fastify Markdown reference docs (:mod:`.markdown_docs`).
+
+    Args:
+        n: number of items; None gives all of them in file order.
+        seed: with ``n``, the draw is stratified by kind (:func:`_stratified_sample`)
+            and deterministic.
+
+    Returns:
+        Items of :func:`markdown_qa_items` over
+        :data:`~.markdown_docs.FASTIFY_QA_PATH`.
+
+    Raises:
+        ValueError: if ``n < 0`` or larger than the number of questions.
+    """
+    from nest_integrations.evaluation.markdown_docs import FASTIFY_QA_PATH
+
+    items = markdown_qa_items(FASTIFY_QA_PATH)
+    if n is None:
+        return items
+    _check_n(n)
+    return _stratified_sample(items, n, seed, "markdown-docs")
+
+
 TASKS: dict[str, Callable[..., list[EvalItem]]] = {
     "bio": bio_items,
     "completion": completion_items,
     "qa": qa_items,
     "wiki-qa": wiki_qa_items,
     "docs": docs_items,
+    "markdown-docs": markdown_docs_items,
 }
 
-QA_TASKS: frozenset[str] = frozenset({"qa", "wiki-qa", "docs"})
-"""Tasks whose items carry gold ``answers`` (scored by answer recall)."""
+QA_TASKS: frozenset[str] = frozenset({"qa", "wiki-qa", "docs", "markdown-docs"})
+"""Tasks whose items carry gold ``answers`` (scored by answer recall; markdown-docs
+items marked ``meta["unanswerable"]`` have none and are scored apart)."""
 
-TASK_MAX_NEW_TOKENS: dict[str, int] = {"bio": 128, "completion": 128, "qa": 64, "wiki-qa": 64, "docs": 64}
+TASK_MAX_NEW_TOKENS: dict[str, int] = {
+    "bio": 128, "completion": 128, "qa": 64, "wiki-qa": 64, "docs": 64, "markdown-docs": 64,
+}
 """Default generation budget per task: questions get short answers."""
 
 

@@ -1,0 +1,135 @@
+"""A Markdown documentation corpus: the Fastify web framework's reference docs.
+
+Users keep documentation as Markdown files full of markup a reader never
+quotes: HTML anchors (``<a id="x"></a>``), link-reference definitions
+(``[1]: https://...``), tables of contents, code fences. This corpus is 14
+files of ``docs/Reference/`` of the npm package ``fastify@5.12.8`` (MIT),
+unmodified, bundled under ``data/fastify-docs/`` with its licence and a
+``SOURCE.md``; :func:`fastify_documents` reads them as ``nest index build``
+reads a folder (one passage per file, id = file name).
+
+Three passage views of the same documents (:func:`markdown_passages`), the
+chunkings a user of each entry point gets by default:
+
+* ``"cli"`` -- :func:`nest_integrations.corpus.chunk_passages` at
+  :data:`~nest_integrations.corpus.DEFAULT_CHUNK_TOKENS` tokens of the default
+  LM, what ``nest index build`` does to a folder of Markdown files;
+* ``"splitter"`` -- LangChain's ``RecursiveCharacterTextSplitter()`` (4,000
+  characters, 200 overlap, ``add_start_index=True``), see
+  :func:`~.docs_corpus.docs_splitter_chunks`;
+* ``"sentence"`` -- LlamaIndex's ``SentenceSplitter()`` (its defaults: 1,024
+  tokens of its own tokenizer, 200 overlap), :func:`sentence_splitter_chunks`.
+
+Every chunk keeps ``doc_id`` = the file name and ``doc_char_start`` = its
+offset in the file, so ``doc.text[p.doc_char_start:p.doc_char_end] == p.text``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from nest_integrations.corpus import DEFAULT_CHUNK_TOKENS, Passage, chunk_passages, load_documents
+
+__all__ = [
+    "FASTIFY_DOCS_DIR",
+    "FASTIFY_QA_PATH",
+    "FASTIFY_VERSION",
+    "MARKDOWN_CHUNKINGS",
+    "fastify_documents",
+    "markdown_passages",
+    "sentence_splitter_chunks",
+]
+
+logger = logging.getLogger(__name__)
+
+_DATA = Path(__file__).with_name("data")
+
+FASTIFY_VERSION = "5.12.8"
+"""The npm package version the bundled files were copied from."""
+
+FASTIFY_DOCS_DIR = _DATA / "fastify-docs" / "Reference"
+"""The bundled Markdown files (``SOURCE.md`` and ``LICENSE`` sit one folder up, outside the corpus)."""
+
+FASTIFY_QA_PATH = _DATA / "fastify_qa.jsonl"
+"""Hand-written questions about :data:`FASTIFY_DOCS_DIR`, one JSON object a line:
+``{"id", "question", "answers", "doc", "kind", "messages"?, "unanswerable"?}``
+(read by :func:`~.tasks.markdown_docs_items`; every answer string occurs in its ``doc``, tested)."""
+
+MARKDOWN_CHUNKINGS: tuple[str, ...] = ("cli", "splitter", "sentence")
+"""Passage views of :func:`markdown_passages`: ``nest index build``'s chunks, LangChain's
+default splitter's, LlamaIndex's default ``SentenceSplitter``'s."""
+
+
+def fastify_documents() -> list[Passage]:
+    """The bundled Fastify reference files as whole documents, sorted by file name.
+
+    Returns:
+        One :class:`Passage` per file: ``id`` = file name (``"Reply.md"``),
+        ``title`` = stem, text verbatim; metadata ``{"path", "source":
+        "fastify@<version>"}``.
+    """
+    source = f"fastify@{FASTIFY_VERSION}"
+    return [replace(doc, metadata={**doc.metadata, "source": source}) for doc in load_documents(FASTIFY_DOCS_DIR)]
+
+
+def sentence_splitter_chunks(documents: Sequence[Passage]) -> list[Passage]:
+    """The documents cut by LlamaIndex's default ``SentenceSplitter()``.
+
+    Returns:
+        Passages ``f"{doc}#{i}"`` with the document's title and metadata,
+        ``doc_id`` = the document id and ``doc_char_start`` from the node's
+        ``start_char_idx``.
+
+    Raises:
+        ValueError: if a node's offsets do not give back its text verbatim
+            (the splitter normalised the text, so spans could not be attributed).
+    """
+    from llama_index.core import Document
+    from llama_index.core.node_parser import SentenceSplitter
+
+    splitter = SentenceSplitter()
+    chunks = []
+    for doc in documents:
+        nodes = splitter.get_nodes_from_documents([Document(text=doc.text, id_=doc.id)])
+        for i, node in enumerate(nodes):
+            start, text = node.start_char_idx, node.get_content()
+            if start is None or doc.text[start : start + len(text)] != text:
+                raise ValueError(f"SentenceSplitter lost the offset of chunk {i} of {doc.id!r}")
+            chunks.append(
+                Passage(
+                    id=f"{doc.id}#{i}",
+                    text=text,
+                    title=doc.title,
+                    metadata=dict(doc.metadata),
+                    doc_id=doc.id,
+                    doc_char_start=doc.doc_char_start + start,
+                )
+            )
+    return chunks
+
+
+def markdown_passages(chunking: str = "cli") -> list[Passage]:
+    """The Fastify corpus as passages to index, cut as ``chunking`` says (see the module docstring).
+
+    Raises:
+        ValueError: for a ``chunking`` not in :data:`MARKDOWN_CHUNKINGS`.
+    """
+    if chunking not in MARKDOWN_CHUNKINGS:
+        raise ValueError(f"unknown markdown-docs chunking {chunking!r}; choose from {MARKDOWN_CHUNKINGS}")
+    documents = fastify_documents()
+    if chunking == "splitter":
+        from nest_integrations.evaluation.docs_corpus import docs_splitter_chunks
+
+        return docs_splitter_chunks(documents)
+    if chunking == "sentence":
+        return sentence_splitter_chunks(documents)
+    from transformers import AutoTokenizer
+
+    from nest_integrations.lm import default_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    logger.debug("chunking %d Markdown files at %d tokens", len(documents), DEFAULT_CHUNK_TOKENS)
+    return chunk_passages(documents, max_tokens=DEFAULT_CHUNK_TOKENS, tokenizer=tokenizer)
