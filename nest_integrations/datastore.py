@@ -438,6 +438,11 @@ class TokenDatastore:
     ) -> float:
         """Encode every passage now; returns throughput in tokens per second.
 
+        Before the bulk of the work the tokens are counted and the rate of a
+        first small chunk gives an estimate of the whole run, logged at INFO and
+        shown beside the progress bar (:class:`~nest_integrations.encode_progress.EncodeProgress`;
+        with an untrained codec the first training chunk gives it).
+
         Args:
             codec: store keys with this codec (a :class:`KeyCodec` or its name,
                 e.g. ``"opq96"``); None keeps the datastore's. An untrained codec
@@ -450,33 +455,22 @@ class TokenDatastore:
                 (FAISS advises 39 per centroid, ~10k) and slower training.
             seed: of the training sample.
         """
-        from tqdm.auto import tqdm
+        from .encode_progress import EncodeProgress
 
         if train_keys < 1:
             raise ValueError(f"train_keys must be positive, got {train_keys}")
         codec = resolve_codec(self.codec if codec is None else codec, self.hidden_size)
         texts = [p.text for p in self.passages]
-        start = time.perf_counter()
-        tokens = 0
-        with tqdm(total=len(texts), desc="Encoding datastore", unit="passage", disable=not show_progress) as bar:
-
-            def progress(chunk: list[EncodedPassage]) -> None:
-                nonlocal tokens
-                tokens += sum(len(e.token_ids) for e in chunk)
-                bar.update(len(chunk))
-                bar.set_postfix(tok_s=f"{tokens / max(time.perf_counter() - start, 1e-9):,.0f}")
-
+        with EncodeProgress(self.encoder, texts, show_progress=show_progress, desc="Encoding datastore") as progress:
             first: list[EncodedPassage] = []
             if not codec.is_trained:
                 first = train_on_first_passages(
-                    self.encoder, texts, codec, train_keys=train_keys, seed=seed, chunk_passages=chunk_passages, on_chunk=progress
+                    self.encoder, texts, codec, train_keys=train_keys, seed=seed, chunk_passages=chunk_passages,
+                    on_chunk=progress.update,
                 )
             encoded = [store_keys(e, codec) for e in first]
-            for lo in range(len(first), len(texts), chunk_passages):
-                chunk = self.encoder.encode(texts[lo : lo + chunk_passages])
-                progress(chunk)
-                encoded.extend(store_keys(e, codec) for e in chunk)
-        seconds = time.perf_counter() - start
+            encoded += progress.encode(len(first), chunk_passages, lambda e: store_keys(e, codec))
+            seconds, tokens = progress.seconds, progress.tokens_done
         self.codec = codec
         self._precomputed = PrecomputedKeys.from_encoded(encoded, self.encoder, codec)
         with self._lock:

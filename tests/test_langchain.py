@@ -435,7 +435,7 @@ def test_vector_store_search_filters_and_scores(store, docs):
 
 def test_save_and_load_local_round_trip(tmp_path, store, docs, embeddings, tiny_lm):
     folder = store.save_local(tmp_path / "store")
-    assert sorted(p.name for p in folder.iterdir()) == ["documents.json", "manifest.json", "vectors.npy"]
+    assert sorted(p.name for p in folder.iterdir()) == ["documents.json", "keys", "manifest.json", "vectors.npy"]
     loaded = NestVectorStore.load_local(folder, embeddings, lm=tiny_lm)
     assert loaded.get_by_ids([d.id for d in docs]) == docs
     query = docs[2].page_content

@@ -3,13 +3,19 @@
 The passage stage is numpy cosine similarity over the vectors of any LangChain
 ``Embeddings``. Beside it the store keeps a token-level
 :class:`~nest_integrations.datastore.TokenDatastore` of the same documents,
-created on first use with an LM (given to the store or adopted from the
-:class:`NestLLM` / :class:`ChatNest` that retrieves from it). Token keys are
-computed lazily the first time a document is retrieved for a generation.
+bound to one LM (given to the store or adopted from the :class:`NestLLM` /
+:class:`ChatNest` that retrieves from it) by
+:class:`~nest_integrations.store_keys.StoreKeys`. Token keys are precomputed
+when documents are added, or computed lazily the first time a document is
+retrieved (``precompute_keys``; see :class:`NestVectorStore`).
 
 Saved folders hold no pickle: ``documents.json`` (ids, texts, metadata),
-``vectors.npy`` (float32, loaded with ``allow_pickle=False``) and
-``manifest.json`` with the sha256 of both; loading checks them all.
+``vectors.npy`` (float32, loaded with ``allow_pickle=False``), the precomputed
+token keys when every document has them (``keys/*.npy``, the arrays of
+:class:`~nest_integrations.datastore.PrecomputedKeys` in document order,
+memory-mapped on load) and ``manifest.json`` with the sha256 of every file and
+the LM that encoded the keys; loading checks them all, and the keys are refused
+by any other LM.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Optional, Sequence, Union
 
 import numpy as np
-from pydantic import Field, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictInt, StrictStr
 from typing_extensions import Annotated
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
@@ -35,18 +41,22 @@ from typing_extensions import Self
 from ..corpus import Passage
 from ..jsonsafe import json_safe
 from ..safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
+from ..shards import KEY_ARRAYS, read_arrays
+from ..store_keys import SavedKeysInfo, StoreKeys
 from ._common import cosine_to, default_embeddings, document_to_passage
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..datastore import PassageEncoder, TokenDatastore
+    from ..datastore import TokenDatastore
     from ..lm import LoadedLM
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "nest-langchain-vectorstore"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Newest version read. 1: documents and vectors; 2 adds the token keys (still 1 without them)."""
 _DOCUMENTS_FILE = "documents.json"
 _VECTORS_FILE = "vectors.npy"
+_KEYS_FOLDER = "keys"
 
 MetadataFilter = Union[Callable[[Document], bool], dict[str, Any]]
 """A document predicate, or metadata values that must all match exactly."""
@@ -102,7 +112,12 @@ class NestVectorStore(VectorStore):
         key_layer: layer read as datastore keys (``"ffn_input"`` or ``"layer:<i>"``).
         encoding_prefix: text put before each passage when encoding it
             (see :func:`nest_integrations.datastore.resolve_encoding_prefix`).
-        cache_mb: bound of the token datastore's key cache.
+        cache_mb: bound of the token datastore's cache of lazily encoded keys.
+        precompute_keys: encode token keys when documents are added (as soon
+            as the store has an LM; documents added before it are encoded when
+            it binds), and save them with the store; False encodes a document
+            the first time it is retrieved for a generation. See the trade-off below.
+        show_progress: draw a progress bar (with a time estimate) while precomputing.
 
     Example:
         .. code-block:: python
@@ -117,8 +132,18 @@ class NestVectorStore(VectorStore):
     predicate or a dict of metadata values that must match.
 
     The token datastore follows every change: an added or replaced document
-    enters it (new text is encoded lazily, on first retrieval), a deleted one
-    leaves it, and the other documents keep their cached keys.
+    enters it (its keys are appended, or encoded on first retrieval when
+    lazy), a deleted one leaves it (its keys are not saved again), and the
+    other documents keep their keys.
+
+    Precomputed or lazy keys, the trade-off: precomputing pays the LM's
+    encoding of every token once, when documents are added (a progress bar
+    gives an estimate first), and then no answer encodes anything; lazy keys
+    make adding free, and each answer encodes the chunks it retrieves that no
+    earlier answer did (with LangChain's 4,000-character chunks, seconds per
+    chunk on a CPU). Saved keys load memory-mapped, so a reloaded store answers
+    at once. Keys take ``2 x hidden_size`` bytes per token (1,152 B on the
+    default LM).
     """
 
     def __init__(
@@ -129,18 +154,22 @@ class NestVectorStore(VectorStore):
         key_layer: str = "ffn_input",
         encoding_prefix: Optional[str] = "auto",
         cache_mb: float = 1024.0,
+        precompute_keys: bool = True,
+        show_progress: bool = True,
     ) -> None:
         self.embedding = embedding if embedding is not None else default_embeddings()
         self.key_layer = key_layer
         self.encoding_prefix = encoding_prefix
         self.cache_mb = cache_mb
-        self._lm = lm
+        self.precompute_keys = precompute_keys
         self._documents: dict[str, Document] = {}
         self._vectors: dict[str, np.ndarray] = {}
         self._matrix: Optional[tuple[list[str], np.ndarray]] = None
-        self._encoder: Optional["PassageEncoder"] = None
-        self._datastore: Optional["TokenDatastore"] = None
         self._lock = threading.RLock()
+        self._keys = StoreKeys(
+            self._passages, self._lock, lm=lm, key_layer=key_layer, encoding_prefix=encoding_prefix,
+            cache_mb=cache_mb, precompute=precompute_keys, show_progress=show_progress, owner="NestVectorStore",
+        )
 
     # ------------------------------------------------------------------ basics
     @property
@@ -150,7 +179,11 @@ class NestVectorStore(VectorStore):
     @property
     def lm(self) -> Optional["LoadedLM"]:
         """The LM keying the token datastore (None until one is given or adopted)."""
-        return self._lm
+        return self._keys.lm
+
+    def _passages(self) -> list[Passage]:
+        """The documents as passages, in store order (lock held)."""
+        return [document_to_passage(doc) for doc in self._documents.values()]
 
     def __len__(self) -> int:
         return len(self._documents)
@@ -194,6 +227,7 @@ class NestVectorStore(VectorStore):
             for document, vector in zip(documents, vectors):
                 self._upsert(document, vector)
             self._matrix = None
+        self._keys.after_add()  # outside the lock: searches go on while keys are encoded
         return out_ids
 
     def _check_dimensions(self, size: int) -> None:
@@ -205,9 +239,8 @@ class NestVectorStore(VectorStore):
         assert document.id is not None
         self._documents[document.id] = document
         self._vectors[document.id] = vector.copy()  # not a view that keeps the whole batch alive
-        if self._datastore is not None:
-            # New text gets a fresh datastore slot; same text keeps its keys and takes the new metadata.
-            self._datastore.add(document_to_passage(document))
+        # New text gets a fresh datastore slot; same text keeps its keys and takes the new metadata.
+        self._keys.added([document_to_passage(document)])
 
     def delete(self, ids: Optional[list[str]] = None, **kwargs: Any) -> bool:
         """Delete documents by id (all when ``ids`` is None); unknown ids are ignored."""
@@ -218,8 +251,7 @@ class NestVectorStore(VectorStore):
                 del self._vectors[doc_id]
             if doomed:
                 self._matrix = None
-                if self._datastore is not None:
-                    self._datastore.remove(doomed)
+                self._keys.removed(doomed)
         return True
 
     # ------------------------------------------------------------------ reads
@@ -338,38 +370,36 @@ class NestVectorStore(VectorStore):
         return cosine_to(self.embedding.embed_query(query), np.stack([stored[p.id] for p in passages]))
 
     def token_datastore(self, lm: Optional["LoadedLM"] = None) -> "TokenDatastore":
-        """The token datastore over the store's documents, created on first use.
+        """The token datastore over the store's documents, created on first use
+        (with ``precompute_keys``, keys not encoded yet are encoded first).
 
         Args:
             lm: the LM to key it with; adopted when the store has none yet.
 
         Raises:
-            ValueError: no LM at all, or an LM other than the store's.
+            ValueError: no LM at all, an LM other than the store's, or saved
+                keys encoded by another LM.
         """
-        from ..datastore import PassageEncoder, TokenDatastore
+        return self._keys.datastore(lm)
 
-        with self._lock:
-            if lm is not None and self._lm is None:
-                self._lm = lm
-            elif lm is not None and lm is not self._lm:
-                assert self._lm is not None
-                if lm.fingerprint() != self._lm.fingerprint():
-                    raise ValueError(
-                        f"this NestVectorStore keys its token datastore with LM {self._lm.name!r}; "
-                        f"it cannot serve {lm.name!r}. Use one LM for the store and the model."
-                    )
-            if self._lm is None:
-                raise ValueError("the NestVectorStore has no LM: pass lm= to the store or to token_datastore()")
-            if self._datastore is None:
-                if self._encoder is None:
-                    self._encoder = PassageEncoder(self._lm, self.key_layer, self.encoding_prefix)
-                passages = [document_to_passage(doc) for doc in self._documents.values()]
-                self._datastore = TokenDatastore(passages, self._encoder, cache_mb=self.cache_mb)
-            return self._datastore
+    def precompute_token_keys(self, lm: Optional["LoadedLM"] = None, *, show_progress: Optional[bool] = None) -> int:
+        """Encode now the token keys of every document that has none (e.g. in a
+        lazy store, before :meth:`save_local`); returns how many were encoded.
+
+        Args:
+            lm: as for :meth:`token_datastore`.
+            show_progress: None: the store's setting.
+        """
+        self._keys.datastore(lm)
+        return self._keys.encode_missing(show_progress=show_progress)
 
     # ------------------------------------------------------------------ persistence
     def save_local(self, folder: Union[str, os.PathLike[str]], *, overwrite: bool = False) -> Path:
-        """Write the documents and vectors to ``folder`` atomically (see :mod:`nest_integrations.safe_io`).
+        """Write the documents, vectors and token keys to ``folder`` atomically (see :mod:`nest_integrations.safe_io`).
+
+        Token keys are saved when every document has precomputed ones (always
+        with ``precompute_keys`` once an LM is bound; else see
+        :meth:`precompute_token_keys`); keys of deleted documents are left out.
 
         Args:
             overwrite: replace a store already saved at ``folder``; without it an
@@ -387,6 +417,9 @@ class NestVectorStore(VectorStore):
                 {"id": i, "page_content": self._documents[i].page_content, "metadata": self._documents[i].metadata}
                 for i in ids
             ]
+            saved_keys = self._keys.keys_to_save([document_to_passage(self._documents[i]) for i in ids])
+        if saved_keys is None and len(ids) and self._keys.bound:
+            logger.info("saving %s without token keys: some documents have none (see precompute_token_keys)", target)
         try:
             payload = json.dumps({"documents": records}, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as err:
@@ -394,17 +427,26 @@ class NestVectorStore(VectorStore):
         with atomic_folder(target, kind=FORMAT, overwrite=overwrite) as tmp:
             (tmp / _DOCUMENTS_FILE).write_text(payload, encoding="utf-8")
             np.save(tmp / _VECTORS_FILE, np.ascontiguousarray(matrix, dtype=np.float32), allow_pickle=False)
-            manifest = {
+            files = [_DOCUMENTS_FILE, _VECTORS_FILE]
+            manifest: dict[str, Any] = {
                 "format": FORMAT,
-                "format_version": FORMAT_VERSION,
+                "format_version": 1 if saved_keys is None else FORMAT_VERSION,  # version 1 readers read key-less stores
                 "count": len(ids),
                 "dimensions": int(matrix.shape[1]),
                 "embeddings": type(self.embedding).__name__,
                 "key_layer": self.key_layer,
                 "encoding_prefix": self.encoding_prefix,
-                "checksums": {name: sha256_file(tmp / name) for name in (_DOCUMENTS_FILE, _VECTORS_FILE)},
+                "precompute_keys": self.precompute_keys,
             }
-            (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+            if saved_keys is not None:
+                keys, info = saved_keys
+                (tmp / _KEYS_FOLDER).mkdir()
+                for name in KEY_ARRAYS:
+                    np.save(tmp / _KEYS_FOLDER / f"{name}.npy", np.ascontiguousarray(getattr(keys, name)), allow_pickle=False)
+                files += _key_files()
+                manifest["keys"] = info.model_dump()
+            manifest["checksums"] = {name: sha256_file(tmp / name) for name in files}
+            (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
         return target
 
     @classmethod
@@ -413,6 +455,8 @@ class NestVectorStore(VectorStore):
         folder: Union[str, os.PathLike[str]],
         embeddings: Embeddings,
         lm: Optional["LoadedLM"] = None,
+        *,
+        load_keys: bool = True,
         **kwargs: Any,
     ) -> Self:
         """Load a folder written by :meth:`save_local`; nothing in it is executed or trusted.
@@ -420,30 +464,41 @@ class NestVectorStore(VectorStore):
         Args:
             embeddings: the embeddings the store was built with (used for queries
                 and new documents).
-            lm: LM for the token datastore (keys are recomputed lazily).
+            lm: LM for the token datastore. Saved token keys are memory-mapped
+                and checked against it (now, or when an LM binds the store
+                later); without saved keys they are encoded as
+                ``precompute_keys`` says.
+            load_keys: False ignores saved token keys (e.g. to key the store
+                with another LM: they are encoded again).
             **kwargs: constructor options overriding the saved ``key_layer`` /
-                ``encoding_prefix``, and ``cache_mb``.
+                ``encoding_prefix`` / ``precompute_keys``, and ``cache_mb``.
 
         Raises:
             ValueError: not a saved store, a newer or malformed manifest, a file
-                unlisted, missing or tampered (checksum mismatch), or
-                inconsistent contents.
+                unlisted, missing or tampered (checksum mismatch), inconsistent
+                contents, or saved keys that another LM (``lm``) encoded.
         """
         base = Path(folder)
         recover(base)
         manifest = read_manifest(base / MANIFEST_FILE, _StoreManifest, kind=FORMAT, supported_version=FORMAT_VERSION, what="saved NestVectorStore")
-        verify_files(base, manifest.checksums, (_DOCUMENTS_FILE, _VECTORS_FILE))
+        with_keys = load_keys and manifest.keys is not None
+        verify_files(base, manifest.checksums, [_DOCUMENTS_FILE, _VECTORS_FILE, *(_key_files() if with_keys else [])])
         try:
             records = json.loads((base / _DOCUMENTS_FILE).read_text(encoding="utf-8"))["documents"]
             vectors = np.load(base / _VECTORS_FILE, allow_pickle=False)
         except (ValueError, KeyError, TypeError, OSError, RecursionError) as err:
             raise ValueError(f"{base}: unreadable store files ({err})") from err
         _check_contents(base, manifest, records, vectors)
-        options = {"key_layer": manifest.key_layer, "encoding_prefix": manifest.encoding_prefix}
+        options = {"key_layer": manifest.key_layer, "encoding_prefix": manifest.encoding_prefix, "precompute_keys": manifest.precompute_keys}
         store = cls(embeddings, lm, **{**options, **kwargs})
         with store._lock:
             for record, vector in zip(records, vectors):
                 store._upsert(Document(id=record["id"], page_content=record["page_content"], metadata=record["metadata"]), vector)
+            if with_keys:
+                assert manifest.keys is not None
+                arrays = read_arrays(base / _KEYS_FOLDER, KEY_ARRAYS)
+                store._keys.attach_saved(store._passages(), arrays, manifest.keys, str(base))
+        store._keys.after_add()
         return store
 
 
@@ -455,6 +510,15 @@ class _StoreManifest(ArtefactManifest):
     dimensions: Annotated[StrictInt, Field(ge=0)]
     key_layer: StrictStr = "ffn_input"
     encoding_prefix: Optional[StrictStr] = "auto"
+    precompute_keys: StrictBool = False
+    """Absent in version 1, whose stores encoded keys lazily."""
+    keys: Optional[SavedKeysInfo] = None
+    """The saved token keys (format 2); None: none saved."""
+
+
+def _key_files() -> list[str]:
+    """The key arrays' paths in a saved store folder."""
+    return [f"{_KEYS_FOLDER}/{name}.npy" for name in KEY_ARRAYS]
 
 
 def _check_contents(folder: Path, manifest: _StoreManifest, records: Any, vectors: np.ndarray) -> None:

@@ -8,6 +8,12 @@ Persisted layout (``persist_path`` is the manifest, as LlamaIndex's
                                                    the data file names and their sha256
     default__vector_store.nodes-<sha>.json         node records (ids, text, metadata, relationships)
     default__vector_store.embeddings-<sha>.npy     float32 (n, d) embeddings, saved with allow_pickle=False
+    default__vector_store.<array>-<sha>.npy        the token keys, when every node has precomputed ones
+                                                   (format 3): the arrays of
+                                                   :class:`~nest_integrations.datastore.PrecomputedKeys`
+                                                   (token_ids, char_spans, keys, valid, offsets) in node
+                                                   order, memory-mapped on load from a local disk; the
+                                                   manifest's ``keys`` names the LM that encoded them
 
 Data files are named by their content, so replacing a store is one rename of
 the manifest (see :meth:`NestVectorStore.persist`). Loading never executes code
@@ -32,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Literal, Option
 import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
-from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, StringConstraints
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, StringConstraints
 from typing_extensions import Annotated
 from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
 from llama_index.core.schema import BaseNode
@@ -51,9 +57,12 @@ from llama_index.core.vector_stores.utils import (
     node_to_metadata_dict,
 )
 
-from ..datastore import PassageEncoder, TokenDatastore
+from ..corpus import Passage
+from ..datastore import TokenDatastore
 from ..lm import parse_key_layer
-from ..safe_io import ArtefactManifest, locked_folder, parse_manifest, write_file_atomic
+from ..safe_io import ArtefactManifest, locked_folder, parse_manifest, sha256_file, write_file_atomic
+from ..shards import KEY_ARRAYS
+from ..store_keys import SavedKeysInfo, StoreKeys
 from ._common import node_to_passage, unit_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,8 +71,9 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 FORMAT = "nest-integrations/llama-index-vector-store"
-FORMAT_VERSION = 2
-"""2: content-addressed data file names listed under ``files`` (1: fixed names; still read)."""
+FORMAT_VERSION = 3
+"""3: token keys among the data files (written only with keys); 2: content-addressed data file
+names listed under ``files``; 1: fixed names. All are read."""
 DEFAULT_NAMESPACE = "default"
 _MANIFEST_SUFFIX = "__vector_store.json"
 _COMBINE: dict[FilterCondition, Callable[[list[bool]], bool]] = {
@@ -83,17 +93,53 @@ def _stem(persist_path: str) -> str:
 
 
 def _data_names(persist_path: str, data: dict[str, bytes]) -> dict[str, str]:
-    """Content-addressed names of the data files beside the manifest (format 2)."""
-    suffix = {"nodes": "json", "embeddings": "npy"}
-    return {key: f"{_stem(persist_path)}.{key}-{_sha256(payload)[:16]}.{suffix[key]}" for key, payload in data.items()}
+    """Content-addressed names of the data files beside the manifest (format 2): nodes
+    as JSON, the embeddings and key arrays as ``.npy``."""
+    return {
+        key: f"{_stem(persist_path)}.{key}-{_sha256(payload)[:16]}.{'json' if key == 'nodes' else 'npy'}"
+        for key, payload in data.items()
+    }
 
 
 def _stale_data_pattern(persist_path: str) -> "re.Pattern[str]":
     """Data files of any version of the store at ``persist_path``, and write temporaries of
     those and of the manifest (see :func:`~nest_integrations.safe_io.write_file_atomic`)."""
     stem, name, hex16 = re.escape(_stem(persist_path)), re.escape(posixpath.basename(persist_path)), "[0-9a-f]{16}"
-    data = rf"{stem}\.(nodes-{hex16}\.json|embeddings-{hex16}\.npy)"
+    arrays = "|".join(("embeddings", *KEY_ARRAYS))
+    data = rf"{stem}\.(nodes-{hex16}\.json|({arrays})-{hex16}\.npy)"
     return re.compile(rf"{data}|\.{data}-tmp-{hex16}|\.{name}-tmp-{hex16}")
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    """``array`` as the bytes of a ``.npy`` file (no pickle)."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _read_key_array(fs: fsspec.AbstractFileSystem, path: str, sha256: str, persist_path: str) -> np.ndarray:
+    """A saved key array after its checksum: memory-mapped on a local disk, read whole elsewhere.
+
+    Raises:
+        ValueError: the file is missing, does not match ``sha256``, or is not a ``.npy`` file.
+    """
+    name = posixpath.basename(path)
+    if not fs.exists(path):
+        raise ValueError(f"cannot load NestVectorStore: {path} is missing")
+    try:
+        if _is_local(fs):
+            matches = sha256_file(Path(path)) == sha256
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        else:
+            with fs.open(path, "rb") as handle:
+                payload = handle.read()
+            matches = _sha256(payload) == sha256
+            array = np.load(io.BytesIO(payload), allow_pickle=False)
+    except (ValueError, EOFError, OSError) as err:  # numpy's words for a truncated or foreign .npy
+        raise ValueError(f"NestVectorStore at {persist_path}: {name} is not a readable .npy file ({err})") from err
+    if not matches:
+        raise ValueError(f"NestVectorStore at {persist_path} is corrupted: {name} does not match its checksum")
+    return array
 
 
 def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -152,6 +198,8 @@ class _Settings(BaseModel):
     key_layer: StrictStr
     encoding_prefix: Optional[StrictStr]
     cache_mb: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    precompute_keys: StrictBool = False
+    """Absent before format 3, whose stores encoded keys lazily."""
 
 
 _DataName = Annotated[str, StringConstraints(pattern=r"^[^/\\]*[^/\\.][^/\\]*$")]
@@ -165,8 +213,10 @@ class _PersistManifest(ArtefactManifest):
     settings: _Settings
     count: Annotated[StrictInt, Field(ge=0)]
     dim: Annotated[StrictInt, Field(ge=0)]
-    files: Optional[dict[Literal["nodes", "embeddings"], _DataName]] = None
+    files: Optional[dict[Literal["nodes", "embeddings", "token_ids", "char_spans", "keys", "valid", "offsets"], _DataName]] = None
     """Data file names (format 2); format 1 used fixed names, see :func:`_data_files`."""
+    keys: Optional[SavedKeysInfo] = None
+    """The saved token keys (format 3); None: none saved."""
 
 
 def _data_files(persist_path: str, manifest: _PersistManifest) -> dict[str, str]:
@@ -174,8 +224,9 @@ def _data_files(persist_path: str, manifest: _PersistManifest) -> dict[str, str]
     folder = posixpath.dirname(persist_path)
     stem = _stem(persist_path)
     names = manifest.files or {"nodes": f"{stem}.nodes.json", "embeddings": f"{stem}.embeddings.npy"}
-    if set(names) != {"nodes", "embeddings"}:
-        raise ValueError(f"{persist_path} must name both a nodes and an embeddings file")
+    expected = {"nodes", "embeddings", *(KEY_ARRAYS if manifest.keys is not None else ())}
+    if set(names) != expected:
+        raise ValueError(f"{persist_path} must name exactly the files {sorted(expected)}, it names {sorted(names)}")
     for name in names.values():
         if name not in manifest.checksums:
             raise ValueError(f"{persist_path}: {name} is not listed in the manifest's checksums; refusing to read it")
@@ -214,15 +265,24 @@ class NestVectorStore(BasePydanticVectorStore):
         )
         llm = NestLLM("default", retriever=index)  # shares the store's token datastore
 
-    The token datastore (:meth:`token_datastore`) is created for an LM on first
-    use and follows every change: added or replaced nodes enter it at once
-    (new text is encoded lazily, on first retrieval), deleted ones leave it,
-    and the other nodes keep their cached keys.
+    The token datastore (:meth:`token_datastore`, bound to one LM by
+    :class:`~nest_integrations.store_keys.StoreKeys`) follows every change:
+    added or replaced nodes enter it at once (their keys are appended, or
+    encoded on first retrieval when lazy), deleted ones leave it (their keys
+    are not persisted again), and the other nodes keep their keys.
+
+    Precomputed or lazy keys, the trade-off: precomputing (``precompute_keys``)
+    pays the LM's encoding of every token once, when nodes are added (a
+    progress bar gives an estimate first), and then no answer encodes
+    anything; lazy keys make adding free, and each answer encodes the nodes it
+    retrieves that no earlier answer did (seconds per 4,000-character chunk on
+    a CPU). Persisted keys load memory-mapped, so a reloaded store answers at
+    once. Keys take ``2 x hidden_size`` bytes per token (1,152 B on the default LM).
 
     Args:
         lm: the LM whose hidden states are the datastore keys; optional, a
             :class:`~nest_integrations.llama_index.NestLLM` built over the store
-            supplies its own.
+            supplies its own (nodes added before it are encoded when it binds).
     """
 
     stores_text: bool = True
@@ -236,17 +296,25 @@ class NestVectorStore(BasePydanticVectorStore):
         description="Text placed before each passage when encoding keys: 'auto', 'chat', or a literal string.",
     )
     cache_mb: float = Field(default=1024.0, gt=0, description="Bound of the lazy key cache in megabytes.")
+    precompute_keys: bool = Field(
+        default=True,
+        description="Encode token keys when nodes are added (once an LM is bound) and persist them; "
+        "False: encode a node the first time it is retrieved. See the class docstring for the trade-off.",
+    )
+    show_progress: bool = Field(default=True, description="Draw a progress bar (with a time estimate) while precomputing keys.")
 
     _records: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
     _vectors: dict[str, np.ndarray] = PrivateAttr(default_factory=dict)
     _table: Optional[tuple[list[str], np.ndarray]] = PrivateAttr(default=None)
-    _lm: Optional[LoadedLM] = PrivateAttr(default=None)
-    _datastore: Optional[TokenDatastore] = PrivateAttr(default=None)
     _lock: threading.RLock = PrivateAttr(default_factory=threading.RLock)
+    _keys: StoreKeys = PrivateAttr()
 
     def __init__(self, lm: Optional[LoadedLM] = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._lm = lm
+        self._keys = StoreKeys(
+            self._passages, self._lock, lm=lm, key_layer=self.key_layer, encoding_prefix=self.encoding_prefix,
+            cache_mb=self.cache_mb, precompute=self.precompute_keys, show_progress=self.show_progress, owner="NestVectorStore",
+        )
 
     @field_validator("key_layer")
     @classmethod
@@ -266,36 +334,36 @@ class NestVectorStore(BasePydanticVectorStore):
     @property
     def lm(self) -> Optional[LoadedLM]:
         """The LM of the token datastore (None until one is given)."""
-        return self._lm
+        return self._keys.lm
+
+    def _passages(self) -> list[Passage]:
+        """The nodes as passages, in store order (lock held)."""
+        return [node_to_passage(metadata_dict_to_node(r)) for r in self._records.values()]
 
     # ------------------------------------------------------------------ token datastore
     def token_datastore(self, lm: Optional[LoadedLM] = None) -> TokenDatastore:
-        """NEST's token datastore over the stored nodes, created on first use.
+        """NEST's token datastore over the stored nodes, created on first use
+        (with ``precompute_keys``, keys not encoded yet are encoded first).
 
         Args:
             lm: the LM to key the datastore with; binds it when the store has none.
 
         Raises:
-            ValueError: no LM is known, or ``lm`` differs from the store's LM.
+            ValueError: no LM is known, ``lm`` differs from the store's LM, or
+                persisted keys were encoded by another LM.
         """
-        with self._lock:
-            if lm is not None and lm is not self._lm:
-                if self._lm is None:
-                    self._lm = lm
-                elif lm.fingerprint() != self._lm.fingerprint():
-                    raise ValueError(
-                        f"this NestVectorStore keys its datastore with LM {self._lm.name!r}; "
-                        f"{lm.name!r} has other weights. Use one LM per store."
-                    )
-            if self._lm is None:
-                raise ValueError(
-                    "NestVectorStore has no LM for its token datastore: pass lm= to it or to token_datastore()"
-                )
-            if self._datastore is None:
-                passages = [node_to_passage(metadata_dict_to_node(r)) for r in self._records.values()]
-                encoder = PassageEncoder(self._lm, self.key_layer, self.encoding_prefix)
-                self._datastore = TokenDatastore(passages, encoder, cache_mb=self.cache_mb)
-            return self._datastore
+        return self._keys.datastore(lm)
+
+    def precompute_token_keys(self, lm: Optional[LoadedLM] = None, *, show_progress: Optional[bool] = None) -> int:
+        """Encode now the token keys of every node that has none (e.g. in a lazy
+        store, before :meth:`persist`); returns how many were encoded.
+
+        Args:
+            lm: as for :meth:`token_datastore`.
+            show_progress: None: the store's setting.
+        """
+        self._keys.datastore(lm)
+        return self._keys.encode_missing(show_progress=show_progress)
 
     # ------------------------------------------------------------------ writes
     def add(self, nodes: Sequence[BaseNode], **add_kwargs: Any) -> List[str]:
@@ -334,9 +402,9 @@ class NestVectorStore(BasePydanticVectorStore):
             for node, vector in zip(nodes, vectors, strict=True):
                 self._records[node.node_id] = node_to_metadata_dict(node, remove_text=False, flat_metadata=False)
                 self._vectors[node.node_id] = vector
-                if self._datastore is not None:
-                    self._datastore.add(node_to_passage(node))
+                self._keys.added([node_to_passage(node)])
             self._table = None
+        self._keys.after_add()  # outside the lock: queries go on while keys are encoded
         return [node.node_id for node in nodes]
 
     def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
@@ -365,8 +433,7 @@ class NestVectorStore(BasePydanticVectorStore):
             del self._vectors[node_id]
         if node_ids:
             self._table = None
-            if self._datastore is not None:
-                self._datastore.remove(node_ids)
+            self._keys.removed(node_ids)
             logger.debug("deleted %d node(s)", len(node_ids))
 
     # ------------------------------------------------------------------ reads
@@ -469,19 +536,26 @@ class NestVectorStore(BasePydanticVectorStore):
             ids = list(self._records)
             records = json.dumps([{"id": i, "record": self._records[i]} for i in ids], ensure_ascii=False).encode()
             matrix = np.stack([self._vectors[i] for i in ids]) if ids else np.zeros((0, 0), np.float32)
-        buffer = io.BytesIO()
-        np.save(buffer, matrix, allow_pickle=False)
-        data = {"nodes": records, "embeddings": buffer.getvalue()}
+            saved_keys = self._keys.keys_to_save(self._passages())
+        data = {"nodes": records, "embeddings": _npy_bytes(matrix)}
+        if saved_keys is not None:
+            keys, info = saved_keys
+            data.update({name: _npy_bytes(getattr(keys, name)) for name in KEY_ARRAYS})
+        elif ids and self._keys.bound:
+            logger.info("persisting %s without token keys: some nodes have none (see precompute_token_keys)", persist_path)
         names = _data_names(persist_path, data)
-        manifest = {
+        settings = {"key_layer": self.key_layer, "encoding_prefix": self.encoding_prefix, "cache_mb": self.cache_mb}
+        manifest: dict[str, Any] = {
             "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "settings": {"key_layer": self.key_layer, "encoding_prefix": self.encoding_prefix, "cache_mb": self.cache_mb},
+            "format_version": 2 if saved_keys is None else FORMAT_VERSION,  # version 2 readers read key-less stores
+            "settings": {**settings, "precompute_keys": self.precompute_keys},
             "count": len(ids),
             "dim": int(matrix.shape[1]),
             "files": names,
             "checksums": {names[key]: _sha256(payload) for key, payload in data.items()},
         }
+        if saved_keys is not None:
+            manifest["keys"] = info.model_dump()
         folder = posixpath.dirname(persist_path)
         if folder:
             fs.makedirs(folder, exist_ok=True)
@@ -500,9 +574,13 @@ class NestVectorStore(BasePydanticVectorStore):
         namespace: str = DEFAULT_NAMESPACE,
         fs: Optional[fsspec.AbstractFileSystem] = None,
         lm: Optional[LoadedLM] = None,
+        *,
+        load_keys: bool = True,
     ) -> NestVectorStore:
-        """Load the store ``StorageContext.persist(persist_dir)`` wrote for ``namespace``."""
-        return cls.from_persist_path(os.path.join(persist_dir, f"{namespace}{_MANIFEST_SUFFIX}"), fs=fs, lm=lm)
+        """Load the store ``StorageContext.persist(persist_dir)`` wrote for ``namespace``
+        (see :meth:`from_persist_path`)."""
+        path = os.path.join(persist_dir, f"{namespace}{_MANIFEST_SUFFIX}")
+        return cls.from_persist_path(path, fs=fs, lm=lm, load_keys=load_keys)
 
     @classmethod
     def from_persist_path(
@@ -510,13 +588,23 @@ class NestVectorStore(BasePydanticVectorStore):
         persist_path: str,
         fs: Optional[fsspec.AbstractFileSystem] = None,
         lm: Optional[LoadedLM] = None,
+        *,
+        load_keys: bool = True,
     ) -> NestVectorStore:
         """Load a store written by :meth:`persist` (manifest path); nothing in it is trusted.
+
+        Args:
+            lm: LM for the token datastore. Persisted token keys are checked
+                against it (now, or when an LM binds the store later); without
+                persisted keys they are encoded as ``precompute_keys`` says.
+            load_keys: False ignores persisted token keys (e.g. to key the store
+                with another LM: they are encoded again).
 
         Raises:
             ValueError: missing files, not a NestVectorStore manifest, a newer or
                 malformed one, a data file unlisted or not matching its checksum,
-                or records inconsistent with the embeddings.
+                records inconsistent with the embeddings or the keys, or
+                persisted keys that another LM (``lm``) encoded.
         """
         fs = fs or fsspec.filesystem("file")
 
@@ -530,16 +618,24 @@ class NestVectorStore(BasePydanticVectorStore):
             read(persist_path), _PersistManifest, kind=FORMAT, supported_version=FORMAT_VERSION, what="NestVectorStore", where=persist_path
         )
         paths = _data_files(persist_path, manifest)
-        data = {key: read(path) for key, path in paths.items()}
+        data = {key: read(paths[key]) for key in ("nodes", "embeddings")}
         for key, payload in data.items():
             name = posixpath.basename(paths[key])
             if manifest.checksums[name] != _sha256(payload):
                 raise ValueError(f"NestVectorStore at {persist_path} is corrupted: {name} does not match its checksum")
         entries, matrix = _parse_entries(persist_path, data["nodes"], data["embeddings"], manifest)
         store = cls(lm=lm, **manifest.settings.model_dump())
-        for entry, vector in zip(entries, matrix, strict=True):
-            store._records[entry["id"]] = entry["record"]
-            store._vectors[entry["id"]] = np.asarray(vector, dtype=np.float32)
+        with store._lock:
+            for entry, vector in zip(entries, matrix, strict=True):
+                store._records[entry["id"]] = entry["record"]
+                store._vectors[entry["id"]] = np.asarray(vector, dtype=np.float32)
+            if load_keys and manifest.keys is not None:
+                arrays = {
+                    name: _read_key_array(fs, paths[name], manifest.checksums[posixpath.basename(paths[name])], persist_path)
+                    for name in KEY_ARRAYS
+                }
+                store._keys.attach_saved(store._passages(), arrays, manifest.keys, persist_path)
+        store._keys.after_add()
         with _persist_lock(fs, posixpath.dirname(persist_path), blocking=False) as acquired:
             if acquired:
                 _remove_stale(fs, persist_path, keep=set(manifest.checksums))
