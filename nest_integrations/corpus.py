@@ -546,32 +546,38 @@ class TextChunk:
     heading_path: tuple[str, ...]
 
 
-def _line_pieces(text: str, block: Block, cost: Callable[[str], int], budget: int) -> list[tuple[int, int]]:
+def _line_pieces(text: str, span: tuple[int, int], cost: Callable[[str], int], budget: int) -> list[tuple[int, int]]:
     """The lines of an over-budget code block or table (a line over ``budget`` split at words)."""
     pieces: list[tuple[int, int]] = []
-    for match in _LINE.finditer(text, block.start, block.end):
-        for span in _trimmed(text, match.start(), match.end()):
-            pieces.extend([span] if cost(text[span[0] : span[1]]) <= budget else _split_on_words(text, span, cost, budget))
+    for match in _LINE.finditer(text, *span):
+        for line in _trimmed(text, match.start(), match.end()):
+            pieces.extend([line] if cost(text[line[0] : line[1]]) <= budget else _split_on_words(text, line, cost, budget))
     return pieces
 
 
 def _block_pieces(text: str, blocks: Sequence[Block], cost: Callable[[str], int], budget: int) -> list[tuple[int, int]]:
-    """Ranges to pack for a run of blocks without sub-sections: whole blocks; an over-budget
-    code block or table by lines, any other by sentences. A heading (or other hidden block:
-    an anchor, a comment) is joined to what follows it while that fits, so no chunk ends on one."""
+    """Ranges to pack for a run of blocks without sub-sections: whole blocks, each with the
+    hidden blocks that lead into it (a heading, an anchor, a comment), so no chunk ends on one.
+    A block that does not fit with its lead is cut: a code block or table at line ends (or, when
+    it fits alone, kept whole with its lead apart), any other block by sentences."""
     pieces: list[tuple[int, int]] = []
-    after_heading = False
+    lead: tuple[int, int] | None = None  # the hidden blocks waiting for the block they lead into
     for block in blocks:
-        if cost(text[block.start : block.end]) <= budget:
-            parts = [(block.start, block.end)]
+        if not block.copyable:
+            lead = (block.start, block.end) if lead is None else (lead[0], block.end)
+            continue
+        start = block.start if lead is None else lead[0]
+        if cost(text[start : block.end]) <= budget:
+            pieces.append((start, block.end))
+        elif block.kind in ("code", "table") and lead is not None and cost(text[block.start : block.end]) <= budget:
+            pieces.extend(_line_pieces(text, lead, cost, budget) + [(block.start, block.end)])
         elif block.kind in ("code", "table"):
-            parts = _line_pieces(text, block, cost, budget)
+            pieces.extend(_line_pieces(text, (start, block.end), cost, budget))
         else:
-            parts = _sentence_pieces(text, (block.start, block.end), cost, budget)
-        if after_heading and parts and cost(text[pieces[-1][0] : parts[0][1]]) <= budget:
-            parts[0] = (pieces.pop()[0], parts[0][1])
-        pieces.extend(parts)
-        after_heading = not block.copyable
+            pieces.extend(_sentence_pieces(text, (start, block.end), cost, budget))
+        lead = None
+    if lead is not None:  # trailing hidden blocks, e.g. link definitions
+        pieces.extend([lead] if cost(text[lead[0] : lead[1]]) <= budget else _line_pieces(text, lead, cost, budget))
     return pieces
 
 
@@ -614,8 +620,9 @@ def _section_pieces(text: str, blocks: Sequence[Block], cost: Callable[[str], in
 
 def _shared_path(blocks: Sequence[Block], start: int, end: int) -> tuple[str, ...]:
     """The heading path every readable block or heading overlapping ``[start, end)`` shares
-    (front matter, comments and link definitions do not count)."""
-    paths = [b.heading_path for b in blocks if b.start < end and b.end > start and (b.copyable or b.kind == "heading")]
+    (front matter, comments and link definitions count only in a chunk of nothing else)."""
+    overlapping = [b for b in blocks if b.start < end and b.end > start]
+    paths = [b.heading_path for b in overlapping if b.copyable or b.kind == "heading"] or [b.heading_path for b in overlapping]
     if not paths:
         return ()
     shared = paths[0]

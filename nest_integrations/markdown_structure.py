@@ -74,7 +74,7 @@ _SNIFF = re.compile(
     r"\A---[ \t]*\n"  # YAML front matter opening the text
     r"|^ {0,3}#{2,6}[ \t]+\S"  # an ATX heading below the title...
     r"|^ {0,3}#[ \t]+\S[^\n]*\n[ \t]*(?:\n|\Z)"  # ...or a title with a blank line after (not a "# comment")
-    r"|^ {0,3}(?:```|~~~)"  # a code fence
+    r"|^(?:[ \t]{0,3}>[ \t]?)*[ \t]{0,3}(?:```|~~~)"  # a code fence, maybe in a block quote
     r"|<!--"  # an HTML comment
     r"|^ {0,3}</?[A-Za-z][A-Za-z0-9-]*(?:[ \t/>]|$)"  # an HTML tag opening a line
     r"|^ {0,3}\[[^\]\n]+\]:[ \t]*\S"  # a link-reference definition

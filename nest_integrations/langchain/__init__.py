@@ -3,6 +3,7 @@
 * :class:`NestLLM` -- a ``BaseLLM``; the output contract rides in ``generation_info``.
 * :class:`ChatNest` -- a ``BaseChatModel``; copied spans become standard citations.
 * :class:`NestVectorStore` -- a ``VectorStore`` that keeps NEST's token datastore in step.
+* :class:`MarkdownSectionSplitter` -- a ``TextSplitter`` cutting Markdown along its sections, exact offsets.
 * :mod:`.chains` -- :func:`format_docs`, :func:`rag_chain`, :func:`attributed_chain`, :data:`cite`.
 
 Any LangChain ``BaseRetriever`` or ``VectorStore`` can serve the passage stage.
@@ -20,10 +21,12 @@ from ._common import default_embeddings, document_to_passage
 from .chains import attributed_chain, cite, cite_text, format_docs, nest_output_of, rag_chain
 from .chat_models import ChatNest
 from .llms import NestLLM
+from .splitters import MarkdownSectionSplitter
 from .vectorstores import NestVectorStore
 
 __all__ = [
     "ChatNest",
+    "MarkdownSectionSplitter",
     "NestLLM",
     "NestVectorStore",
     "attributed_chain",

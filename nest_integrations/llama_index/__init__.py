@@ -9,6 +9,8 @@
   nodes with span-level citations (streamed too).
 * :class:`NestChatEngine`: the same over a conversation, with citations kept
   in the chat history.
+* :class:`MarkdownSectionNodeParser`: a node parser cutting Markdown along its
+  sections, with exact ``start_char_idx``.
 
 Needs ``llama-index-core``: ``pip install nest-integrations[llama-index]``.
 """
@@ -23,7 +25,8 @@ except ImportError as err:
 from ._common import default_embed_model
 from .chat_engine import NestChatEngine
 from .llms import NestLLM, citation_blocks
+from .node_parsers import MarkdownSectionNodeParser
 from .query_engine import NestQueryEngine, span_citations
 from .vector_stores import NestVectorStore
 
-__all__ = ["NestChatEngine", "NestLLM", "NestQueryEngine", "NestVectorStore", "citation_blocks", "default_embed_model", "span_citations"]
+__all__ = ["MarkdownSectionNodeParser", "NestChatEngine", "NestLLM", "NestQueryEngine", "NestVectorStore", "citation_blocks", "default_embed_model", "span_citations"]

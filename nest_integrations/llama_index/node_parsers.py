@@ -1,0 +1,73 @@
+"""A LlamaIndex node parser that cuts Markdown along its sections, with exact offsets.
+
+LlamaIndex's ``MarkdownNodeParser`` splits at every heading with no size
+budget, rewrites the heading lines it keeps, and finds each node's
+``start_char_idx`` by searching the document for the node's text (which the
+rewrite can make fail); ``SentenceSplitter`` keeps offsets but cuts through
+code blocks. :class:`MarkdownSectionNodeParser` is a thin adapter over
+:func:`nest_integrations.corpus.section_chunks`, the chunking ``nest index
+build`` uses for Markdown.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Sequence
+
+from llama_index.core.bridge.pydantic import Field
+from llama_index.core.node_parser.interface import NodeParser
+from llama_index.core.node_parser.node_utils import build_nodes_from_splits
+from llama_index.core.schema import BaseNode, Document, MetadataMode
+from llama_index.core.utils import get_tqdm_iterable
+
+from ..corpus import section_chunks
+
+
+class MarkdownSectionNodeParser(NodeParser):
+    """Split Markdown documents at headings, keeping code blocks whole.
+
+    A section that fits ``chunk_size`` is one node (small sibling sections
+    share one); a larger one is cut at its sub-sections, then at block
+    boundaries; a code block or table is cut (at line ends) only when it alone
+    exceeds the budget. Each node's text is the document's exact text between
+    ``start_char_idx`` and ``end_char_idx`` (offsets of a node that was itself
+    cut from a document add up), and ``metadata["heading_path"]`` lists the
+    headings it sits under. Nodes do not overlap.
+    """
+
+    chunk_size: int = Field(
+        default=4000,
+        gt=0,
+        description="Budget per node in length_function units (characters by default). Smaller nodes retrieve "
+        "more precisely; larger ones give the token datastore more context.",
+    )
+    length_function: Callable[[str], int] = Field(
+        default=len,
+        exclude=True,
+        description="str -> size, e.g. a tokenizer's token count; characters by default.",
+    )
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "MarkdownSectionNodeParser"
+
+    def _parse_nodes(self, nodes: Sequence[BaseNode], show_progress: bool = False, **kwargs: Any) -> List[BaseNode]:
+        parsed: List[BaseNode] = []
+        for node in get_tqdm_iterable(nodes, show_progress, "Parsing nodes"):
+            text = node.get_content(metadata_mode=MetadataMode.NONE)
+            base = getattr(node, "start_char_idx", None) or 0
+            chunks = section_chunks(text, max_tokens=self.chunk_size, tokenizer=self.length_function)
+            built = build_nodes_from_splits([text[c.start : c.end] for c in chunks], node, id_func=self.id_func)
+            for child, chunk in zip(built, chunks):
+                child.start_char_idx, child.end_char_idx = base + chunk.start, base + chunk.end
+                child.metadata["heading_path"] = list(chunk.heading_path)
+            parsed.extend(built)
+        return parsed
+
+    def _postprocess_parsed_nodes(self, nodes: List[BaseNode], parent_doc_map: Dict[str, Document]) -> List[BaseNode]:
+        """The base class's relationships and metadata, keeping the exact offsets (it would
+        search each node's text in its document and take the first match at or after the previous)."""
+        offsets = [(getattr(n, "start_char_idx", None), getattr(n, "end_char_idx", None)) for n in nodes]
+        nodes = super()._postprocess_parsed_nodes(nodes, parent_doc_map)
+        for node, (start, end) in zip(nodes, offsets):
+            node.start_char_idx, node.end_char_idx = start, end  # type: ignore[attr-defined]
+        return nodes

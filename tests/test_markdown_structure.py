@@ -1,0 +1,297 @@
+"""Markdown passages keep their structure: parsed blocks, hidden markup, code seams, section chunks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import nest_integrations.evaluation as evaluation
+from nest_integrations.copy_policy import acceptable_start, sentence_starts
+from nest_integrations.corpus import DEFAULT_CHUNK_TOKENS, Passage, chunk_passages, chunk_text, section_chunks, sentence_spans
+from nest_integrations.datastore import PassageEncoder, TokenDatastore, tiling_char_spans
+from nest_integrations.decoding import NestDecoder
+from nest_integrations.markdown_structure import (
+    copy_layout,
+    copyable_tokens,
+    is_markdown,
+    looks_like_markdown,
+    parse_blocks,
+    start_allowed,
+)
+
+from conftest import ListRetriever
+
+FENCE = "```"
+SAMPLE = f"""---
+title: Reply
+sidebar: reference
+---
+<!-- Generated from docs/src/reply.md: edit that file instead. -->
+<h1 align="center">Fastify</h1>
+
+## Reply
+<a id="reply"></a>
+
+The second parameter of the handler function is `Reply`.
+It exposes the following functions.
+
+### Methods
+
+#### .send(data)
+<a id="senddata"></a>
+
+Sends the payload to the user. See [the lifecycle][lifecycle].
+
+{FENCE}js
+fastify.get('/', (request, reply) => {{
+  reply.send({{ hello: 'world' }})
+}})
+{FENCE}
+
+| Option | Default |
+| ------ | ------- |
+| `code` | `200`   |
+
+- `.code(statusCode)` - Sets the status code.
+- `.header(key, value)` - Sets a response header.
+
+[lifecycle]: ./Lifecycle.md
+[hooks]: https://fastify.dev/docs/latest/Reference/Hooks/ "Hooks"
+"""
+SEND = ("Reply", "Methods", ".send(data)")
+FASTIFY = Path(evaluation.__file__).parent / "data" / "fastify-docs" / "Reference"
+# Retrieval dominates: lambda ~ 0 at every step, and acceptance is lenient.
+COPY = dict(alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6)
+UNIQUE = "Quixotic zebras juggle seventeen luminous marmalade jars beneath Harrogate."
+KEEPER = "Their keeper, Ottoline Frump, counts every jar at dawn."
+
+
+def _hidden_text(text: str) -> list[str]:
+    layout = copy_layout(text)
+    assert layout is not None
+    return [text[start:end] for start, end in layout.hidden]
+
+
+def test_blocks_have_their_kind_exact_range_and_heading_path():
+    blocks = parse_blocks(SAMPLE)
+    got = [(b.kind, SAMPLE[b.start : b.end], b.heading_path) for b in blocks]
+    code = SAMPLE[SAMPLE.index(FENCE) : SAMPLE.rindex(FENCE) + 3]
+    table = SAMPLE[SAMPLE.index("| Option") : SAMPLE.index("`200`   |") + 9]
+    assert got == [
+        ("front_matter", "---\ntitle: Reply\nsidebar: reference\n---", ()),
+        ("comment", "<!-- Generated from docs/src/reply.md: edit that file instead. -->", ()),
+        ("html", '<h1 align="center">Fastify</h1>', ()),
+        ("heading", "## Reply", ("Reply",)),
+        ("html", '<a id="reply"></a>', ("Reply",)),
+        ("paragraph", "The second parameter of the handler function is `Reply`.\nIt exposes the following functions.", ("Reply",)),
+        ("heading", "### Methods", ("Reply", "Methods")),
+        ("heading", "#### .send(data)", SEND),
+        ("html", '<a id="senddata"></a>', SEND),
+        ("paragraph", "Sends the payload to the user. See [the lifecycle][lifecycle].", SEND),
+        ("code", code, SEND),
+        ("table", table, SEND),
+        ("list_item", "- `.code(statusCode)` - Sets the status code.", SEND),
+        ("list_item", "- `.header(key, value)` - Sets a response header.", SEND),
+        ("link_definition", "[lifecycle]: ./Lifecycle.md", SEND),
+        ("link_definition", '[hooks]: https://fastify.dev/docs/latest/Reference/Hooks/ "Hooks"', SEND),
+    ]
+    assert [b.level for b in blocks if b.kind == "heading"] == [2, 3, 4]
+    assert code.startswith("```js\nfastify.get") and table.endswith("| `code` | `200`   |")
+
+
+def test_setext_headings_indented_code_and_inline_html():
+    text = "Title\n=====\n\nSee <b>this</b> now.\n\n    indented = 1\n    more = 2\n"
+    blocks = parse_blocks(text)
+    assert [(b.kind, text[b.start : b.end]) for b in blocks] == [
+        ("heading", "Title\n====="),
+        ("paragraph", "See <b>this</b> now."),
+        ("code", "indented = 1\n    more = 2"),
+    ]
+    assert _hidden_text(text + "<!-- -->") == ["Title\n=====", "<b>", "</b>", "<!-- -->"]
+
+
+@pytest.mark.parametrize(
+    ("text", "metadata", "title", "expected"),
+    [
+        ("Plain words. More words.", {"source": "docs/guide.md"}, "", True),
+        ("Plain words.", {"file_path": "/x/API.MDX"}, "", True),
+        ("Plain words.", {"file_name": "notes.markdown"}, "", True),
+        ("Plain words.", {"path": "notes.txt", "source": "wikipedia"}, "guide.md", True),
+        ("## Install\n\nRun it.", {}, "", True),
+        ("Plain words.", {"path": "notes.txt"}, "", False),
+        # Docstrings are prose: a doctest comment and an RST underline are not Markdown.
+        (">>> c = Counter('ab')\n\n# Knuth's example\n>>> import math\n", {}, "", False),
+        ("Main API\n========\nrun(...): Runs a command.", {}, "", False),
+    ],
+)
+def test_which_passages_are_markdown(text, metadata, title, expected):
+    assert is_markdown(text, metadata, title) is expected
+
+
+def test_hidden_markup_has_no_datastore_entries(tiny_lm):
+    encoded = PassageEncoder(tiny_lm, encoding_prefix="chat").encode([SAMPLE])[0]
+    layout = copy_layout(SAMPLE)
+    assert layout is not None
+    for (start, end), valid in zip(encoded.char_spans.tolist(), encoded.valid.tolist()):
+        piece = SAMPLE[start:end]
+        inside_hidden = any(a <= start and end <= b for a, b in layout.hidden)
+        if piece.strip() and inside_hidden:
+            assert not valid, f"hidden token {piece!r} has an entry"
+    values = "".join(SAMPLE[s:e] for (s, e), v in zip(encoded.char_spans.tolist(), encoded.valid) if v)
+    for markup in ("title: Reply", "<!--", "## Reply", "### Methods", '<a id="senddata">', "[lifecycle]: ./Lifecycle.md"):
+        assert markup not in values
+    for prose in ("The second parameter of the handler function", "Sends the payload to the user.", "reply.send("):
+        assert prose in values
+
+
+def test_prose_passages_keep_every_entry(tiny_lm, small_passages):
+    encoder = PassageEncoder(tiny_lm, encoding_prefix="chat")
+    prose = [p.text for p in small_passages] + ["Counter:\n\n# Knuth's example\n>>> import math\n\n    indented docstring line"]
+    for text, encoded in zip(prose, encoder.encode(prose)):
+        assert copy_layout(text) is None
+        assert encoded.valid.all()
+        assert copyable_tokens(text, encoded.char_spans).all()
+        assert sentence_starts(text) == [s for s, _ in sentence_spans(text)]
+
+
+def test_a_draft_stops_before_a_comment_and_a_heading(tiny_lm):
+    prose = Passage(id="p", text=f"{UNIQUE}\n\n{KEEPER}")
+    markdown = Passage(id="m", text=f"{UNIQUE}\n\n<!-- reviewed: yes -->\n## The keeper\n\n{KEEPER}", metadata={"source": "zebras.md"})
+    outputs = {}
+    for passage in (prose, markdown):
+        decoder = NestDecoder(tiny_lm, TokenDatastore([passage], PassageEncoder(tiny_lm)), ListRetriever([passage]))
+        outputs[passage.id] = decoder.generate("Quixotic zebras", max_new_tokens=40, use_chat_template=False, stop_at_source_end=False, **COPY)
+    # Prose runs on into the next paragraph; Markdown stops where the comment starts.
+    assert "Harrogate.\n\nTheir keeper" in outputs["p"].copied_spans[0].text
+    first = outputs["m"].copied_spans[0]
+    assert first.text.endswith("beneath Harrogate.")
+    for span in outputs["m"].copied_spans:
+        assert "<!--" not in span.text and "##" not in span.text and "The keeper" not in span.text
+        assert markdown.text[span.source.char_start : span.source.char_end] == span.text
+
+
+def test_a_copy_starts_inside_code_only_at_a_line_start():
+    code_line = "result = compute(alpha, beta)"
+    markdown = f"Call it like this.\n\n{FENCE}python\n{code_line}\nprint(result)\n{FENCE}\n"
+    prose = f"Call it like this.\n\n{code_line}\nprint(result)\n"
+    generated = "We write result = compute("
+    for text, allowed in ((prose, True), (markdown, False)):
+        mid_line = text.index("alpha")
+        assert acceptable_start(generated, text, mid_line, sentence_starts(text)) is allowed
+    starts = sentence_starts(markdown)
+    for line in (f"{FENCE}python", code_line, "print(result)"):
+        assert markdown.index(line) in starts
+    assert markdown.rindex(FENCE) not in starts, "the closing fence starts no copy"
+    assert acceptable_start("Here is how.", markdown, markdown.index(code_line), starts)
+    assert not start_allowed(markdown, markdown.index("compute"))
+
+
+def test_no_copy_starts_inside_hidden_markup():
+    starts = sentence_starts(SAMPLE)
+    layout = copy_layout(SAMPLE)
+    assert layout is not None
+    assert not [s for s in starts if any(a <= s < b for a, b in layout.hidden)]
+    assert SAMPLE.index("The second parameter") in starts and SAMPLE.index("Sends the payload") in starts
+    assert not acceptable_start("", SAMPLE, 0, starts), "front matter opens the text but is not copied"
+    assert not acceptable_start("Done.", SAMPLE, SAMPLE.index("## Reply"), starts)
+
+
+def test_sections_are_chunks_with_exact_offsets_and_heading_paths():
+    doc = Passage(id="reply", text=SAMPLE, metadata={"source": "Reply.md"})
+    chunks = chunk_passages([doc], max_words=30)
+    assert len(chunks) > 1
+    for chunk in chunks:
+        assert doc.text[chunk.doc_char_start : chunk.doc_char_end] == chunk.text
+        assert chunk.doc_id == "reply" and chunk.metadata["source"] == "Reply.md"
+    by_start = {c.text.split("\n")[0]: c.metadata["heading_path"] for c in chunks}
+    assert by_start["| Option | Default |"] == list(SEND)
+    assert next(c for c in chunks if "#### .send(data)" in c.text).metadata["heading_path"] in (list(SEND), list(SEND[:2]))
+    code = SAMPLE[SAMPLE.index(FENCE) : SAMPLE.rindex(FENCE) + 3]
+    assert any(code in c.text for c in chunks), "a code block within the budget is never cut"
+    assert not any(c.text.rstrip().endswith(("## Reply", "### Methods", "#### .send(data)")) for c in chunks)
+    whole = chunk_passages([doc], max_words=1000)
+    assert [c.text for c in whole] == [SAMPLE] and whole[0].metadata["heading_path"] == ["Reply"]
+    assert chunks[-1].text.startswith("[lifecycle]:") and chunks[-1].metadata["heading_path"] == list(SEND)
+
+
+def test_small_sibling_sections_share_a_chunk():
+    text = "# Guide\n\n## A\n\nOne.\n\n## B\n\nTwo.\n\n## C\n\n" + " ".join(["word"] * 30) + ".\n"
+    chunks = section_chunks(text, max_words=20)
+    assert [text[c.start : c.end].split("\n")[0] for c in chunks] == ["# Guide", "## C", "word " * 11 + "word."]
+    assert [c.heading_path for c in chunks] == [("Guide",), ("Guide", "C"), ("Guide", "C")]
+    assert chunk_text(text, max_words=20) == [(c.start, c.end) for c in chunks]
+
+
+def test_real_documentation_chunks_keep_code_blocks_whole(smol_tokenizer):
+    doc = Passage(id="Reply.md", text=(FASTIFY / "Reply.md").read_text(encoding="utf-8"), metadata={"path": "Reply.md"})
+    chunks = chunk_passages([doc], max_tokens=DEFAULT_CHUNK_TOKENS, tokenizer=smol_tokenizer)
+    count = lambda s: len(smol_tokenizer.encode(s, add_special_tokens=False))  # noqa: E731
+    assert all(count(c.text) <= DEFAULT_CHUNK_TOKENS for c in chunks)
+    spans = [(c.doc_char_start, c.doc_char_end) for c in chunks]
+    assert all(doc.text[a:b] == c.text for (a, b), c in zip(spans, chunks))
+    blocks = parse_blocks(doc.text)
+    for block in blocks:
+        holders = [s for s in spans if s[0] < block.end and s[1] > block.start]
+        if block.kind == "code" and count(doc.text[block.start : block.end]) <= DEFAULT_CHUNK_TOKENS:
+            assert len(holders) == 1 and holders[0][0] <= block.start and block.end <= holders[0][1]
+        if block.copyable:
+            assert holders, "no readable block is dropped"
+    heading_ends = {b.end for b in blocks if b.kind == "heading"}
+    assert not heading_ends & {b for _, b in spans}
+
+
+def test_a_splitter_chunk_is_read_on_its_own_text(smol_tokenizer):
+    text = (FASTIFY / "Routes.md").read_text(encoding="utf-8")
+    splitters = pytest.importorskip("langchain_text_splitters")
+    chunks = splitters.RecursiveCharacterTextSplitter(add_start_index=True).create_documents([text])
+    assert sum(looks_like_markdown(c.page_content) for c in chunks) >= len(chunks) - 3
+    for chunk in chunks:
+        ids = smol_tokenizer(chunk.page_content, add_special_tokens=False, return_offsets_mapping=True)
+        spans = tiling_char_spans(ids["offset_mapping"], len(chunk.page_content))
+        kept = "".join(chunk.page_content[s:e] for (s, e), ok in zip(spans.tolist(), copyable_tokens(chunk.page_content, spans)) if ok)
+        assert "<a id=" not in kept and "\n## " not in kept and "\n### " not in kept
+
+
+def test_langchain_splitter_offsets_are_exact():
+    pytest.importorskip("langchain_text_splitters")
+    from langchain_core.documents import Document
+
+    from nest_integrations.langchain import MarkdownSectionSplitter, document_to_passage
+
+    text = (FASTIFY / "Hooks.md").read_text(encoding="utf-8")
+    splitter = MarkdownSectionSplitter(chunk_size=1500)
+    docs = splitter.split_documents([Document(page_content=text, metadata={"source": "Hooks.md"})])
+    assert len(docs) > 5 and splitter.split_text(text) == [d.page_content for d in docs]
+    for doc in docs:
+        start = doc.metadata["start_index"]
+        assert text[start : start + len(doc.page_content)] == doc.page_content
+        assert len(doc.page_content) <= 1500 or "```" in doc.page_content
+        assert isinstance(doc.metadata["heading_path"], list)
+        passage = document_to_passage(doc)
+        assert passage.doc_id == "Hooks.md" and passage.doc_char_start == start
+    with pytest.raises(ValueError, match="chunk_overlap"):
+        MarkdownSectionSplitter(chunk_overlap=100)
+
+
+def test_llama_index_node_parser_offsets_are_exact():
+    pytest.importorskip("llama_index.core")
+    from llama_index.core import Document
+
+    from nest_integrations.llama_index import MarkdownSectionNodeParser
+
+    # Two identical sections: searching for a node's text would find the first one twice.
+    section = "## Twice\n\nThe same words under the same heading, long enough to fill a node.\n\n"
+    text = "# Doc\n\nIntro.\n\n" + section + section
+    nodes = MarkdownSectionNodeParser(chunk_size=90).get_nodes_from_documents([Document(text=text, metadata={"file_name": "d.md"})])
+    assert [(n.start_char_idx, n.end_char_idx) for n in nodes][-2:] == [
+        (text.index(section), text.index(section) + len(section.strip())),
+        (text.rindex(section), text.rindex(section) + len(section.strip())),
+    ]
+    for node in nodes:
+        assert text[node.start_char_idx : node.end_char_idx] == node.text
+        assert node.metadata["file_name"] == "d.md" and node.metadata["heading_path"][0] == "Doc"
+    real = (FASTIFY / "Plugins.md").read_text(encoding="utf-8")
+    for node in MarkdownSectionNodeParser(chunk_size=2000).get_nodes_from_documents([Document(text=real)]):
+        assert real[node.start_char_idx : node.end_char_idx] == node.text
