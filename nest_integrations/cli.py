@@ -16,7 +16,9 @@ from rich.console import Console
 from rich.table import Table
 
 from .corpus import DEFAULT_CHUNK_TOKENS
+from .distributed import DEFAULT_CONNECT_TIMEOUT_S
 from .key_codec import CODEC_HELP
+
 
 app = typer.Typer(help="NEST: attributed, retrieval-grounded generation.", no_args_is_help=True, add_completion=False)
 index_app = typer.Typer(help="Build and inspect NEST indexes.", no_args_is_help=True)
@@ -66,6 +68,21 @@ def _comma_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
+def _positive(value: Optional[float]) -> Optional[float]:
+    """Option callback: a float option must be above 0 (click's ranges cannot exclude 0)."""
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"must be above 0, got {value:g}")
+    return value
+
+
+def _given(ctx: typer.Context, *names: str) -> list[str]:
+    """The options among the parameters ``names`` that the command line (or environment) set, as
+    their flags: to refuse an option that does not apply rather than ignore it silently."""
+    flags = {param.name: param.opts[0] for param in ctx.command.params}
+    sources = {name: ctx.get_parameter_source(name) for name in names}  # click's ParameterSource (typer vendors click)
+    return [flags[name] for name, source in sources.items() if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")]
+
+
 def _load_index(path: Optional[Path], model: Optional[str] = None) -> Any:
     from .index import NestIndex
     from .lm import load_lm
@@ -92,18 +109,19 @@ def _build_default_index(folder: Path) -> None:
 # --------------------------------------------------------------------------- index
 @index_app.command("build")
 def index_build(
+    ctx: typer.Context,
     source: str = typer.Argument(
         ..., help="A .txt, .md, .rst or .jsonl file, a folder of them, or 'wiki' (the bundled Wikipedia summaries)."
     ),
     out: Path = typer.Option(..., "--out", help="Index folder to write (new, empty, or an index with --force)."),
     force: bool = typer.Option(False, "--force", help="Replace an index already at --out; never anything else."),
-    limit: Optional[int] = typer.Option(None, help="Keep at most this many passages."),
+    limit: Optional[int] = typer.Option(None, min=1, help="Keep at most this many passages."),
     topic: Optional[str] = typer.Option(None, help="Wikipedia topic filter, e.g. People (source 'wiki' only)."),
     max_tokens: int = typer.Option(
-        DEFAULT_CHUNK_TOKENS, help="Chunk documents into passages of at most this many LM tokens (whole sentences), so every passage "
+        DEFAULT_CHUNK_TOKENS, min=0, help="Chunk documents into passages of at most this many LM tokens (whole sentences), so every passage "
         "stays retrievable and fits the datastore; 0: one passage per document.",
     ),
-    max_words: Optional[int] = typer.Option(None, help="Chunk by words instead of tokens."),
+    max_words: Optional[int] = typer.Option(None, min=1, help="Chunk by words instead of tokens."),
     precompute_keys: bool = typer.Option(
         True, "--precompute-keys/--lazy-keys",
         help="Encode every token key now (build time ~ corpus tokens / 600 per second on 2 CPU cores, "
@@ -122,10 +140,10 @@ def index_build(
         help="Dense first stage: auto (flat below 100k passages, IVF above), flat (exact), ivf, hnsw, "
         "or a FAISS factory string (e.g. IVF4096,PQ32).",
     ),
-    nlist: Optional[int] = typer.Option(None, help="IVF lists (default 4*sqrt(passages))."),
-    nprobe: Optional[int] = typer.Option(None, help="IVF lists probed per query (default sqrt(nlist)): recall vs latency."),
-    hnsw_m: int = typer.Option(32, help="HNSW links per node: recall and memory vs build time."),
-    ef_search: Optional[int] = typer.Option(None, help="HNSW candidates per query (default 16): recall vs latency."),
+    nlist: Optional[int] = typer.Option(None, min=1, help="IVF lists (default 4*sqrt(passages)); at most the passages."),
+    nprobe: Optional[int] = typer.Option(None, min=1, help="IVF lists probed per query (default sqrt(nlist)): recall vs latency."),
+    hnsw_m: int = typer.Option(32, min=2, help="HNSW links per node: recall and memory vs build time."),
+    ef_search: Optional[int] = typer.Option(None, min=1, help="HNSW candidates per query (default 16): recall vs latency."),
     faiss_on_disk: bool = typer.Option(
         False, "--faiss-on-disk", help="Memory-map the FAISS index when the index is loaded instead of reading it into memory."
     ),
@@ -136,9 +154,12 @@ def index_build(
         "joins $RAY_ADDRESS or a cluster started here with `ray start`, else starts a local one. Needs the 'ray' extra.",
     ),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster HOST:PORT to build on (implies --ray)."),
-    workers: Optional[int] = typer.Option(None, help="Ray workers (default: cluster CPUs / --cpus-per-worker)."),
-    cpus_per_worker: float = typer.Option(1.0, help="CPUs each Ray worker reserves (its torch threads)."),
-    shard_passages: int = typer.Option(256, help="Passages per key shard and per Ray task."),
+    workers: Optional[int] = typer.Option(None, min=1, help="Ray workers (default: cluster CPUs / --cpus-per-worker)."),
+    cpus_per_worker: float = typer.Option(1.0, callback=_positive, help="CPUs each Ray worker reserves (its torch threads)."),
+    shard_passages: int = typer.Option(256, min=1, help="Passages per key shard and per Ray task."),
+    ray_timeout: float = typer.Option(
+        DEFAULT_CONNECT_TIMEOUT_S, callback=_positive, help="Seconds a Ray cluster at --ray-address may take to answer before the command fails.",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Build a NEST index (passages, dense + BM25 retrieval, token datastore)."""
@@ -150,6 +171,15 @@ def index_build(
     from .safe_io import check_replaceable
 
     _setup_logging(verbose)
+    use_ray = use_ray or ray_address is not None
+    if not use_ray and (stray := _given(ctx, "workers", "cpus_per_worker", "shard_passages", "ray_timeout")):
+        _fail(f"{', '.join(stray)} apply with --ray only")
+    if use_ray and (stray := _given(ctx, "nlist", "nprobe", "hnsw_m", "ef_search", "faiss_on_disk")):
+        _fail(f"--ray builds take --faiss-index only; {', '.join(stray)} apply to local builds")
+    if use_ray and not precompute_keys:
+        _fail("--ray builds precomputed keys; drop --lazy-keys")
+    if max_words is not None and _given(ctx, "max_tokens"):
+        _fail("--max-words and --max-tokens are two ways to chunk; give one")
     try:
         check_replaceable(out, INDEX_FORMAT, overwrite=force)  # before hours of building, not after
         if parse_spec(key_compression)[0] != "float16" and not precompute_keys:
@@ -164,16 +194,12 @@ def index_build(
             _fail(f"{source} holds no passages")
         settings: dict[str, Any] = dict(retriever_kind=retriever, index_factory=index_factory, key_layer=key_layer, encoding_prefix=encoding_prefix)
         faiss_options = {"nlist": nlist, "nprobe": nprobe, "hnsw_m": hnsw_m, "ef_search": ef_search, "on_disk": faiss_on_disk}
-        if use_ray or ray_address:
+        if use_ray:
             from .distributed import build_index_on_ray
 
-            if not precompute_keys:
-                _fail("--ray builds precomputed keys; drop --lazy-keys")
-            if any(faiss_options[k] is not None for k in ("nlist", "nprobe", "ef_search")) or hnsw_m != 32 or faiss_on_disk:
-                _fail("--ray builds take --faiss-index only; --nlist, --nprobe, --hnsw-m, --ef-search and --faiss-on-disk apply to local builds")
             index = build_index_on_ray(
                 passages, lm, out, address=ray_address, workers=workers, cpus_per_worker=cpus_per_worker,
-                shard_passages=shard_passages, key_codec=key_compression, overwrite=force, **settings,
+                shard_passages=shard_passages, key_codec=key_compression, overwrite=force, timeout_s=ray_timeout, **settings,
             )
         else:
             index = NestIndex.build(
@@ -280,6 +306,7 @@ def _print_output(output: Any, title: str) -> None:
 
 @app.command()
 def generate(
+    ctx: typer.Context,
     prompt: Optional[str] = typer.Argument(None, help="The prompt (omit with --input)."),
     datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
     query: Optional[str] = typer.Option(None, help="First-stage retrieval query (default: the prompt)."),
@@ -290,11 +317,18 @@ def generate(
     output_path: Optional[Path] = typer.Option(
         None, "--output", help="JSONL to write (with --input), in input order; a killed run resumes, keeping the items done."
     ),
-    batch_size: int = typer.Option(8, help="With --input: items per batched-decoder call (and per Ray task)."),
+    restart: bool = typer.Option(
+        False, "--restart", help="With --input: replace --output (the output of an earlier job, never another file) "
+        "instead of resuming it; a resume needs the same index, LM and decoding settings.",
+    ),
+    batch_size: int = typer.Option(8, min=1, help="With --input: items per batched-decoder call (and per Ray task)."),
     use_ray: bool = typer.Option(False, "--ray", help="With --input: spread the items over Ray workers, each holding the index."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster HOST:PORT (implies --ray)."),
-    workers: Optional[int] = typer.Option(None, help="Ray workers (default: cluster CPUs / --cpus-per-worker)."),
-    cpus_per_worker: float = typer.Option(1.0, help="CPUs each Ray worker reserves."),
+    workers: Optional[int] = typer.Option(None, min=1, help="Ray workers (default: cluster CPUs / --cpus-per-worker)."),
+    cpus_per_worker: float = typer.Option(1.0, callback=_positive, help="CPUs each Ray worker reserves."),
+    ray_timeout: float = typer.Option(
+        DEFAULT_CONNECT_TIMEOUT_S, callback=_positive, help="Seconds a Ray cluster at --ray-address may take to answer before the command fails.",
+    ),
     model: Optional[str] = typer.Option(None, help="LM to decode with (default: the one that built the index)."),
     qdrant_path: Optional[Path] = typer.Option(
         None, "--qdrant-path", help="First stage from a local Qdrant folder instead of an index (with --collection; "
@@ -304,26 +338,37 @@ def generate(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Generate with attribution; one prompt, or a batch from --input to --output."""
-    from .config import MODES
+    from .config import MODES, NestConfig
 
     _setup_logging(verbose)
     if mode not in MODES:
         _fail(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    try:
+        NestConfig().updated(mode=mode, max_new_tokens=max_new_tokens)
+    except ValueError as err:
+        _fail(str(err))
     if (prompt is None) == (input_path is None):
         _fail("give either a PROMPT or --input FILE")
     if input_path is not None and output_path is None:
         _fail("--input needs --output")
+    if input_path is None and (stray := _given(ctx, "output_path", "restart", "batch_size")):
+        _fail(f"{', '.join(stray)} apply with --input only")
+    if input_path is not None and (stray := _given(ctx, "query", "as_json")):
+        _fail(f"{', '.join(stray)} apply to one PROMPT; with --input each item has its own query, and outputs go to --output")
     if (qdrant_path is None) != (collection is None):
         _fail("--qdrant-path and --collection go together")
     if qdrant_path is not None and (datastore is not None or input_path is not None):
         _fail("--qdrant-path generates for one PROMPT, without --datastore or --input")
-    if (use_ray or ray_address) and input_path is None:
+    use_ray = use_ray or ray_address is not None
+    if use_ray and input_path is None:
         _fail("--ray needs --input")
+    if not use_ray and (stray := _given(ctx, "workers", "cpus_per_worker", "ray_timeout")):
+        _fail(f"{', '.join(stray)} apply with --ray only")
     if input_path is not None:
         assert output_path is not None
         _generate_items(
             input_path, output_path, datastore, model=model, overrides={"mode": mode, "max_new_tokens": max_new_tokens},
-            batch_size=batch_size, ray=(use_ray or ray_address is not None, ray_address, workers, cpus_per_worker),
+            batch_size=batch_size, restart=restart, ray=(use_ray, ray_address, workers, cpus_per_worker, ray_timeout),
         )
         return
     try:
@@ -340,29 +385,37 @@ def generate(
 
 def _generate_items(
     input_path: Path, output_path: Path, datastore: Optional[Path], *, model: Optional[str], overrides: dict[str, Any],
-    batch_size: int, ray: tuple[bool, Optional[str], Optional[int], float],
+    batch_size: int, restart: bool, ray: tuple[bool, Optional[str], Optional[int], float, float],
 ) -> None:
-    """``nest generate --input``: a resumable job (:mod:`nest_integrations.jobs`), in this process or on Ray."""
-    from .jobs import in_process_runner, read_items, run_job
+    """``nest generate --input``: a resumable job (:mod:`nest_integrations.jobs`), in this process or on Ray.
 
-    use_ray, address, workers, cpus_per_worker = ray
+    The input and the output file are checked before the index or the LM is loaded; the
+    settings a resume must share (index, LM, decoding) once they are."""
+    from .config import NestConfig
+    from .index import index_identity
+    from .jobs import check_output, in_process_runner, job_settings, read_items, run_job
+
+    use_ray, address, workers, cpus_per_worker, timeout_s = ray
+    folder = datastore or default_index_path()
     try:
-        items = read_items(input_path, {**overrides, "model": model})
+        items = read_items(input_path)
+        check_output(output_path)
+        if datastore is None and not (folder / "manifest.json").exists():
+            _build_default_index(folder)
+        identity = index_identity(folder)
         if use_ray:
             from .distributed import ray_cluster, ray_generator
 
-            folder = datastore or default_index_path()
-            if datastore is None and not (folder / "manifest.json").exists():
-                _build_default_index(folder)
-            with ray_cluster(address), ray_generator(
+            with ray_cluster(address, timeout_s=timeout_s), ray_generator(
                 folder, model=model, overrides=overrides, workers=workers, cpus_per_worker=cpus_per_worker
             ) as runner:
-                generated = run_job(items, output_path, runner, chunk_size=batch_size)
+                settings = job_settings(index=identity, lm_fingerprint=runner.lm_fingerprint, config=NestConfig().updated(**overrides))
+                generated = run_job(items, output_path, runner, settings=settings, chunk_size=batch_size, restart=restart)
         else:
-            index = _load_index(datastore, model)
-            decoder = index.decoder()
+            decoder = _load_index(folder, model).decoder()
             decoder.config = decoder.config.updated(**overrides)
-            generated = run_job(items, output_path, in_process_runner(decoder), chunk_size=batch_size)
+            settings = job_settings(index=identity, lm_fingerprint=decoder.lm.fingerprint(), config=decoder.config)
+            generated = run_job(items, output_path, in_process_runner(decoder), settings=settings, chunk_size=batch_size, restart=restart)
     except (ValueError, ImportError) as err:
         _fail(str(err))
     kept = len(items) - generated

@@ -22,6 +22,13 @@ Multi-node: every node needs the same nest-integrations and model files, and the
 index folder must be on a file system every node sees at the same path (workers
 write shards into it, and generation workers read it). Ray itself is an
 optional dependency: ``pip install 'nest-integrations[ray]'``.
+
+Every entry point connects through :func:`ray_cluster`, which fails within
+``timeout_s`` (default :data:`DEFAULT_CONNECT_TIMEOUT_S`; CLI ``--ray-timeout``)
+with a ValueError naming the address when no Ray cluster answers there, where
+``ray.init`` alone retries for minutes. A local cluster started there ends with
+the block, and with the process even when it is killed by SIGKILL
+(:mod:`nest_integrations.ray_reaper`).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import os
 import socket
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
@@ -64,8 +72,60 @@ def require_ray() -> Any:
     return ray
 
 
+DEFAULT_CONNECT_TIMEOUT_S = 20.0
+"""Seconds to wait for a Ray cluster named by an address to answer before giving up."""
+
+
+def _gcs_address(address: Optional[str]) -> Optional[tuple[str, int]]:
+    """``(host, port)`` of the cluster ``address`` (or ``$RAY_ADDRESS`` when None) names, when it is
+    ``HOST:PORT``; None for ``"auto"``, ``"local"``, ``ray://`` client addresses and no address."""
+    address = address if address is not None else os.environ.get("RAY_ADDRESS")
+    if not address or "://" in address:
+        return None
+    host, _, port = address.rpartition(":")
+    return (host.strip("[]"), int(port)) if host and port.isdigit() else None
+
+
+def check_reachable(address: Optional[str], timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
+    """Fail within ``timeout_s`` when the Ray cluster at ``address`` cannot be reached.
+
+    ``ray.init(address="HOST:PORT")`` retries for minutes when nothing answers
+    there (or something other than Ray does), so before it this opens a TCP
+    connection to the address, then asks the Ray GCS for its cluster id over
+    gRPC, each bounded by ``timeout_s``. Addresses of other forms (``"auto"``,
+    ``ray://``) are left to Ray, which resolves them quickly.
+
+    Raises:
+        ValueError: nothing listens at the address, or what listens is not a Ray
+            cluster's GCS; the message names the address and what to do.
+    """
+    target = _gcs_address(address)
+    if target is None:
+        return
+    where = f"{target[0]}:{target[1]}"
+    fix = "start one there with `ray start --head`, fix --ray-address / $RAY_ADDRESS, or leave both unset to start a local cluster"
+    try:
+        socket.create_connection(target, timeout=timeout_s).close()
+    except OSError as err:
+        raise ValueError(f"no Ray cluster answers at {where} ({err.strerror or err}); {fix}") from None
+    try:
+        import grpc
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:  # a Ray without these modules: the TCP check above is all we can do
+        return
+    with grpc.insecure_channel(where) as channel:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+        except grpc.RpcError as err:
+            if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED):
+                raise ValueError(f"{where} answers, but not as a Ray cluster's GCS within {timeout_s:g} s ({err.code().name}); {fix}") from None
+            # any other answer (e.g. authentication required) comes from a GCS: ray.init says more
+
+
 @contextmanager
-def ray_cluster(address: Optional[str] = None, *, num_cpus: Optional[int] = None) -> Iterator[Any]:
+def ray_cluster(
+    address: Optional[str] = None, *, num_cpus: Optional[int] = None, timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+) -> Iterator[Any]:
     """Use the Ray runtime already initialised in this process, or connect for the block.
 
     Args:
@@ -75,20 +135,45 @@ def ray_cluster(address: Optional[str] = None, *, num_cpus: Optional[int] = None
             else starts a local one for the block.
         num_cpus: start a new local cluster of this many CPUs (with ``address``
             None), even if another one runs on this machine.
+        timeout_s: how long a cluster named by ``HOST:PORT`` may take to answer
+            (:func:`check_reachable`); larger tolerates a slow or distant head,
+            smaller fails sooner on a wrong address.
 
-    A connection made here is closed after the block; one made by the caller is left open.
+    A connection made here is closed after the block; one made by the caller is
+    left open. A local cluster started here ends with the block, and its
+    processes are killed if this process dies first, even by SIGKILL
+    (:mod:`nest_integrations.ray_reaper`, Linux).
+
+    Raises:
+        ValueError: the cluster at ``address`` does not answer within ``timeout_s``,
+            or Ray cannot connect (e.g. ``"auto"`` with no cluster running).
+        ImportError: Ray is not installed.
     """
+    from . import ray_reaper
+
     ray = require_ray()
     if ray.is_initialized():
         yield ray
         return
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     if num_cpus is not None and address is None:
         address = "local"
-    ray.init(address=address, num_cpus=num_cpus if address == "local" else None, include_dashboard=False, log_to_driver=False)
+    check_reachable(address, timeout_s)
+    reaper = ray_reaper.start() if _gcs_address(address) is None else None  # this process may start the cluster
     try:
-        yield ray
+        try:
+            ray.init(address=address, num_cpus=num_cpus if address == "local" else None, include_dashboard=False, log_to_driver=False)
+        except ConnectionError as err:  # e.g. "auto" with no cluster running
+            raise ValueError(f"cannot connect to a Ray cluster: {err}") from err
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
     finally:
-        ray.shutdown()
+        if reaper is not None:
+            reaper.stdin.close()  # the reaper kills what the shutdown left behind, then exits
+            reaper.wait(timeout=10 * ray_reaper.POLL_S)
 
 
 def _lm_source(lm: "LoadedLM") -> tuple[str, str]:
@@ -205,9 +290,10 @@ def _workers(ray: Any, cls: type, count: Optional[int], cpus_per_worker: float, 
 def _actors(
     ray: Any, cls: type, count: Optional[int], cpus_per_worker: float, *args: Any,
     check: Callable[[list[dict[str, str]]], None],
-) -> Iterator[list[Any]]:
-    """Start the actors, ``check`` what their ``describe()`` says of their LMs, and end
-    them after the block (so a caller's long-lived Ray runtime gets its CPUs back)."""
+) -> Iterator[tuple[list[Any], list[dict[str, str]]]]:
+    """Start the actors, ``check`` what their ``describe()`` says of their LMs, yield the actors
+    and those descriptions, and end them after the block (so a caller's long-lived Ray
+    runtime gets its CPUs back)."""
     workers = _workers(ray, cls, count, cpus_per_worker, *args)
     try:
         try:
@@ -215,7 +301,7 @@ def _actors(
         except ray.exceptions.RayActorError as err:  # the actor's __init__ raised: say what, not Ray's traceback
             raise ValueError(f"a Ray worker could not start: {_last_error_line(str(err))}") from err
         check(described)
-        yield workers
+        yield workers, described
     finally:
         for worker in workers:
             ray.kill(worker)
@@ -238,6 +324,7 @@ def build_index_on_ray(
     key_codec: "KeyCodec | str" = "float16",
     codec_train_keys: int = DEFAULT_TRAIN_KEYS,
     overwrite: bool = False,
+    timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
 ) -> "NestIndex":
     """Build and save a NEST index with precomputed keys, embedding and encoding on Ray actors.
 
@@ -277,17 +364,19 @@ def build_index_on_ray(
         codec_train_keys: the codec's training sample, as in :meth:`NestIndex.build
             <nest_integrations.index.NestIndex.build>`.
         overwrite: replace an index already at ``out``.
+        timeout_s: how long the cluster at ``address`` may take to answer (:func:`ray_cluster`).
 
     Returns:
         The saved index, loaded from ``out`` (keys memory-mapped).
 
     Raises:
-        ValueError: an empty corpus, bad settings (an unknown codec among them),
-            a worker whose LM differs, or ``out`` not replaceable (checked before any work).
+        ValueError: an empty corpus, bad settings (:func:`~nest_integrations.index.check_build_options`),
+            ``out`` not replaceable (all checked before any work), an unreachable cluster,
+            or a worker whose LM differs.
         ImportError: Ray is not installed.
     """
     from .datastore import PassageEncoder, train_on_first_passages
-    from .index import FORMAT, NestIndex
+    from .index import FORMAT, NestIndex, check_build_options
     from .key_codec import resolve_codec
     from .retrieval.dense import DenseRetriever
     from .safe_io import atomic_folder, check_replaceable
@@ -299,6 +388,9 @@ def build_index_on_ray(
         raise ValueError(f"shard_passages must be at least 1, got {shard_passages}")
     if embedder is not None and not isinstance(embedder, (str, os.PathLike)):
         raise ValueError("a Ray build loads the embedder on each worker: pass its folder or name, not an object")
+    check_build_options(
+        len(passages), lm, index_factory=index_factory, retriever_kind=retriever_kind, key_layer=key_layer, key_codec=key_codec
+    )
     check_replaceable(Path(out), FORMAT, overwrite=overwrite)  # before any work, not after
     model, dtype = _lm_source(lm)
     codec = resolve_codec(key_codec, lm.hidden_size)
@@ -311,12 +403,12 @@ def build_index_on_ray(
     records = [p.to_dict() for p in passages]
     runs = [records[lo : lo + shard_passages] for lo in range(0, len(records), shard_passages)]
     start = time.perf_counter()
-    with ray_cluster(address) as ray, atomic_folder(out, kind=FORMAT, overwrite=overwrite) as tmp:
+    with ray_cluster(address, timeout_s=timeout_s) as ray, atomic_folder(out, kind=FORMAT, overwrite=overwrite) as tmp:
         keys_folder = tmp / "keys"
         keys_folder.mkdir()
         tasks = [(str(keys_folder / shard_name(n)), run) for n, run in enumerate(runs)]
         settings = (model, dtype, embedder_name, key_layer, encoding_prefix, (codec.spec, codec.arrays()))
-        with _actors(ray, _BuildWorker, workers, cpus_per_worker, *settings, check=_same_lm_as(lm)) as actors:
+        with _actors(ray, _BuildWorker, workers, cpus_per_worker, *settings, check=_same_lm_as(lm)) as (actors, _):
             pool = ray.util.ActorPool(actors)
             results = list(pool.map(lambda actor, task: actor.build_shard.remote(*task), tasks))
         logger.info(
@@ -354,6 +446,19 @@ class _GenerateWorker:
         return number, generate_chunk(self.decoder, chunk, max_batch=self.max_batch)
 
 
+@dataclass(frozen=True)
+class RayRunner:
+    """A :data:`~nest_integrations.jobs.ChunkRunner` over Ray actors (call it with the chunks),
+    and the weight fingerprint of the LM every actor decodes with (for
+    :func:`~nest_integrations.jobs.job_settings`)."""
+
+    run: "ChunkRunner"
+    lm_fingerprint: str
+
+    def __call__(self, chunks: Sequence[Sequence[Any]]) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        return self.run(chunks)
+
+
 @contextmanager
 def ray_generator(
     index_path: str | os.PathLike[str],
@@ -363,8 +468,8 @@ def ray_generator(
     workers: Optional[int] = None,
     cpus_per_worker: float = 1.0,
     max_batch: Optional[int] = None,
-) -> Iterator["ChunkRunner"]:
-    """Actors that each hold the index and a decoder, as a :data:`~nest_integrations.jobs.ChunkRunner`.
+) -> Iterator[RayRunner]:
+    """Actors that each hold the index and a decoder, as a :class:`RayRunner`.
 
     Each chunk goes to the next free actor, which runs the batched decoder on
     it; chunks are yielded as they finish (:func:`~nest_integrations.jobs.run_job`
@@ -387,10 +492,10 @@ def ray_generator(
     """
     ray = require_ray()
     args = (str(Path(index_path).resolve()), model, dict(overrides or {}), max_batch)
-    with _actors(ray, _GenerateWorker, workers, cpus_per_worker, *args, check=_one_lm) as actors:
+    with _actors(ray, _GenerateWorker, workers, cpus_per_worker, *args, check=_one_lm) as (actors, described):
 
         def run(chunks: Sequence[Sequence[Any]]) -> Iterator[tuple[int, list[dict[str, Any]]]]:
             pool = ray.util.ActorPool(actors)
             yield from pool.map_unordered(lambda actor, task: actor.generate.remote(*task), list(enumerate(map(list, chunks))))
 
-        yield run
+        yield RayRunner(run, described[0]["fingerprint"])

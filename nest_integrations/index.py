@@ -33,7 +33,7 @@ from typing_extensions import Annotated
 
 from .corpus import Passage, load_passages_jsonl, save_passages_jsonl
 from .datastore import PassageEncoder, PrecomputedKeys, TokenDatastore
-from .key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, codec_from_arrays, parse_spec, saved_array_names
+from .key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, codec_from_arrays, parse_spec, resolve_codec, saved_array_names
 from .lm import parse_key_layer
 from .safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
 from .shards import KEY_ARRAYS, ShardedKeys, ShardRecord, read_arrays, shard_files
@@ -79,8 +79,7 @@ class NestIndex:
 
         if not passages:
             raise ValueError("cannot build a NEST index over an empty corpus")
-        if retriever_kind not in ("hybrid", "dense", "bm25"):
-            raise ValueError(f"retriever_kind must be hybrid, dense or bm25, got {retriever_kind!r}")
+        _check_retriever(retriever_kind)
         self.lm = lm
         self.passages = list(passages)
         self.dense = dense
@@ -133,9 +132,10 @@ class NestIndex:
         if not passages:
             raise ValueError("cannot build a NEST index over an empty corpus")
         options = dict(faiss_options or {})
-        unknown = sorted(set(options) - {"nlist", "nprobe", "hnsw_m", "ef_search", "on_disk"})
-        if unknown:
-            raise ValueError(f"unknown faiss_options {unknown}; accepted: nlist, nprobe, hnsw_m, ef_search, on_disk")
+        check_build_options(
+            len(passages), lm, index_factory=index_factory, faiss_options=options, retriever_kind=retriever_kind,
+            key_layer=key_layer, key_codec=key_codec if precompute_keys else None,
+        )
         dense = DenseRetriever(passages, embedder, index_factory=index_factory, show_progress=show_progress, **options)
         index = cls(
             lm, passages, dense, retriever_kind=retriever_kind, key_layer=key_layer,
@@ -353,6 +353,69 @@ class NestIndex:
         if manifest.precomputed_keys:
             index.datastore.attach_precomputed(_load_keys(folder, manifest, passages, vocab_size=len(lm.tokenizer)))
         return index
+
+
+def _check_retriever(kind: str) -> None:
+    if kind not in ("hybrid", "dense", "bm25"):
+        raise ValueError(f"retriever_kind must be hybrid, dense or bm25, got {kind!r}")
+
+
+def check_build_options(
+    passages: int,
+    lm: "LoadedLM",
+    *,
+    index_factory: str = "auto",
+    faiss_options: Optional[dict[str, Any]] = None,
+    retriever_kind: str = "hybrid",
+    key_layer: str = "ffn_input",
+    key_codec: "KeyCodec | str | None" = None,
+) -> None:
+    """Refuse build settings that cannot work, before any passage is embedded or encoded.
+
+    A wrong ``nlist`` or key codec used to surface only once the whole corpus
+    was embedded (minutes to hours); every check here costs microseconds.
+
+    Args:
+        passages: how many passages the index will hold.
+        lm: the LM whose hidden size the key codec must fit.
+        faiss_options: ``nlist``, ``nprobe``, ``hnsw_m``, ``ef_search``, ``on_disk``
+            (:class:`~nest_integrations.retrieval.faiss_index.IndexSpec`).
+        key_codec: the precomputed keys' codec, None when keys are lazy.
+
+    Raises:
+        ValueError: an unknown FAISS option, retriever or key layer; ``nlist``
+            above ``passages`` or another knob out of range; a codec that does
+            not fit the LM's hidden size (e.g. ``pq7`` for 576 dimensions,
+            ``spq1``). The message names the setting.
+    """
+    from .retrieval.faiss_index import IndexSpec
+
+    options = dict(faiss_options or {})
+    unknown = sorted(set(options) - {"nlist", "nprobe", "hnsw_m", "ef_search", "on_disk"})
+    if unknown:
+        raise ValueError(f"unknown faiss_options {unknown}; accepted: nlist, nprobe, hnsw_m, ef_search, on_disk")
+    IndexSpec(index_factory, **{k: v for k, v in options.items() if v is not None}).factory_for(passages)
+    _check_retriever(retriever_kind)
+    parse_key_layer(key_layer)
+    if key_codec is not None:
+        resolve_codec(key_codec, lm.hidden_size)
+
+
+def index_identity(path: str | os.PathLike[str]) -> str:
+    """The identity of one build of an index: the sha256 of its ``manifest.json``.
+
+    The manifest lists the sha256 of every file, the LM's fingerprint and the
+    build time, so two folders share an identity only when one is a copy of the
+    other; a rebuild of the same corpus gets a new one. Resumable jobs record it
+    (:func:`nest_integrations.jobs.job_settings`) so that outputs of two indexes never mix.
+
+    Raises:
+        ValueError: ``path`` holds no manifest.
+    """
+    manifest = Path(path) / MANIFEST_FILE
+    if not manifest.is_file():
+        raise ValueError(f"{path} is not a NEST index (no {MANIFEST_FILE})")
+    return sha256_file(manifest)
 
 
 class _LMEntry(BaseModel):

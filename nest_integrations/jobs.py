@@ -1,6 +1,7 @@
 """Resumable JSONL generation jobs: items in, outputs out in input order, restartable.
 
-Input, one JSON object per line (blank lines skipped)::
+Input, one JSON object per line (blank lines skipped; lines end at ``\\n`` only,
+see :mod:`nest_integrations.jsonl`)::
 
     {"id": "q1", "prompt": "Tell me a bio of Ada Lovelace.", "query": "Ada Lovelace"}
 
@@ -9,18 +10,25 @@ and ``id`` (default: the line number, as a string) are optional.
 
 Output, one line per item, in input order::
 
-    {"id": "q1", "line": 1, "input_sha256": "...", "text": ..., "spans": ..., "citations": ..., "stats": ...}
+    {"id": "q1", "line": 1, "input_sha256": "...", "settings": {...}, "text": ..., "spans": ..., "stats": ...}
 
-that is the item's id and line number, a sha256 of the item and of the
-generation settings, then :meth:`NestOutput.to_dict`.
+that is the item's id, line number and sha256, the job's settings (see
+:func:`job_settings`: the index, the LM and every decoding setting, all that
+decides an output besides the item), then :meth:`NestOutput.to_dict`.
 
 Lines are appended (flushed and fsynced after each chunk) as soon as every
 earlier item is done, so a killed job loses at most the chunks in flight. On
 restart the lines already there must be the outputs of the first items, with
-the same id, line number and sha256: those items are not generated again. A
-torn last line (the job was killed while writing it) is dropped. Anything else,
-an output of another input or of other settings, is refused with a ValueError
-and the file is left as it was.
+the same id, line number and sha256, and the same settings: those items are not
+generated again. A torn last line (the job was killed while writing it) is
+dropped; a complete last line that only lacks its newline is kept. Anything
+else, an output of another input or of other settings, is refused with a
+ValueError naming what differs, and the file is left as it was: resume with the
+same settings, or start afresh with another output (or ``restart=True``, CLI
+``--restart``, which replaces a job's output, never another file).
+
+The batch size is not a setting: it groups items for speed, and a resumed job
+may use another one.
 """
 
 from __future__ import annotations
@@ -35,10 +43,13 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
+SHORT_VALUE = 40
+"""Characters of a setting's value shown in a mismatch message (fingerprints are longer)."""
+
 
 @dataclass(frozen=True)
 class JobItem:
-    """One input line: its 1-based line number, id, prompt, query and sha256 (item + settings)."""
+    """One input line: its 1-based line number, id, prompt, query and sha256 (of the item's JSON)."""
 
     line: int
     id: Any
@@ -51,96 +62,195 @@ ChunkRunner = Callable[[Sequence[Sequence[JobItem]]], Iterator[tuple[int, list[d
 """Generates chunks of items: yields ``(chunk number, one output dict per item)``, in any order."""
 
 
-def item_sha256(item: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
-    """sha256 of an input item and the generation settings, as canonical JSON."""
-    blob = json.dumps({"item": item, "settings": settings}, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+def job_settings(*, index: str, lm_fingerprint: str, config: Any) -> dict[str, Any]:
+    """Everything besides an item that decides its output, as a flat JSON dict.
+
+    Args:
+        index: the index's identity (:func:`nest_integrations.index.index_identity`:
+            the sha256 of its manifest, which lists every file's sha256).
+        lm_fingerprint: the decoding LM's weight fingerprint (dtype included:
+            float32 and float16 decode differently).
+        config: the decoder's :class:`~nest_integrations.config.NestConfig`
+            (every field: mode, token budget, gate, sampling...).
+
+    Returns:
+        ``{"index": ..., "lm": ..., <each config field>: ...}``.
+    """
+    return {"index": index, "lm": lm_fingerprint, **config.model_dump(mode="json")}
+
+
+def item_sha256(item: Mapping[str, Any]) -> str:
+    """sha256 of an input item, as canonical JSON."""
+    blob = json.dumps(item, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
-def read_items(path: Path, settings: Mapping[str, Any]) -> list[JobItem]:
+def read_items(path: Path) -> list[JobItem]:
     """The items of the JSONL file ``path`` (see the module docstring).
 
-    Args:
-        settings: what else decides an output (mode, token budget, model), hashed with each item.
-
     Raises:
-        ValueError: a missing file, or a line (named ``path:line``) that is not a
-            JSON object with a string ``prompt`` and a string or null ``query``.
+        ValueError: a missing file, a file without items, or a line (named
+            ``path:line``) that is not a JSON object with a string ``prompt``
+            and a string or null ``query``.
     """
+    from .jsonl import iter_jsonl
+
     if not path.is_file():
         raise ValueError(f"{path} does not exist")
     items = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: invalid JSON ({err})") from None
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+    for number, item in iter_jsonl(path):
+        if not isinstance(item.get("prompt"), str):
             raise ValueError(f"{path}:{number}: each line needs a string 'prompt'")
         if not isinstance(item.get("query"), (str, type(None))):
             raise ValueError(f"{path}:{number}: 'query' must be a string")
         item.setdefault("id", str(number))
-        items.append(JobItem(number, item["id"], item["prompt"], item.get("query"), item_sha256(item, settings)))
+        items.append(JobItem(number, item["id"], item["prompt"], item.get("query"), item_sha256(item)))
     if not items:
         raise ValueError(f"{path} holds no items")
     return items
 
 
-def finished_items(output: Path, items: Sequence[JobItem]) -> int:
-    """How many of the first ``items`` ``output`` already holds; drops a torn last line.
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= SHORT_VALUE else text[: SHORT_VALUE - 3] + "..."
+
+
+def setting_differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """``"name: <value then> then, <value now> now"`` for each setting that differs (sorted by name)."""
+    missing = object()
+    return [
+        f"{key}: {'unset' if then.get(key, missing) is missing else _short(then[key])} then, "
+        f"{'unset' if now.get(key, missing) is missing else _short(now[key])} now"
+        for key in sorted(set(then) | set(now))
+        if then.get(key, missing) != now.get(key, missing)
+    ]
+
+
+def _check_line(output: Path, number: int, record: Any, items: Sequence[JobItem], settings: Mapping[str, Any]) -> None:
+    """Raise ValueError unless ``record`` (line ``number`` of ``output``) is item ``number``'s output under ``settings``."""
+    fresh = "Resume with the same settings, or start afresh: choose another --output, or --restart to replace this one"
+    if not isinstance(record, dict) or not {"id", "line", "input_sha256"} <= set(record):
+        raise ValueError(f"{output}:{number} is not an output line of a generation job; remove it or choose another --output")
+    then = record.get("settings")
+    if not isinstance(then, dict):
+        raise ValueError(f"{output}:{number} was written without its settings (an older release). {fresh}")
+    differences = setting_differences(then, settings)
+    if differences:
+        raise ValueError(f"{output} was written with other settings ({'; '.join(differences)}). {fresh}")
+    if number > len(items):
+        raise ValueError(f"{output} holds {number} or more outputs, the input only {len(items)} items (another input?). {fresh}")
+    item = items[number - 1]
+    if (record["id"], record["line"], record["input_sha256"]) != (item.id, item.line, item.sha256):
+        raise ValueError(
+            f"{output}:{number} is the output of item {record['id']!r} (input line {record['line']}), not of the "
+            f"input's item {number}, {item.id!r} (line {item.line}): another input file or edited items. {fresh}"
+        )
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
+def finished_items(output: Path, items: Sequence[JobItem], settings: Mapping[str, Any]) -> int:
+    """How many of the first ``items`` ``output`` already holds under ``settings``.
+
+    A last line cut short by a kill (not JSON) is dropped; a complete last line
+    without its newline is kept and the newline added.
 
     Raises:
         ValueError: a line is not the output of the item at its position (another
-            input file, edited items or other settings), or a line other than the
+            input file, edited items) or was written with other settings (the
+            message names each setting that differs), or a line other than the
             last is unreadable. The file is not changed.
     """
     if not output.exists():
         return 0
     raw = output.read_bytes()
     lines = raw.split(b"\n")
-    torn = lines.pop()  # the bytes after the last newline: b"" unless a write was cut short
-    done = 0
+    last = lines.pop()  # the bytes after the last newline: b"" unless the last write was cut short
+    unterminated = bool(last) and _parses(last)
+    if unterminated:
+        lines.append(last)
     for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except ValueError:
             raise ValueError(f"{output}:{number} is not a JSON line; it is not an output of this job. Remove it or choose another --output") from None
-        if number > len(items) or not isinstance(record, dict) or (record.get("id"), record.get("line"), record.get("input_sha256")) != (
-            items[number - 1].id, items[number - 1].line, items[number - 1].sha256
-        ):
-            raise ValueError(
-                f"{output}:{number} is not the output of input item {number} with these settings "
-                "(another input, edited items, or another mode, token budget or model); "
-                "remove it or choose another --output"
-            )
-        done = number
-    if torn:
-        logger.warning("%s: dropping a torn last line (%d bytes) left by an interrupted job", output, len(torn))
+        _check_line(output, number, record, items, settings)
+    if unterminated:
+        with open(output, "ab") as handle:
+            handle.write(b"\n")
+    elif last:
+        logger.warning("%s: dropping a torn last line (%d bytes) left by an interrupted job", output, len(last))
         with open(output, "r+b") as handle:
-            handle.truncate(len(raw) - len(torn))
-    return done
+            handle.truncate(len(raw) - len(last))
+    return len(lines)
 
 
-def run_job(items: Sequence[JobItem], output: Path, run_chunks: ChunkRunner, *, chunk_size: int) -> int:
+def check_output(output: Path) -> None:
+    """Refuse an ``output`` that a job may not append to or replace: anything but a
+    missing file, an empty file, or a file whose first line is a job's output line.
+
+    Raises:
+        ValueError: ``output`` is a folder, or a file of something else (never touched).
+    """
+    if not output.exists():
+        return
+    if not output.is_file():
+        raise ValueError(f"{output} is not a file; choose another --output")
+    with open(output, "rb") as handle:
+        first = handle.readline()
+    try:
+        record = json.loads(first) if first.strip() else {"input_sha256": None}
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or "input_sha256" not in record:
+        raise ValueError(f"{output} is not the output of a generation job; not touching it. Choose another --output")
+
+
+def clear_output(output: Path) -> None:
+    """Empty ``output`` for a fresh job, after :func:`check_output`; a missing file is fine.
+
+    Raises:
+        ValueError: as :func:`check_output`.
+    """
+    check_output(output)
+    if output.exists():
+        output.write_bytes(b"")
+
+
+def run_job(
+    items: Sequence[JobItem], output: Path, run_chunks: ChunkRunner, *, settings: Mapping[str, Any], chunk_size: int,
+    restart: bool = False,
+) -> int:
     """Generate every item ``output`` does not hold yet, appending outputs in input order.
 
     Args:
         run_chunks: generates chunks (in-process: :func:`in_process_runner`;
-            on Ray: :meth:`nest_integrations.distributed.RayGenerator.run_chunks`).
+            on Ray: :func:`nest_integrations.distributed.ray_generator`).
+        settings: what decides an output besides the item (:func:`job_settings`),
+            written on every line and checked on resume.
         chunk_size: items per chunk: per batched-decoder call, and per Ray task.
+        restart: replace an earlier job's output instead of resuming it
+            (:func:`clear_output`: never a file that is not a job's output).
 
     Returns:
         The number of items generated now (0 when ``output`` was complete).
 
     Raises:
-        ValueError: ``chunk_size`` < 1, or ``output`` holds outputs of another job
-            (see :func:`finished_items`).
+        ValueError: ``chunk_size`` < 1, or ``output`` holds outputs of another
+            job or other settings (see :func:`finished_items`), or with
+            ``restart`` is not a job's output.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
-    done = finished_items(output, items)
+    if restart:
+        clear_output(output)
+    done = finished_items(output, items, settings)
     if done:
         logger.info("%s holds %d of %d items; generating the rest", output, done, len(items))
     todo = list(items[done:])
@@ -155,7 +265,7 @@ def run_job(items: Sequence[JobItem], output: Path, run_chunks: ChunkRunner, *, 
             ready[number] = outputs
             while next_chunk in ready:
                 for item, out in zip(chunks[next_chunk], ready.pop(next_chunk)):
-                    record = {"id": item.id, "line": item.line, "input_sha256": item.sha256, **out}
+                    record = {"id": item.id, "line": item.line, "input_sha256": item.sha256, "settings": dict(settings), **out}
                     handle.write(json.dumps(record, ensure_ascii=False) + "\n")
                 handle.flush()
                 os.fsync(handle.fileno())

@@ -125,3 +125,26 @@ def test_llama_index_vector_store_first_stage(small_passages, tiny_lm):
         assert texts[span.source.id][span.source.char_start : span.source.char_end] == span.text
     with pytest.raises(ValueError, match="BasePydanticVectorStore or VectorStoreIndex"):
         LlamaIndexVectorStoreRetriever(object())
+
+
+def test_qdrant_of_another_dimension_or_unreadable_is_a_value_error_that_deletes_nothing(tmp_path, chunked, embeddings):
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+
+    folder = tmp_path / "small"
+    write_qdrant(chunked, folder, "people", DeterministicFakeEmbedding(size=8))
+    with pytest.raises(ValueError, match=r"'people' in .*small holds 8-d vectors, the embeddings give 384-d") as refused:
+        open_qdrant(folder, "people", embeddings)
+    assert "force_recreate" not in str(refused.value) and "embeddings that wrote it" in str(refused.value)
+    kept = open_qdrant(folder, "people", DeterministicFakeEmbedding(size=8))  # the folder is not locked, nor changed
+    assert kept.client.count("people").count == len(chunked)
+    kept.client.close()
+
+    for damaged, data in (("collection/people/storage.sqlite", b"\0garbage" * 64), ("meta.json", b"{not json")):
+        broken = tmp_path / f"broken-{damaged.split('/')[-1]}"
+        write_qdrant(chunked, broken, "people", DeterministicFakeEmbedding(size=8))
+        (broken / damaged).write_bytes(data)
+        for attempt in (lambda: open_qdrant(broken, "people", embeddings),
+                        lambda: write_qdrant(chunked, broken, "people", embeddings, overwrite=True)):
+            with pytest.raises(ValueError, match=r"broken-.*: the local Qdrant storage cannot be read .*Nothing was changed"):
+                attempt()
+        assert (broken / damaged).read_bytes() == data

@@ -30,8 +30,9 @@ import torch
 from nest_integrations.corpus import load_wikipedia_summaries
 from nest_integrations.distributed import build_index_on_ray, ray_cluster, ray_generator
 from nest_integrations.evaluation.runner import format_cell, markdown_table, run_metadata, write_json
-from nest_integrations.index import NestIndex
-from nest_integrations.jobs import JobItem, in_process_runner, read_items, run_job
+from nest_integrations.index import NestIndex, index_identity
+from nest_integrations.jobs import JobItem, in_process_runner, job_settings, read_items, run_job
+from nest_integrations.jsonl import iter_jsonl
 from nest_integrations.lm import load_lm
 
 logger = logging.getLogger(__name__)
@@ -51,14 +52,14 @@ def _agreement(single: NestIndex, on_ray: NestIndex, queries: list[str]) -> dict
 
 def _texts_and_spans(path: Path) -> list[tuple[Any, ...]]:
     """(id, text, spans) of each output line: what must not depend on where it ran (stats do)."""
-    return [(r["id"], r["text"], r["spans"]) for r in map(json.loads, path.read_text(encoding="utf-8").splitlines())]
+    return [(r["id"], r["text"], r["spans"]) for _, r in iter_jsonl(path)]
 
 
-def _items(folder: Path, titles: list[str], settings: dict[str, Any]) -> list[JobItem]:
+def _items(folder: Path, titles: list[str]) -> list[JobItem]:
     """The biography prompts of ``titles``, written as a job's input and read back."""
     path = folder / "items.jsonl"
     path.write_text("".join(json.dumps({"id": t, "prompt": f"Tell me a bio of {t}.", "query": t}) + "\n" for t in titles))
-    return read_items(path, settings)
+    return read_items(path)
 
 
 def run_ray_bench(
@@ -98,16 +99,23 @@ def run_ray_bench(
             on_ray = build_index_on_ray(corpus, lm, tmp / "ray", workers=workers)
             ray_build_s = time.perf_counter() - start
             agreement = _agreement(single, on_ray, [p.title for p in corpus[:: max(1, len(corpus) // 20)]])
-            job = _items(tmp, [p.title for p in corpus[:items]], {**settings, "model": None})
+            job = _items(tmp, [p.title for p in corpus[:items]])
             decoder = single.decoder()
             decoder.config = decoder.config.updated(**settings)
+            identity = index_identity(tmp / "single")
             start = time.perf_counter()
-            run_job(job, tmp / "local.jsonl", in_process_runner(decoder), chunk_size=batch_size)
+            run_job(
+                job, tmp / "local.jsonl", in_process_runner(decoder), chunk_size=batch_size,
+                settings=job_settings(index=identity, lm_fingerprint=lm.fingerprint(), config=decoder.config),
+            )
             local_s = time.perf_counter() - start
             start = time.perf_counter()
             with ray_generator(tmp / "single", overrides=settings, workers=workers) as runner:
                 actors_s = time.perf_counter() - start
-                run_job(job, tmp / "ray.jsonl", runner, chunk_size=batch_size)
+                run_job(
+                    job, tmp / "ray.jsonl", runner, chunk_size=batch_size,
+                    settings=job_settings(index=identity, lm_fingerprint=runner.lm_fingerprint, config=decoder.config),
+                )
             ray_gen_s = time.perf_counter() - start
             resources = ray.cluster_resources()
         same_outputs = _texts_and_spans(tmp / "local.jsonl") == _texts_and_spans(tmp / "ray.jsonl")

@@ -213,11 +213,13 @@ def write_qdrant(
 
     Raises:
         ImportError: the qdrant extra is missing.
-        ValueError: no passages, or the collection exists and ``overwrite`` is False.
+        ValueError: no passages, the collection exists and ``overwrite`` is False,
+            or the folder's storage cannot be read (see :func:`open_qdrant`; nothing
+            is deleted then, even with ``overwrite``).
     """
     _require("langchain_qdrant", "qdrant")
     from langchain_qdrant import QdrantVectorStore
-    from qdrant_client import QdrantClient, models
+    from qdrant_client import models
 
     from ..langchain._common import default_embeddings
 
@@ -225,7 +227,7 @@ def write_qdrant(
     if not passages:
         raise ValueError("no passages to write to Qdrant")
     embeddings = embeddings or default_embeddings()
-    client = QdrantClient(path=str(path))
+    client = _local_client(path)
     try:
         if client.collection_exists(collection):
             if not overwrite:
@@ -261,19 +263,66 @@ def open_qdrant(path: str | Path, collection: str, embeddings: Optional["Embeddi
 
     Raises:
         ImportError: the qdrant extra is missing.
-        ValueError: no Qdrant folder at ``path``, or no such collection (the existing ones are named).
+        ValueError: no Qdrant folder at ``path``; no such collection (the existing
+            ones are named); a collection whose vectors have another dimension than
+            ``embeddings`` give (it was written with other embeddings); or storage
+            that cannot be read (corrupted, not Qdrant's, or open in another
+            process). Each message names the folder and the collection, and
+            nothing in the folder is changed.
     """
     _require("langchain_qdrant", "qdrant")
     from langchain_qdrant import QdrantVectorStore
-    from qdrant_client import QdrantClient
+    from langchain_qdrant.qdrant import QdrantVectorStoreError
 
     from ..langchain._common import default_embeddings
 
     if not Path(path).is_dir():
         raise ValueError(f"{path} is not a local Qdrant folder")
-    client = QdrantClient(path=str(path))
-    if not client.collection_exists(collection):
-        names = sorted(c.name for c in client.get_collections().collections)
-        client.close()
-        raise ValueError(f"{path} has no Qdrant collection {collection!r}; it has {names or 'none'}")
-    return QdrantVectorStore(client=client, collection_name=collection, embedding=embeddings or default_embeddings())
+    embeddings = embeddings or default_embeddings()
+    client = _local_client(path)
+    try:
+        if not client.collection_exists(collection):
+            names = sorted(c.name for c in client.get_collections().collections)
+            raise ValueError(f"{path} has no Qdrant collection {collection!r}; it has {names or 'none'}")
+        stored = client.get_collection(collection).config.params.vectors
+        stored_dim = getattr(stored, "size", None)  # None for named vectors: left to langchain-qdrant's check
+        dim = len(embeddings.embed_query("dimension probe"))
+        mismatch = f"the Qdrant collection {collection!r} in {path} holds {stored_dim}-d vectors, the embeddings give {dim}-d"
+        if stored_dim is not None and stored_dim != dim:
+            raise ValueError(f"{mismatch}: {_OTHER_EMBEDDINGS}")
+        try:
+            return QdrantVectorStore(client=client, collection_name=collection, embedding=embeddings)
+        except QdrantVectorStoreError as err:  # its advice, force_recreate, would delete the collection
+            reason = str(err).split(" If you want to recreate", 1)[0]
+            raise ValueError(f"the Qdrant collection {collection!r} in {path} does not fit these embeddings ({reason}): {_OTHER_EMBEDDINGS}") from None
+    except BaseException:
+        client.close()  # local mode locks the folder until its client closes
+        raise
+
+
+_OTHER_EMBEDDINGS = (
+    "open it with the embeddings that wrote it (nest index to-qdrant writes with the bundled MiniLM, 384-d), "
+    "or write the passages into a new collection; the collection was left as it is"
+)
+
+
+def _local_client(path: str | Path) -> Any:
+    """A ``QdrantClient`` of the local Qdrant folder ``path`` (created when missing).
+
+    Raises:
+        ValueError: the folder's storage cannot be read: corrupted (``file is not
+            a database``, a broken ``meta.json``), not Qdrant's, or locked by a
+            client in another process. Nothing is changed.
+    """
+    import sqlite3
+
+    from qdrant_client import QdrantClient
+
+    try:
+        return QdrantClient(path=str(path))
+    except (sqlite3.DatabaseError, ValueError, KeyError, TypeError, OSError, RuntimeError) as err:  # a JSONDecodeError is a ValueError
+        raise ValueError(
+            f"{path}: the local Qdrant storage cannot be read ({type(err).__name__}: {err}); it is corrupted, not a "
+            "Qdrant folder, or open in another process. Nothing was changed: restore it from a backup, close the "
+            "other process, or write the passages into another folder (nest index to-qdrant --qdrant-path NEW)"
+        ) from err
