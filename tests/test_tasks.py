@@ -318,7 +318,7 @@ def test_qa_items_keep_a_gold_passage(tmp_path: Path) -> None:
 
 
 def test_registry() -> None:
-    assert set(TASKS) == {"bio", "completion", "qa", "wiki-qa", "docs", "markdown-docs"}
+    assert set(TASKS) == {"bio", "completion", "qa", "wiki-qa", "docs", "markdown-docs", "wiki-qa-hard"}
     assert QA_TASKS <= set(TASKS) and set(TASK_MAX_NEW_TOKENS) == set(TASKS)
     assert all(TASK_MAX_NEW_TOKENS[t] == 64 for t in QA_TASKS)
     assert get_task("bio") is bio_items

@@ -36,7 +36,8 @@ Protocol (documented in every summary under ``"protocol"``):
 * Conditions. ``present``: first-stage retrieval as usual. ``absent``: the
   item's own passage (``meta["passage_id"]``, with every chunk whose
   ``doc_id`` it is) is removed from the first-stage hits, for every mode (rag
-  included), so the datastore and the prompt context never contain it.
+  included), so the datastore and the prompt context never contain it; an
+  unanswerable question has no passage and runs as in ``present``.
 * Shared hits. First-stage retrieval runs once per item and condition and the
   same hits are passed to every mode; its time is added to ``wall_s`` and
   ``retrieval_s`` of every mode except base, which retrieves nothing.
@@ -169,7 +170,8 @@ _WHEN_MEASURED = frozenset({"cited_unanswerable", "unanswerable_attribution"})
 """Columns shown only when some row has a value (tasks with unanswerable questions)."""
 
 PROTOCOL = (
-    "conditions: absent removes the item's own passage (and its chunks) from first-stage hits for every mode; "
+    "conditions: absent removes the item's own passage (and its chunks) from first-stage hits for every mode "
+    "(unanswerable questions have none); "
     "hits are retrieved once per item and condition and shared by all modes, their time added to "
     "wall_s and retrieval_s of every non-base mode; lazy-key indexes give each generation a fresh "
     "datastore (encode_s is paid per generation), precomputed ones are read as they are; "
@@ -217,13 +219,14 @@ def _check_conditions(
     """Validated conditions; default ``("present", "absent")`` for bio, ``("present",)`` otherwise.
 
     Raises:
-        ValueError: empty, repeated or unknown conditions, or ``absent`` for items
-            without ``meta["passage_id"]``.
+        ValueError: empty, repeated or unknown conditions, or ``absent`` for
+            answerable items without ``meta["passage_id"]``.
     """
     if conditions is None:
         conditions = CONDITIONS if task == "bio" else ("present",)
     conditions = _checked_choices(conditions, CONDITIONS, "condition")
-    if "absent" in conditions and any("passage_id" not in item.meta for item in items):
+    sourceless = [item for item in items if "passage_id" not in item.meta and not item.meta.get("unanswerable")]
+    if "absent" in conditions and sourceless:
         raise ValueError(f"the absent condition needs items with a source passage; {task!r} items have none")
     return conditions
 
@@ -270,7 +273,7 @@ def load_items(
     Args:
         task: a name of :data:`~.tasks.TASKS`.
         n: number of items, >= 1; None gives the task's default: every question
-            for qa and docs, :data:`DEFAULT_N` drawn items otherwise.
+            for qa, docs, markdown-docs and wiki-qa-hard, :data:`DEFAULT_N` drawn items otherwise.
         seed: sampling seed (bio, completion, wiki-qa; docs when ``n`` is given).
         passages: pool the bio/completion/wiki-qa items are drawn from
             (normally the index's corpus, so every item's source passage is in
@@ -284,7 +287,7 @@ def load_items(
     builder = get_task(task)
     if n is not None and n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    if task in ("docs", "markdown-docs"):
+    if task in ("docs", "markdown-docs", "wiki-qa-hard"):
         return builder(n, seed)
     if task != "qa":
         if qa_path is not None:
@@ -355,11 +358,12 @@ def first_stage(index: NestIndex, item: EvalItem, condition: str, k: int) -> tup
     every chunk of it (:func:`gold_passage_ids`).
 
     Raises:
-        ValueError: unknown condition, or ``absent`` for an item without a passage id.
+        ValueError: unknown condition, or ``absent`` for an answerable item without a passage id.
     """
     if condition not in CONDITIONS:
         raise ValueError(f"unknown condition {condition!r}; choose from {CONDITIONS}")
-    excluded = gold_passage_ids(index.passages, _meta(item, "passage_id")) if condition == "absent" else []
+    removes_gold = condition == "absent" and not item.meta.get("unanswerable")
+    excluded = gold_passage_ids(index.passages, _meta(item, "passage_id")) if removes_gold else []
     start = time.perf_counter()
     hits = index.retrieve(item.query, k, exclude_ids=excluded)
     return hits, time.perf_counter() - start

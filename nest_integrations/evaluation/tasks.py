@@ -1,6 +1,6 @@
 """Evaluation tasks: build lists of :class:`EvalItem` from offline data.
 
-Five tasks are registered in :data:`TASKS` (``nest eval --task NAME``):
+The tasks registered in :data:`TASKS` (``nest eval --task NAME``):
 
 * ``"bio"`` (:func:`bio_items`): "Tell me a bio of X." for people sampled from
   the bundled Wikipedia lead summaries; the summary is the reference.
@@ -26,8 +26,12 @@ Five tasks are registered in :data:`TASKS` (``nest eval --task NAME``):
   (:mod:`.markdown_docs`): how-to questions, follow-ups that need the chat
   history, and questions the docs do not answer.
   ``nest eval --task markdown-docs [--docs-chunking cli|splitter|sentence]``.
+* ``"wiki-qa-hard"`` (:func:`wiki_qa_hard_items`): hand-written factual
+  questions about people of the bundled summaries whose answers sit after the
+  summary's first sentence, plus questions about people the corpus does not
+  hold. ``nest eval --task wiki-qa-hard`` (the default index of the people).
 
-The question tasks (qa, wiki-qa, docs, markdown-docs) are scored by answer recall with a
+The question tasks (qa, wiki-qa, docs, markdown-docs, wiki-qa-hard) are scored by answer recall with a
 short answer budget by default (:data:`TASK_MAX_NEW_TOKENS`).
 
 Sampling is deterministic: candidates are sorted by id and drawn with
@@ -47,6 +51,7 @@ from typing import Any, TypeVar
 
 from nest_integrations.conversation import retrieval_query
 from nest_integrations.corpus import Passage, load_wikipedia_summaries
+from nest_integrations.jsonl import iter_jsonl
 
 __all__ = [
     "DOCS_QA_PATH",
@@ -55,6 +60,7 @@ __all__ = [
     "QA_TASKS",
     "TASKS",
     "TASK_MAX_NEW_TOKENS",
+    "WIKI_QA_HARD_PATH",
     "WIKI_QA_KINDS",
     "bio_items",
     "completion_items",
@@ -65,6 +71,7 @@ __all__ = [
     "markdown_qa_items",
     "qa_items",
     "split_sentences",
+    "wiki_qa_hard_items",
     "wiki_qa_items",
     "wiki_questions",
 ]
@@ -620,6 +627,26 @@ def _history(record: Mapping[str, Any], where: str) -> list[dict[str, str]]:
     return history
 
 
+def _gold(
+    record: Mapping[str, Any], where: str, unanswerable: bool, source_key: str
+) -> tuple[list[str], str | None]:
+    """``(answers, source)`` of a question record: ``answers`` a list of non-empty strings,
+    empty exactly when the question is ``unanswerable``, and ``record[source_key]`` (the
+    gold document or passage) a non-empty string, or null for an unanswerable question.
+
+    Raises:
+        ValueError: naming ``where`` and the field that breaks these rules.
+    """
+    answers, source = record.get("answers"), record.get(source_key)
+    if not isinstance(answers, list) or not all(isinstance(a, str) and a.strip() for a in answers):
+        raise ValueError(f"{where}: 'answers' must be a list of non-empty strings")
+    if unanswerable and (answers or source is not None):
+        raise ValueError(f"{where}: an unanswerable question has 'answers': [] and {source_key!r}: null")
+    if not unanswerable and (not answers or not isinstance(source, str) or not source):
+        raise ValueError(f"{where}: an answerable question needs gold 'answers' and its {source_key!r}")
+    return answers, source
+
+
 def _markdown_qa_item(record: Any, where: str) -> EvalItem:
     """One :data:`MARKDOWN_QA_KINDS` record as an item (see :func:`markdown_qa_items`).
 
@@ -640,13 +667,7 @@ def _markdown_qa_item(record: Any, where: str) -> EvalItem:
     unanswerable = kind == "unanswerable"
     if bool(record.get("unanswerable", False)) != unanswerable:
         raise ValueError(f"{where}: 'unanswerable' must be true exactly for kind 'unanswerable'")
-    answers, doc = record.get("answers"), record.get("doc")
-    if not isinstance(answers, list) or not all(isinstance(a, str) and a.strip() for a in answers):
-        raise ValueError(f"{where}: 'answers' must be a list of non-empty strings")
-    if unanswerable and (answers or doc is not None):
-        raise ValueError(f"{where}: an unanswerable question has 'answers': [] and 'doc': null")
-    if not unanswerable and (not answers or not isinstance(doc, str) or not doc):
-        raise ValueError(f"{where}: an answerable question needs gold 'answers' and its 'doc' file name")
+    answers, doc = _gold(record, where, unanswerable, "doc")
     if (kind == "followup") != ("messages" in record):
         raise ValueError(f"{where}: 'messages' is required for a followup and only for one")
     prompt: str | list[dict[str, str]] = question
@@ -746,6 +767,81 @@ def markdown_docs_items(n: int | None = None, seed: int = 0) -> list[EvalItem]:
     return _stratified_sample(items, n, seed, "markdown-docs")
 
 
+# --------------------------------------------------------------------------- wiki-qa-hard
+
+WIKI_QA_HARD_PATH = Path(__file__).with_name("data") / "wiki_qa_hard.jsonl"
+"""The wiki-qa-hard questions: ``{"id", "question", "answers", "passage_id", "name",
+"unanswerable"}`` a line. An answerable question names a person of the People topic
+(``name``, the summary's title, occurs in the question) and its answers occur in that
+summary (``passage_id``) but not in its first sentence; an unanswerable one names a
+person no summary mentions, with ``"answers": []`` and ``"passage_id": null`` (tested)."""
+
+
+def _wiki_qa_hard_item(record: Mapping[str, Any], where: str) -> EvalItem:
+    """One :data:`WIKI_QA_HARD_PATH` record as an item (see :func:`wiki_qa_hard_items`).
+
+    Raises:
+        ValueError: naming ``where`` and the field: a missing id, question or name,
+            ``unanswerable`` that is not a bool, answers that are not a list of
+            non-empty strings (or not empty exactly when unanswerable), or a
+            ``passage_id`` that is not a non-empty string for an answerable
+            question (or set for an unanswerable one).
+    """
+    item_id, question = _string(record, "id", where), _string(record, "question", where)
+    name = _string(record, "name", where)
+    unanswerable = record.get("unanswerable", False)
+    if not isinstance(unanswerable, bool):
+        raise ValueError(f"{where}: 'unanswerable' must be true or false")
+    answers, gold = _gold(record, where, unanswerable, "passage_id")
+    meta: dict[str, Any] = {
+        "answers": answers,
+        "name": name,
+        "kind": "unanswerable" if unanswerable else "fact",
+        "unanswerable": unanswerable,
+        "chat": True,
+    }
+    if gold is not None:
+        meta["passage_id"] = gold
+    return EvalItem(id=item_id, prompt=question, query=question, reference="", meta=meta)
+
+
+def wiki_qa_hard_items(n: int | None = None, seed: int = 0) -> list[EvalItem]:
+    """Factual questions about people whose answers lie past the summary's first sentence.
+
+    :func:`wiki_qa_items` asks about a summary's short description, which its
+    first sentence restates; these hand-written questions (:data:`WIKI_QA_HARD_PATH`)
+    ask for a place, year, name or work the summary gives later ("Where was
+    Charles Darwin buried?"), so a mode must find the answer inside the passage
+    rather than copy its opening. The unanswerable questions name people the
+    corpus does not hold: a good answer cites nothing.
+
+    Args:
+        n: number of items; None gives all of them in file order.
+        seed: with ``n``, the draw is stratified by ``meta["kind"]`` ("fact" or
+            "unanswerable", :func:`_stratified_sample`) and deterministic.
+
+    Returns:
+        Items with meta ``{"answers", "name", "kind", "unanswerable", "chat": True}``
+        plus ``"passage_id"`` (the summary's id in the People index) for the
+        answerable ones.
+
+    Raises:
+        ValueError: if ``n < 0`` or larger than the number of questions, or on a
+            malformed record or duplicate id (``path:line`` named).
+    """
+    items: list[EvalItem] = []
+    for line_number, record in iter_jsonl(WIKI_QA_HARD_PATH):
+        where = f"{WIKI_QA_HARD_PATH}:{line_number}"
+        item = _wiki_qa_hard_item(record, where)
+        if any(item.id == earlier.id for earlier in items):
+            raise ValueError(f"{where}: duplicate id {item.id!r}")
+        items.append(item)
+    if n is None:
+        return items
+    _check_n(n)
+    return _stratified_sample(items, n, seed, "wiki-qa-hard")
+
+
 TASKS: dict[str, Callable[..., list[EvalItem]]] = {
     "bio": bio_items,
     "completion": completion_items,
@@ -753,14 +849,16 @@ TASKS: dict[str, Callable[..., list[EvalItem]]] = {
     "wiki-qa": wiki_qa_items,
     "docs": docs_items,
     "markdown-docs": markdown_docs_items,
+    "wiki-qa-hard": wiki_qa_hard_items,
 }
 
-QA_TASKS: frozenset[str] = frozenset({"qa", "wiki-qa", "docs", "markdown-docs"})
-"""Tasks whose items carry gold ``answers`` (scored by answer recall; markdown-docs
-items marked ``meta["unanswerable"]`` have none and are scored apart)."""
+QA_TASKS: frozenset[str] = frozenset({"qa", "wiki-qa", "docs", "markdown-docs", "wiki-qa-hard"})
+"""Tasks whose items carry gold ``answers`` (scored by answer recall; markdown-docs and
+wiki-qa-hard items marked ``meta["unanswerable"]`` have none and are scored apart)."""
 
 TASK_MAX_NEW_TOKENS: dict[str, int] = {
     "bio": 128, "completion": 128, "qa": 64, "wiki-qa": 64, "docs": 64, "markdown-docs": 64,
+    "wiki-qa-hard": 64,
 }
 """Default generation budget per task: questions get short answers."""
 
