@@ -9,7 +9,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -38,7 +38,7 @@ def default_index_path() -> Path:
     return cache_dir() / "indexes" / DEMO_INDEX_NAME
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     err_console.print(f"[red]error:[/red] {message}")
     raise typer.Exit(code=2)
 
@@ -66,6 +66,15 @@ def _quiet_by_default(
 def _comma_list(text: str) -> list[str]:
     """The non-empty, stripped items of a comma-separated option value."""
     return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _numbers(text: str, kind: type, option: str) -> list[Any]:
+    """The comma-separated numbers of an option value, each parsed by ``kind`` (int or float);
+    a value that does not parse fails the command naming ``option``, before any work."""
+    try:
+        return [kind(item) for item in _comma_list(text)]
+    except ValueError:
+        _fail(f"{option} takes comma-separated {kind.__name__}s, got {text!r}")
 
 
 def _positive(value: Optional[float]) -> Optional[float]:
@@ -261,14 +270,12 @@ def index_to_qdrant(
 def retrieve(
     path: Path = typer.Argument(..., help="Index folder."),
     query: str = typer.Argument(..., help="Query text."),
-    k: int = typer.Option(5, help="Passages to return."),
+    k: int = typer.Option(5, min=1, help="Passages to return."),
     tokens: bool = typer.Option(True, help="Also show each passage's token-datastore statistics."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per passage instead of a table."),
 ) -> None:
     """First-stage retrieval: the top passages for a query."""
     index = _load_index(path)
-    if k < 1:
-        _fail("--k must be at least 1")
     hits = index.retrieve(query, k)
     if as_json:
         for rank, (passage, score) in enumerate(hits, 1):
@@ -311,7 +318,7 @@ def generate(
     datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
     query: Optional[str] = typer.Option(None, help="First-stage retrieval query (default: the prompt)."),
     mode: str = typer.Option("nest", help="base, rag, knnlm, nest or ra_nest."),
-    max_new_tokens: int = typer.Option(128, help="Tokens to generate at most."),
+    max_new_tokens: int = typer.Option(128, min=1, help="Tokens to generate at most."),
     as_json: bool = typer.Option(False, "--json", help="Print the output contract as JSON."),
     input_path: Optional[Path] = typer.Option(None, "--input", help="JSONL of {id?, prompt, query?} to generate for."),
     output_path: Optional[Path] = typer.Option(
@@ -438,7 +445,7 @@ def _qdrant_decoder(path: Path, collection: Optional[str], model: Optional[str])
 def demo(
     prompt: str = typer.Option("Tell me a bio of Ada Lovelace.", help="The prompt."),
     query: str = typer.Option("Ada Lovelace", help="First-stage retrieval query."),
-    max_new_tokens: int = typer.Option(96, help="Tokens to generate."),
+    max_new_tokens: int = typer.Option(96, min=1, help="Tokens to generate."),
 ) -> None:
     """Build (once) the default index over the Wikipedia summaries and compare NEST with the base LM."""
     index = _load_index(None)
@@ -519,11 +526,16 @@ def evaluate(
     console.print((out / "summary.md").read_text())
 
 
+SWEEPS = ("gamma", "delta", "alpha")
+"""The knobs ``nest bench --sweep`` varies."""
+
+
 @app.command()
 def bench(
+    ctx: typer.Context,
     datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
-    n: Optional[int] = typer.Option(None, help="Prompts (default: 8; 16 with --batching; 3 per size and first stage with --scale)."),
-    max_new_tokens: Optional[int] = typer.Option(None, help="Tokens per generation (default: 64; 32 with --scale)."),
+    n: Optional[int] = typer.Option(None, min=1, help="Prompts (default: 8; 16 with --batching; 3 per size and first stage with --scale)."),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="Tokens per generation (default: 64; 32 with --scale)."),
     out: Optional[Path] = typer.Option(
         None, help="Output folder for bench.json and bench.md (default: runs/bench; runs/bench-batching with --batching; "
         "runs/scale with --scale: scale.json, scale.md, scale.png)."
@@ -536,7 +548,7 @@ def bench(
     ),
     seed: int = typer.Option(0, help="Sampling seed of the --batching prompts."),
     repeats: int = typer.Option(
-        1, help="--batching rounds over all configurations; each row keeps its fastest (each round costs a full run)."
+        1, min=1, help="--batching rounds over all configurations; each row keeps its fastest (each round costs a full run)."
     ),
     kinds: str = typer.Option(
         "bio,wiki-qa,wiki-qa-outside",
@@ -551,9 +563,15 @@ def bench(
     ),
     sizes: str = typer.Option("10000,30000,100000,300000,1000000", help="Corpus sizes for --scale, increasing."),
     scale_indexes: str = typer.Option("flat,ivf,hnsw", help="First stages for --scale (flat is always measured)."),
-    hnsw_max: int = typer.Option(100_000, help="Largest size --scale builds HNSW for (its build is the slowest)."),
+    hnsw_max: int = typer.Option(100_000, min=1, help="Largest size --scale builds HNSW for (its build is the slowest)."),
 ) -> None:
     """Speed: every mode against plain transformers generate, in one run; or --batching throughput; optional knob sweep; or --scale."""
+    size_list = _numbers(sizes, int, "--sizes")
+    sweep_values = _numbers(values, float, "--values") if values is not None else []
+    if sweep is not None and sweep not in SWEEPS:
+        _fail(f"unknown --sweep {sweep!r}; choose from {', '.join(SWEEPS)}")
+    if scale and (stray := _given(ctx, "batching", "sweep", "values", "datastore", "repeats", "kinds")):
+        _fail(f"{', '.join(stray)} do not apply with --scale")
     if scale:
         from .evaluation.scale_bench import run_scale_bench
         from .lm import cache_dir
@@ -561,7 +579,7 @@ def bench(
         folder = out or Path("runs/scale")
         try:
             run_scale_bench(
-                out_dir=folder, sizes=[int(s) for s in sizes.split(",") if s.strip()],
+                out_dir=folder, sizes=size_list,
                 indexes=_comma_list(scale_indexes), hnsw_max=hnsw_max,
                 prompts=3 if n is None else n, max_new_tokens=max_new_tokens or 32,
                 embeddings_cache=cache_dir() / "scale",
@@ -594,17 +612,16 @@ def bench(
         _fail(str(err))
     console.print((out / "bench.md").read_text())
     if sweep:
-        assert values is not None  # checked above
-        run_sweep(index, param=sweep, values=[float(v) for v in values.split(",")], n=n, out_dir=out)
+        run_sweep(index, param=sweep, values=sweep_values, n=n, out_dir=out)
 
 
 @app.command("bench-ray")
 def bench_ray(
-    passages: int = typer.Option(500, help="Wikipedia summaries about people to build over."),
-    items: int = typer.Option(6, help="Biography prompts to generate for."),
-    max_new_tokens: int = typer.Option(48, help="Tokens per generation."),
-    batch_size: int = typer.Option(2, help="Items per batched-decoder call and per Ray task."),
-    workers: int = typer.Option(2, help="Ray workers, one CPU each."),
+    passages: int = typer.Option(500, min=1, help="Wikipedia summaries about people to build over."),
+    items: int = typer.Option(6, min=1, help="Biography prompts to generate for."),
+    max_new_tokens: int = typer.Option(48, min=1, help="Tokens per generation."),
+    batch_size: int = typer.Option(2, min=1, help="Items per batched-decoder call and per Ray task."),
+    workers: int = typer.Option(2, min=1, help="Ray workers, one CPU each."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster HOST:PORT (default: a local one)."),
     out: Path = typer.Option(Path("runs/ray"), help="Output folder (ray.json, ray.md)."),
 ) -> None:
@@ -627,18 +644,25 @@ def bench_keys(
         None, "--datastore", "-d", help="Index folder with float16 or lazy keys (default: the demo index)."
     ),
     codecs: str = typer.Option(",".join(("sq8", "pq48", "opq48", "pq96", "opq96", "pq144")), help=f"Comma-separated codecs: {CODEC_HELP}."),
-    n: int = typer.Option(12, help="Biography prompts whose decoding queries are searched."),
+    n: int = typer.Option(12, min=1, help="Biography prompts whose decoding queries are searched."),
     seed: int = typer.Option(0, help="Sampling seed of the prompts and the training sample."),
-    max_new_tokens: int = typer.Option(64, help="Tokens the LM writes per prompt (queries per prompt)."),
-    sample_passages: int = typer.Option(384, help="Corpus passages encoded to train every codec."),
+    max_new_tokens: int = typer.Option(64, min=1, help="Tokens the LM writes per prompt (queries per prompt)."),
+    sample_passages: int = typer.Option(384, min=1, help="Corpus passages encoded to train every codec."),
     queries: str = typer.Option(
         "base,nest", help="Comma-separated modes whose answers give the queries: base (the LM alone, far from the corpus), nest (the decoder's own)."
     ),
     out: Path = typer.Option(Path("runs/bench-keys"), help="Output folder (key_bench.json, key_bench.md)."),
 ) -> None:
     """Compressed keys vs float16: bytes per token, neighbour agreement, lambda change, search speed."""
-    from .evaluation.key_bench import run_key_bench
+    from .evaluation.key_bench import QUERY_MODES, run_key_bench
+    from .key_codec import parse_spec
 
+    try:
+        [parse_spec(codec) for codec in _comma_list(codecs)]
+    except ValueError as err:
+        _fail(f"--codecs: {err}")
+    if not _comma_list(queries) or set(_comma_list(queries)) - set(QUERY_MODES):
+        _fail(f"--queries takes {', '.join(QUERY_MODES)}, got {queries!r}")
     index = _load_index(datastore)
     try:
         run_key_bench(
@@ -654,8 +678,8 @@ def bench_keys(
 @app.command()
 def calibrate(
     datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
-    n: int = typer.Option(20, help="Biographies to measure on."),
-    max_new_tokens: int = typer.Option(48, help="Tokens per generation."),
+    n: int = typer.Option(20, min=1, help="Biographies to measure on."),
+    max_new_tokens: int = typer.Option(48, min=1, help="Tokens per generation."),
 ) -> None:
     """Fit alpha/tau from the distance ratios where the corpus knows the next token vs where it does not."""
     from .calibration import calibrate_rrc

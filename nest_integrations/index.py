@@ -398,7 +398,10 @@ def check_build_options(
     _check_retriever(retriever_kind)
     parse_key_layer(key_layer)
     if key_codec is not None:
-        resolve_codec(key_codec, lm.hidden_size)
+        try:
+            resolve_codec(key_codec, lm.hidden_size)
+        except ValueError as err:
+            raise ValueError(f"key_codec {getattr(key_codec, 'spec', key_codec)!r} (CLI: --key-compression): {err}") from None
 
 
 def index_identity(path: str | os.PathLike[str]) -> str:
@@ -478,7 +481,10 @@ def _load_keys(
     codec = load_codec(folder, manifest)
     if manifest.key_shards is None:
         arrays = read_arrays(folder / "keys", KEY_ARRAYS)
-        check_key_arrays(arrays, passages, hidden_size=manifest.hidden_size, vocab_size=vocab_size, codec=codec)
+        try:
+            check_key_arrays(arrays, passages, hidden_size=manifest.hidden_size, vocab_size=vocab_size, codec=codec)
+        except ValueError as err:
+            raise ValueError(f"{folder / 'keys'}: {err}") from err
         keys = PrecomputedKeys(**arrays, codec=codec)
     else:
         if sum(shard.passages for shard in manifest.key_shards) != len(passages):
@@ -493,7 +499,7 @@ def _load_keys(
         keys = ShardedKeys.open(folder / "keys", records, check=check, codec=codec)
     if manifest.counts.tokens != keys.num_tokens or manifest.counts.entries != keys.num_entries:
         raise ValueError(
-            f"the manifest counts {manifest.counts.tokens} tokens and {manifest.counts.entries} entries; "
+            f"{folder / MANIFEST_FILE} counts {manifest.counts.tokens} tokens and {manifest.counts.entries} entries; "
             f"the key arrays hold {keys.num_tokens} and {keys.num_entries}"
         )
     return keys

@@ -26,6 +26,22 @@ LlamaIndex store) goes through this module. The contracts:
   symbolic link is on the way; :func:`read_manifest` validates the manifest
   against a typed pydantic schema. No pickle anywhere: loading never executes
   code from the folder.
+
+What a manifest protects against, and what it does not:
+
+* **It detects accidents**: a truncated or partly copied file, bit rot, a file
+  edited or replaced by hand, files of two saves mixed, a missing file. Each is
+  a ``ValueError`` naming the folder and the file (and, for key shards, the shard).
+* **It does not detect forgery.** The checksums sit in the folder they check:
+  whoever can write the folder can change a file *and* rewrite its sha256 (or a
+  codec's parameters, or passages), and the artefact then loads with the changed
+  values. What still holds for a forged folder: nothing in it is executed, no
+  read leaves the folder, and every array is checked for dtype, shape, ranges and
+  agreement with the passages, so a forgery yields wrong outputs, not code
+  execution or out-of-bounds reads. Trust a saved folder as much as whoever can
+  write it; to detect tampering, keep the manifest's own sha256 somewhere the
+  writer cannot reach (:func:`nest_integrations.index.index_identity` gives it
+  for an index) and compare before loading, or sign the manifest.
 """
 
 from __future__ import annotations

@@ -123,13 +123,14 @@ class ShardedKeys:
 
     def __init__(self, folder: Path, shards: Sequence[PrecomputedKeys], embeddings: Sequence[np.ndarray]):
         if not shards or len(shards) != len(embeddings):
-            raise ValueError("sharded keys need at least one shard, and embeddings for each")
-        widths = {s.key_width for s in shards}
-        if len(widths) != 1:
-            raise ValueError(f"shards disagree on the key width: {sorted(widths)}")
+            raise ValueError(f"{folder}: sharded keys need at least one shard, and embeddings for each")
+        odd = [shard_name(n) for n, s in enumerate(shards) if s.key_width != shards[0].key_width]
+        if odd:
+            raise ValueError(f"{folder}: {', '.join(odd)} store keys {shards[0].key_width} wide in {shard_name(0)}, not as wide")
         first = shards[0].codec
-        if any(s.codec.spec != first.spec or s.codec.compresses and s.codec is not first for s in shards):
-            raise ValueError("shards must share one key codec (codes: one trained codec object)")
+        odd = [shard_name(n) for n, s in enumerate(shards) if s.codec.spec != first.spec or s.codec.compresses and s.codec is not first]
+        if odd:
+            raise ValueError(f"{folder}: {', '.join(odd)} do not share {shard_name(0)}'s key codec (codes: one trained codec object)")
         self.folder = folder
         self.shards = list(shards)
         self.embeddings = list(embeddings)
@@ -196,14 +197,18 @@ class ShardedKeys:
 
         Raises:
             ValueError: an unreadable array, or a shard whose arrays disagree with
-                its record or whose embeddings are not float32 (P_s, D).
+                its record or whose embeddings are not float32 (P_s, D); the message
+                names the shard folder.
         """
         shards, embeddings, start = [], [], 0
         for number, record in enumerate(records):
             where = folder / shard_name(number)
             arrays = read_arrays(where, KEY_ARRAYS)
             if check is not None:
-                check(arrays, start, record.passages)
+                try:
+                    check(arrays, start, record.passages)
+                except ValueError as err:  # the check knows the passages, not which shard it reads
+                    raise ValueError(f"{where}: {err}") from err
             if codec is None:
                 codec = Float16Codec(arrays["keys"].shape[1])
             keys = PrecomputedKeys(**arrays, codec=codec)

@@ -234,3 +234,113 @@ def test_a_tampered_shard_or_shard_list_is_refused(on_ray, path_lm, tmp_path):
     (short / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="the key shards cover 9 passages, the index has 10"):
         NestIndex.load(short, path_lm)
+
+
+def test_a_forged_shard_is_refused_naming_the_shard(on_ray, path_lm, tmp_path):
+    """Checksums rewritten to match (a forgery, not an accident) still meet the array checks, which name the shard."""
+    import shutil
+
+    from nest_integrations.safe_io import sha256_file
+
+    forged = shutil.copytree(on_ray[1], tmp_path / "forged")
+    offsets = forged / "keys" / "shard-00001" / "offsets.npy"
+    shifted = np.load(offsets)
+    shifted[1] += 1  # passage 0 of the shard takes a token of passage 1
+    np.save(offsets, shifted)
+    manifest = json.loads((forged / "manifest.json").read_text())
+    manifest["checksums"]["keys/shard-00001/offsets.npy"] = sha256_file(offsets)
+    (forged / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"keys/shard-00001: the index's character spans"):
+        NestIndex.load(forged, path_lm)
+
+
+def closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_an_unreachable_ray_address_fails_in_bounded_time(corpus_file, tiny_path, tmp_path):
+    """`nest index build --ray-address` where nothing listens: a clear error in seconds (ray.init alone retries
+    for minutes). A fresh process, since this module's cluster would otherwise be reused."""
+    import subprocess
+    import sys
+    import time
+
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "nest_integrations.cli", "index", "build", str(corpus_file), "--out", str(tmp_path / "index"),
+         "--model", str(tiny_path), "--max-tokens", "0", "--ray-address", f"127.0.0.1:{closed_port()}", "--ray-timeout", "5"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "no Ray cluster answers at 127.0.0.1:" in done.stderr and "ray start --head" in done.stderr
+    assert time.perf_counter() - start < 60  # interpreter, torch and the tiny LM included; the Ray check itself is ~0 s
+    assert not (tmp_path / "index").exists()
+
+
+def test_something_other_than_ray_at_the_address_fails_within_the_timeout():
+    """A listener that never answers (not a Ray GCS): refused once --ray-timeout is spent."""
+    import socket
+    import threading
+    import time
+
+    from nest_integrations.distributed import check_reachable
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        accepted = []
+        threading.Thread(target=lambda: accepted.append(silent.accept()), daemon=True).start()
+        start = time.perf_counter()
+        with pytest.raises(ValueError, match=r"answers, but not as a Ray cluster's GCS"):
+            check_reachable(f"127.0.0.1:{silent.getsockname()[1]}", timeout_s=2)
+        assert time.perf_counter() - start < 10
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting for its parent to reap it is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path):
+    """SIGKILL a process inside ray_cluster() (a local cluster it started): every Ray process it
+    started is gone within seconds (without the watcher, Ray's two agents stayed for minutes)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from nest_integrations.ray_reaper import ray_descendants
+
+    script = "import time\nfrom nest_integrations.distributed import ray_cluster\nwith ray_cluster(num_cpus=1):\n" \
+             "    print('cluster up', flush=True)\n    time.sleep(300)\n"
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert driver.stdout.readline().strip() == "cluster up"
+        deadline = time.monotonic() + 60
+        started: dict[int, int] = {}
+        while time.monotonic() < deadline:  # the raylet starts its agents after ray.init returns
+            started.update(ray_descendants(driver.pid))
+            titles = {open(f"/proc/{pid}/cmdline", "rb").read() for pid in started if running(pid)}
+            if any(b"DashboardAgent" in t for t in titles) and any(b"runtime_env" in t for t in titles):
+                break
+            time.sleep(0.5)
+        time.sleep(1)  # > the watcher's poll, so it has seen them too
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(running(pid) for pid in started):
+            time.sleep(0.5)
+        left = [pid for pid in started if running(pid)]
+        assert started and not left
+    finally:
+        if driver.poll() is None:
+            driver.kill()

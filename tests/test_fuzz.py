@@ -311,3 +311,48 @@ def test_an_unreadable_binary_file_with_a_fixed_checksum_is_a_value_error(saved,
     folder, embedder = _tamper_with_fixed_checksum(saved, tmp_path_factory, name, corrupt)
     with pytest.raises(ValueError):
         NestIndex.load(folder, tiny_lm, embedder=embedder)
+
+
+# --------------------------------------------------------------------------- JSONL
+# Characters str.splitlines() (and text-mode files, for \r) treat as line ends, which JSON
+# carries raw inside strings (json.dumps(ensure_ascii=False) leaves them as they are).
+ODD_SEPARATORS = "\u2028\u2029\x85\x1c\x1d\x1e\x0b\x0c\r"
+odd_text = st.text(alphabet=st.sampled_from(ODD_SEPARATORS + "ab é\t\"\\"), max_size=12).map(lambda t: "x" + t)  # never blank
+
+
+@FAST
+@given(
+    records=st.lists(st.fixed_dictionaries({"text": odd_text, "title": odd_text}), min_size=1, max_size=4),
+    crlf=st.booleans(), final_newline=st.booleans(), raw_cr_between_tokens=st.booleans(),
+)
+def test_jsonl_readers_split_on_newline_only(tmp_path_factory, records, crlf, final_newline, raw_cr_between_tokens):
+    """Valid JSONL with U+2028, U+0085, \\r... in strings or between tokens, CRLF line ends and a last line
+    without its newline: every reader (corpus, batch-job items) gets back exactly the records written."""
+    from nest_integrations.corpus import load_jsonl
+    from nest_integrations.jobs import read_items
+    from nest_integrations.jsonl import iter_jsonl
+
+    lines = [json.dumps(r, ensure_ascii=False) for r in records]
+    if raw_cr_between_tokens:
+        lines = [line.replace(", ", ",\r ", 1) for line in lines]  # \r is JSON whitespace
+    path = tmp_path_factory.mktemp("jsonl") / "records.jsonl"
+    path.write_bytes((("\r\n" if crlf else "\n").join(lines) + ("\n" if final_newline else "")).encode("utf-8"))
+    assert [record for _, record in iter_jsonl(path)] == records
+    assert [(p.text, p.title) for p in load_jsonl(path)] == [(r["text"], r["title"]) for r in records]
+    prompts = path.with_name("items.jsonl")
+    prompts.write_bytes(path.read_bytes().replace(b'"text"', b'"prompt"'))
+    assert [item.prompt for item in read_items(prompts)] == [r["text"] for r in records]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"text": "a"}\n{"text": "b"\n', r"records\.jsonl:2: invalid JSON"),
+    (b'{"text": "a"}\n\n[1, 2]\n', r"records\.jsonl:3: expected a JSON object, got list"),
+    (b'{"text": "\xff"}\n', r"records\.jsonl:1: not UTF-8"),
+])
+def test_a_bad_jsonl_line_is_named(tmp_path, content, message):
+    from nest_integrations.jsonl import iter_jsonl
+
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        list(iter_jsonl(path))

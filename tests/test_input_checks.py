@@ -4,6 +4,7 @@ bounds the generation; score() computes p_M chunk by chunk."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -204,3 +205,77 @@ def test_score_never_holds_a_whole_logit_matrix(nest_decoder, monkeypatch):
     monkeypatch.setattr(NestDecoder, "_mix", spy)
     scored = chunked.score("Minutes:", LONG, passages=hits, use_chat_template=False, **COPY)
     assert len(scored.token_ids) > 64 and max(widest) == 16
+
+
+# --------------------------------------------------------------------------- CLI: every option checked before work
+@pytest.fixture
+def no_work(monkeypatch, tiny_lm, tmp_path):
+    """The CLI with the tiny LM, where embedding passages or loading an index is an error: a command
+    refused by these tests must refuse before either. Returns a corpus of three passages."""
+    from nest_integrations.index import NestIndex
+    from nest_integrations.retrieval.dense import DenseRetriever
+
+    def work(*args, **kwargs):
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr("nest_integrations.lm.load_lm", lambda *args, **kwargs: tiny_lm)
+    monkeypatch.setattr(DenseRetriever, "__init__", work)
+    monkeypatch.setattr(NestIndex, "load", work)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"id": "p{i}", "text": "Passage number {i} is short."}}\n' for i in range(3)))
+    return corpus
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--workers", "-2"], "Invalid value for '--workers'"),
+    (["--workers", "2"], "--workers apply with --ray only"),
+    (["--shard-passages", "0"], "Invalid value for '--shard-passages'"),
+    (["--shard-passages", "64", "--ray-timeout", "3"], "--shard-passages, --ray-timeout apply with --ray only"),
+    (["--ray", "--cpus-per-worker", "0"], "Invalid value for '--cpus-per-worker'"),
+    (["--ray", "--nlist", "2"], "--ray builds take --faiss-index only; --nlist apply to local builds"),
+    (["--ray", "--lazy-keys"], "--ray builds precomputed keys"),
+    (["--faiss-index", "ivf", "--nlist", "50"], r"nlist must be an integer in \[1, 3\]"),
+    (["--key-compression", "pq7"], "key_codec 'pq7' \\(CLI: --key-compression\\): .*divides the key width 64"),
+    (["--key-compression", "spq1"], "key_codec 'spq1' \\(CLI: --key-compression\\)"),
+    (["--key-compression", "pq8", "--lazy-keys"], "--key-compression stores precomputed keys"),
+    (["--max-words", "5", "--max-tokens", "20"], "--max-words and --max-tokens"),
+])
+def test_index_build_refuses_bad_options_before_embedding(no_work, tmp_path, options, message):
+    from typer.testing import CliRunner
+
+    from nest_integrations.cli import app
+
+    result = CliRunner().invoke(app, ["index", "build", str(no_work), "--out", str(tmp_path / "index"), *options])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert re.search(message, " ".join(result.output.split()))
+    assert not (tmp_path / "index").exists()
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["hi", "--workers", "2"], "--workers apply with --ray only"),
+    (["hi", "--ray-timeout", "5"], "--ray-timeout apply with --ray only"),
+    (["hi", "--restart"], "--restart apply with --input only"),
+    (["hi", "--output", "out.jsonl"], "--output apply with --input only"),
+    (["hi", "--batch-size", "0"], "Invalid value for '--batch-size'"),
+    (["hi", "--max-new-tokens", "0"], "Invalid value for '--max-new-tokens'"),
+    (["hi", "--ray"], "--ray needs --input"),
+    (["--input", "{items}", "--output", "{out}", "--query", "q"], "--query apply to one PROMPT"),
+    (["--input", "{items}", "--output", "{out}", "--ray", "--cpus-per-worker", "-1"], "Invalid value for '--cpus-per-worker'"),
+    (["--input", "{bad}", "--output", "{out}"], "bad.jsonl:2: invalid JSON"),
+    (["--input", "{items}", "--output", "{notes}"], "is not the output of a generation job; not touching it"),
+    (["--input", "{items}", "--output", "{notes}", "--restart"], "is not the output of a generation job; not touching it"),
+])
+def test_generate_refuses_bad_options_before_loading_anything(no_work, tmp_path, options, message):
+    from typer.testing import CliRunner
+
+    from nest_integrations.cli import app
+
+    files = {"items": tmp_path / "items.jsonl", "bad": tmp_path / "bad.jsonl", "out": tmp_path / "out.jsonl", "notes": tmp_path / "notes.txt"}
+    files["items"].write_text('{"prompt": "Who?"}\n')
+    files["bad"].write_text('{"prompt": "Who?"}\n{"prompt": \n')
+    files["notes"].write_text("my notes\n")
+    args = [a.format(**files) for a in options]
+    result = CliRunner().invoke(app, ["generate", "-d", str(tmp_path / "index"), *args])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert message in " ".join(result.output.split())
+    assert files["notes"].read_text() == "my notes\n" and not files["out"].exists()

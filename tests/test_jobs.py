@@ -136,3 +136,32 @@ def test_bad_input_lines_are_named(tmp_path, line, message):
     path.write_text('{"prompt": "fine"}\n' + line + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match=message):
         read_items(path)
+
+
+def test_nest_generate_resumed_over_another_index_is_refused_naming_it(monkeypatch, tiny_lm, small_passages, tmp_path):
+    """The reported mix: a rerun of `nest generate --input X --output Y` with another -d kept the
+    lines written over the first index. Now it names the index and the ways out; --restart redoes all."""
+    from typer.testing import CliRunner
+
+    from nest_integrations.cli import app
+    from nest_integrations.index import NestIndex, index_identity
+
+    monkeypatch.setattr("nest_integrations.lm.load_lm", lambda *args, **kwargs: tiny_lm)
+    first = NestIndex.build(small_passages, tiny_lm, show_progress=False).save(tmp_path / "first")
+    second = NestIndex.build(small_passages[:2], tiny_lm, show_progress=False).save(tmp_path / "second")
+    items, output = tmp_path / "items.jsonl", tmp_path / "out.jsonl"
+    items.write_text('{"id": "a", "prompt": "Who was Marie Curie?"}\n{"id": "b", "prompt": "Radioactivity?"}\n')
+    run = ["generate", "--input", str(items), "--output", str(output), "--model", "tiny", "--max-new-tokens", "3"]
+
+    assert CliRunner().invoke(app, [*run, "-d", str(first)]).exit_code == 0
+    written = output.read_bytes()
+    refused = CliRunner().invoke(app, [*run, "-d", str(second)])
+    message = " ".join(refused.output.split())
+    assert refused.exit_code == 2 and "other settings (index: " in message and "--restart" in message
+    assert output.read_bytes() == written
+    again = CliRunner().invoke(app, [*run, "-d", str(first)])  # same settings: nothing to redo
+    assert again.exit_code == 0 and "2 kept from an earlier run" in " ".join(again.output.split())
+    restarted = CliRunner().invoke(app, [*run, "-d", str(second), "--restart"])
+    assert restarted.exit_code == 0 and "kept" not in restarted.output
+    lines = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+    assert [r["id"] for r in lines] == ["a", "b"] and {r["settings"]["index"] for r in lines} == {index_identity(second)}
