@@ -92,7 +92,7 @@ def check_reachable(address: Optional[str], timeout_s: float = DEFAULT_CONNECT_T
     ``ray.init(address="HOST:PORT")`` retries for minutes when nothing answers
     there (or something other than Ray does), so before it this opens a TCP
     connection to the address, then asks the Ray GCS for its cluster id over
-    gRPC, each bounded by ``timeout_s``. Addresses of other forms (``"auto"``,
+    gRPC, both within ``timeout_s`` in all. Addresses of other forms (``"auto"``,
     ``ray://``) are left to Ray, which resolves them quickly.
 
     Raises:
@@ -103,11 +103,14 @@ def check_reachable(address: Optional[str], timeout_s: float = DEFAULT_CONNECT_T
     if target is None:
         return
     where = f"{target[0]}:{target[1]}"
+    deadline = time.monotonic() + timeout_s
     fix = "start one there with `ray start --head`, fix --ray-address / $RAY_ADDRESS, or leave both unset to start a local cluster"
     try:
         socket.create_connection(target, timeout=timeout_s).close()
     except OSError as err:
         raise ValueError(f"no Ray cluster answers at {where} ({err.strerror or err}); {fix}") from None
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return  # a TLS cluster needs Ray's certificates for gRPC: the TCP check above is all we do
     try:
         import grpc
         from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
@@ -115,7 +118,9 @@ def check_reachable(address: Optional[str], timeout_s: float = DEFAULT_CONNECT_T
         return
     with grpc.insecure_channel(where) as channel:
         try:
-            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=max(0.1, deadline - time.monotonic())
+            )
         except grpc.RpcError as err:
             if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED):
                 raise ValueError(f"{where} answers, but not as a Ray cluster's GCS within {timeout_s:g} s ({err.code().name}); {fix}") from None

@@ -39,7 +39,10 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .config import NestConfig
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +65,7 @@ ChunkRunner = Callable[[Sequence[Sequence[JobItem]]], Iterator[tuple[int, list[d
 """Generates chunks of items: yields ``(chunk number, one output dict per item)``, in any order."""
 
 
-def job_settings(*, index: str, lm_fingerprint: str, config: Any) -> dict[str, Any]:
+def job_settings(*, index: str, lm_fingerprint: str, config: "NestConfig") -> dict[str, Any]:
     """Everything besides an item that decides its output, as a flat JSON dict.
 
     Args:
