@@ -647,7 +647,28 @@ def _gold(
     return answers, source
 
 
-def _markdown_qa_item(record: Any, where: str) -> EvalItem:
+def _jsonl_items(path: str | Path, build: Callable[[dict[str, Any], str], EvalItem]) -> list[EvalItem]:
+    """``build(record, "path:line")`` for every record of the JSONL file ``path``
+    (:func:`~nest_integrations.jsonl.iter_jsonl`), in file order.
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+        ValueError: invalid JSON or a non-object line, what ``build`` refuses, or
+            a duplicate item id (``path:line`` named).
+    """
+    items: list[EvalItem] = []
+    seen: set[str] = set()
+    for line_number, record in iter_jsonl(path):
+        where = f"{path}:{line_number}"
+        item = build(record, where)
+        if item.id in seen:
+            raise ValueError(f"{where}: duplicate id {item.id!r}")
+        seen.add(item.id)
+        items.append(item)
+    return items
+
+
+def _markdown_qa_item(record: dict[str, Any], where: str) -> EvalItem:
     """One :data:`MARKDOWN_QA_KINDS` record as an item (see :func:`markdown_qa_items`).
 
     Raises:
@@ -658,8 +679,6 @@ def _markdown_qa_item(record: Any, where: str) -> EvalItem:
             disagreeing with the kind, follow-up ``messages`` missing or malformed,
             or ``messages`` on another kind.
     """
-    if not isinstance(record, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
     item_id, question = _string(record, "id", where), _string(record, "question", where)
     kind = record.get("kind")
     if kind not in MARKDOWN_QA_KINDS:
@@ -697,21 +716,7 @@ def markdown_qa_items(path: str | Path) -> list[EvalItem]:
         ValueError: on invalid JSON or a malformed record (``path:line`` and the
             field named), a duplicate id, or a file without records.
     """
-    path = Path(path)
-    items: list[EvalItem] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: invalid JSON ({exc.msg})") from exc
-            item = _markdown_qa_item(record, where)
-            if any(item.id == earlier.id for earlier in items):
-                raise ValueError(f"{where}: duplicate id {item.id!r}")
-            items.append(item)
+    items = _jsonl_items(path, _markdown_qa_item)
     if not items:
         raise ValueError(f"{path}: no records found")
     return items
@@ -829,13 +834,7 @@ def wiki_qa_hard_items(n: int | None = None, seed: int = 0) -> list[EvalItem]:
         ValueError: if ``n < 0`` or larger than the number of questions, or on a
             malformed record or duplicate id (``path:line`` named).
     """
-    items: list[EvalItem] = []
-    for line_number, record in iter_jsonl(WIKI_QA_HARD_PATH):
-        where = f"{WIKI_QA_HARD_PATH}:{line_number}"
-        item = _wiki_qa_hard_item(record, where)
-        if any(item.id == earlier.id for earlier in items):
-            raise ValueError(f"{where}: duplicate id {item.id!r}")
-        items.append(item)
+    items = _jsonl_items(WIKI_QA_HARD_PATH, _wiki_qa_hard_item)
     if n is None:
         return items
     _check_n(n)
