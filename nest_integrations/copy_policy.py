@@ -168,14 +168,15 @@ def _windows(passage: Passage) -> list[tuple[int, int, int]]:
     """``(start, sentence_end, end)`` of one candidate answer window per sentence of
     ``passage``: from the line heading the sentence (:func:`_is_heading`) to the
     sentence's end, then extended over the following sentences while it has fewer
-    than ``MIN_WINDOW_WORDS`` words. Windows are scored on ``[start, sentence_end)``."""
+    than ``MIN_WINDOW_WORDS`` words (and no heading intervenes). Windows are scored on ``[start, sentence_end)``."""
     spans = sentence_spans(passage.text)
     windows = []
     for i, (start, end) in enumerate(spans):
         if i and _is_heading(passage.text, *spans[i - 1], start):
             start = spans[i - 1][0]
         core_end, j = end, i
-        while len(_fold_words(passage.text[start:end])) < MIN_WINDOW_WORDS and j + 1 < len(spans):
+        # Never past Markdown a copy cannot cross (a heading): the window's end would be out of reach.
+        while len(_fold_words(passage.text[start:end])) < MIN_WINDOW_WORDS and j + 1 < len(spans) and start_allowed(passage.text, spans[j + 1][0]):
             j += 1
             end = spans[j][1]
         windows.append((start, core_end, end))

@@ -71,7 +71,7 @@ from .copy_policy import acceptable_start, continues, focus_window, sentence_sta
 from .corpus import Passage
 from .datastore import CandidateSet, EncodedPassage, EncodeStats, TokenDatastore
 from .lm import KeyReader, cache_argument
-from .markdown_structure import copyable_end
+from .markdown_structure import copyable_end, first_copyable
 from .mixture import accepted_prefix_length, distance_ratio, knn_distribution, mix, relaxed_accept_ratio, rrc_lambda
 from .relevance import GateDecision, RelevanceGate, subject_name
 from .repetition import repeat_free_length, repeating_tokens
@@ -847,7 +847,8 @@ class NestDecoder:
         proposal = None
         if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
             if not gen.records and gen.opening is not None:
-                proposal = gen.opening
+                pidx, pos = gen.opening  # an opening planned at a Markdown heading starts below it
+                proposal = (pidx, first_copyable(self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans, pos))  # type: ignore[union-attr]
             elif continuation is not None and (resumed := self._continue_at(gen.candidates, *continuation)) is not None:
                 proposal = resumed
             elif float(step.lam[row]) <= config.delta:

@@ -28,9 +28,9 @@ as Markdown when a line shows block syntax that prose does not have: a
 HTML comment or a tag opening a line, a link-reference definition, a table
 delimiter row. Setext (``===``-underlined) headings are not sniffed: RST and
 docstrings underline titles the same way. Everything else is prose and gets
-exactly what it got before this module existed (none of the 10,033 bundled
-Wikipedia summaries nor of the standard-library docstrings of the docs domain
-sniffs as Markdown; every one of Fastify's 21 reference pages does). Chunking
+exactly what it got before this module existed (the bundled Wikipedia
+summaries and the standard-library docstrings of the docs domain all read as
+prose). Chunking
 (:mod:`nest_integrations.corpus`) also knows the file: a passage whose
 ``source`` / ``file_path`` / ``file_name`` / ``path`` metadata or title ends in
 ``.md``, ``.markdown`` or ``.mdx`` is cut along its sections
@@ -195,7 +195,7 @@ def _link_definitions(text: str, lines: list[int], covered: list[bool]) -> list[
     return found
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=512)
 def _parsed(text: str) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]]:
     """``(blocks, inline HTML ranges)`` of ``text``; cached because the encoder, the seam rule
     and the draft builder all read the same passages."""
@@ -290,9 +290,9 @@ class CopyLayout:
             each code line's first non-blank character (a fence's opening line
             included, so a block can be copied whole; its closing line not).
         block_starts: the first character of each copyable block.
-        hidden_cum: int64 (len(text) + 1,), cumulative count of non-whitespace
+        hidden_cum: int32 (len(text) + 1,), cumulative count of non-whitespace
             hidden characters (a token's count is ``cum[end] - cum[start]``).
-        visible_cum: int64 (len(text) + 1,), the same for all non-whitespace characters.
+        visible_cum: int32 (len(text) + 1,), the same for all non-whitespace characters.
     """
 
     hidden: tuple[tuple[int, int], ...]
@@ -313,7 +313,7 @@ def _code_line_starts(text: str, block: Block) -> list[int]:
     return starts
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=512)
 def copy_layout(text: str) -> CopyLayout | None:
     """The :class:`CopyLayout` of ``text``, or None when it does not look like Markdown
     (:func:`looks_like_markdown`): then every token may be copied and seams are those of prose."""
@@ -326,14 +326,14 @@ def copy_layout(text: str) -> CopyLayout | None:
     for start, end in hidden:
         mask[start:end] = True
     visible = np.fromiter((not ch.isspace() for ch in text), dtype=bool, count=len(text))
-    zero = np.zeros(1, dtype=np.int64)
+    zero = np.zeros(1, dtype=np.int32)
     return CopyLayout(
         hidden=tuple(hidden),
         code=tuple((b.start, b.end) for b in code),
         code_line_starts=frozenset(s for b in code for s in _code_line_starts(text, b)),
         block_starts=tuple(b.start for b in blocks if b.copyable),
-        hidden_cum=np.concatenate([zero, np.cumsum(mask & visible)]),
-        visible_cum=np.concatenate([zero, np.cumsum(visible)]),
+        hidden_cum=np.concatenate([zero, np.cumsum(mask & visible, dtype=np.int32)]),
+        visible_cum=np.concatenate([zero, np.cumsum(visible, dtype=np.int32)]),
     )
 
 
@@ -353,6 +353,14 @@ def start_allowed(text: str, pos: int) -> bool:
     return pos in layout.code_line_starts or not _inside(layout.code, pos)
 
 
+def _blank_and_hidden(layout: CopyLayout, char_spans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """bool (L,) twice: whether each token is whitespace only, and whether it holds a hidden character."""
+    spans = np.asarray(char_spans, dtype=np.int64).reshape(-1, 2)
+    starts, ends = spans[:, 0], spans[:, 1]
+    blank = layout.visible_cum[ends] - layout.visible_cum[starts] == 0
+    return blank, layout.hidden_cum[ends] - layout.hidden_cum[starts] > 0
+
+
 def copyable_tokens(text: str, char_spans: np.ndarray) -> np.ndarray:
     """Which tokens of ``text`` may be copied: bool (L,) for int (L, 2) ``char_spans``.
 
@@ -361,19 +369,16 @@ def copyable_tokens(text: str, char_spans: np.ndarray) -> np.ndarray:
     next token that is not (of the previous one at the text's end), so a copy
     does not end on the blank line that leads into a heading. All True for prose.
     """
-    spans = np.asarray(char_spans, dtype=np.int64).reshape(-1, 2)
     layout = copy_layout(text)
-    if layout is None or not len(spans):
-        return np.ones(len(spans), dtype=bool)
-    starts, ends = spans[:, 0], spans[:, 1]
-    hidden = layout.hidden_cum[ends] - layout.hidden_cum[starts] > 0
-    blank = layout.visible_cum[ends] - layout.visible_cum[starts] == 0
+    if layout is None or not len(char_spans):
+        return np.ones(len(char_spans), dtype=bool)
+    blank, hidden = _blank_and_hidden(layout, char_spans)
     if blank.all():
-        return np.ones(len(spans), dtype=bool)
-    index = np.arange(len(spans))
-    following = np.minimum.accumulate(np.where(blank, len(spans), index)[::-1])[::-1]
+        return np.ones(len(blank), dtype=bool)
+    index = np.arange(len(blank))
+    following = np.minimum.accumulate(np.where(blank, len(blank), index)[::-1])[::-1]
     preceding = np.maximum.accumulate(np.where(blank, -1, index))
-    verdict_of = np.where(following < len(spans), following, preceding)
+    verdict_of = np.where(following < len(blank), following, preceding)
     return ~hidden[verdict_of]
 
 
@@ -384,3 +389,15 @@ def copyable_end(text: str, char_spans: np.ndarray, pos: int, end: int) -> int:
         return end
     blocked = np.flatnonzero(~copyable_tokens(text, char_spans)[pos:end])
     return pos + int(blocked[0]) if len(blocked) else end
+
+
+def first_copyable(text: str, char_spans: np.ndarray, pos: int) -> int:
+    """The first token at or after ``pos`` that may be copied and is not whitespace only
+    (``len(char_spans)`` when none): where a copy planned at a heading line (an answer's
+    opening) really starts. ``pos`` itself for prose."""
+    layout = copy_layout(text)
+    if layout is None:
+        return pos
+    blank, hidden = _blank_and_hidden(layout, char_spans)
+    allowed = np.flatnonzero(~(blank | hidden)[pos:])
+    return pos + int(allowed[0]) if len(allowed) else len(blank)

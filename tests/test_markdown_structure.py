@@ -172,6 +172,15 @@ def test_a_draft_stops_before_a_comment_and_a_heading(tiny_lm):
         assert markdown.text[span.source.char_start : span.source.char_end] == span.text
 
 
+def test_an_answer_planned_at_a_heading_opens_below_it(tiny_lm):
+    text = "## Reset a header\n\nCall reply.removeHeader('set-cookie') to reset it.\n\n## Streams\n\nPipe a stream into the reply."
+    passage = Passage(id="reply", text=text, metadata={"source": "Reply.md"})
+    decoder = NestDecoder(tiny_lm, TokenDatastore([passage], PassageEncoder(tiny_lm)), ListRetriever([passage]))
+    out = decoder.generate("How do I reset the set-cookie header?", max_new_tokens=30, **COPY)
+    assert out.spans[0].copied and out.text == "Call reply.removeHeader('set-cookie') to reset it."
+    assert out.stats.finish_reason == "answered"
+
+
 def test_a_copy_starts_inside_code_only_at_a_line_start():
     code_line = "result = compute(alpha, beta)"
     markdown = f"Call it like this.\n\n{FENCE}python\n{code_line}\nprint(result)\n{FENCE}\n"

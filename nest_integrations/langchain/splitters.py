@@ -21,16 +21,13 @@ from ..corpus import TextChunk, section_chunks
 
 
 class MarkdownSectionSplitter(TextSplitter):
-    """Split Markdown documents at headings, keeping code blocks whole.
+    """Split Markdown documents at headings, keeping code blocks whole (the rule of
+    :func:`~nest_integrations.corpus.section_chunks`).
 
-    A section that fits ``chunk_size`` is one chunk (small sibling sections
-    share one); a larger one is cut at its sub-sections, then at block
-    boundaries; a code block or table is cut (at line ends) only when it alone
-    exceeds the budget. Each chunk is the document's exact text between
-    ``metadata["start_index"]`` and ``start_index + len(page_content)``, and
-    ``metadata["heading_path"]`` lists the headings it sits under. Chunks do not
-    overlap: a section boundary is a natural seam, and NEST continues a copy
-    into the next chunk of the same document when both are retrieved.
+    Each chunk is the document's exact text from ``metadata["start_index"]``
+    on, with ``metadata["heading_path"]``, the headings it sits under. Chunks
+    do not overlap: a section boundary is a natural seam, and NEST continues a
+    copy into the next chunk of the same document when both are retrieved.
 
     Args:
         chunk_size: the budget, in ``length_function`` units (characters by

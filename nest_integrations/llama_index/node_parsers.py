@@ -23,15 +23,11 @@ from ..corpus import section_chunks
 
 
 class MarkdownSectionNodeParser(NodeParser):
-    """Split Markdown documents at headings, keeping code blocks whole.
+    """Markdown nodes along sections, as :func:`~nest_integrations.corpus.section_chunks` cuts them.
 
-    A section that fits ``chunk_size`` is one node (small sibling sections
-    share one); a larger one is cut at its sub-sections, then at block
-    boundaries; a code block or table is cut (at line ends) only when it alone
-    exceeds the budget. Each node's text is the document's exact text between
-    ``start_char_idx`` and ``end_char_idx`` (offsets of a node that was itself
-    cut from a document add up), and ``metadata["heading_path"]`` lists the
-    headings it sits under. Nodes do not overlap.
+    A node's ``start_char_idx`` / ``end_char_idx`` delimit its exact text in
+    the source document (offsets of an input node cut from a document add
+    up); ``metadata["heading_path"]`` lists the headings it sits under.
     """
 
     chunk_size: int = Field(
