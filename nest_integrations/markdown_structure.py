@@ -30,19 +30,23 @@ delimiter row. Setext (``===``-underlined) headings are not sniffed: RST and
 docstrings underline titles the same way. Everything else is prose and gets
 exactly what it got before this module existed (the bundled Wikipedia
 summaries and the standard-library docstrings of the docs domain all read as
-prose). Chunking
-(:mod:`nest_integrations.corpus`) also knows the file: a passage whose
+prose). Chunking (:mod:`nest_integrations.corpus`) also knows the file: a passage whose
 ``source`` / ``file_path`` / ``file_name`` / ``path`` metadata or title ends in
 ``.md``, ``.markdown`` or ``.mdx`` is cut along its sections
 (:func:`is_markdown`). A chunk with no block syntax at all has no markup to
 hide, so the two rules only differ on what prose structure they see.
 
-**Known edge.** A chunk is parsed on its own text. One cut inside a code fence
-(e.g. by a character splitter) reads the code before the closing fence as
-paragraphs, and the closing fence opens a code block running to the chunk's
-end. The section chunkers here (:func:`nest_integrations.corpus.chunk_passages`
-and the integrations' Markdown splitters) never cut inside a fence unless the
-fence alone exceeds the budget.
+**Chunks cut inside code.** A chunk is parsed on its own text. One cut out of
+a document inside a code block (character splitters such as LangChain's
+``RecursiveCharacterTextSplitter`` and LlamaIndex's ``SentenceSplitter`` often
+cut there) closes that block with a bare fence, which alone reads as opening one, so code and prose would swap up
+to the next fence; :func:`_block_tokens` also reads such a text as if a fence
+opened before it, and keeps whichever reading misreads fewer fences. What is
+left: a chunk of code with no fence at all reads as prose, and a fence
+indented in a list item whose indentation the splitter stripped stays open.
+The section chunkers here (:func:`nest_integrations.corpus.chunk_passages`
+and the integrations' Markdown splitters) cut inside a code block only when
+it alone exceeds the budget.
 """
 
 from __future__ import annotations
@@ -81,6 +85,8 @@ _SNIFF = re.compile(
     r"|^ {0,3}\|?[ \t]*:?-{3,}:?[ \t]*\|",  # a table's delimiter row
     re.MULTILINE,
 )
+_INFO_FENCE = re.compile(r"[ \t]*(?:>[ \t]*)*(?:```|~~~)[`~]*[ \t]*[^`~\s]")
+_BARE_FENCE = re.compile(r"^[ \t]*(?:>[ \t]*)*(?:```|~~~)[`~]*[ \t]*$", re.MULTILINE)
 _LINK_DEFINITION = re.compile(r"[ \t]*(?:>[ \t]*)*\[[^\]\n]+\]:")
 _LEAF_OPENERS = {"paragraph_open", "heading_open", "fence", "code_block", "html_block", "hr", "table_open", "front_matter"}
 
@@ -195,11 +201,48 @@ def _link_definitions(text: str, lines: list[int], covered: list[bool]) -> list[
     return found
 
 
+def _fence_misreadings(source: str, tokens: list[Any]) -> tuple[int, int]:
+    """How implausibly a parse reads the code fences of ``source``: ``(fence lines with an info
+    string read as code content, code blocks whose fence is never closed)``. Documentation
+    opens a fence with its language (```js) and closes it bare."""
+    lines = source.split("\n")
+    inside = unclosed = 0
+    for token in tokens:
+        if token.type != "fence" or token.map is None:
+            continue
+        body = lines[token.map[0] + 1 : token.map[1]]
+        inside += sum(bool(_INFO_FENCE.match(line)) for line in body)
+        unclosed += not body or not _BARE_FENCE.match(body[-1])
+    return inside, unclosed
+
+
+def _block_tokens(text: str) -> list[Any]:
+    """markdown-it's tokens for ``text``, line maps into ``text``.
+
+    A chunk cut out of a document inside a code block begins with code and
+    closes the block with a bare fence, which a parser of the chunk alone reads
+    as opening one: code and prose swap up to the next fence. So a text with
+    fences is also parsed as if a fence opened before it, and that reading is
+    kept when it misreads fewer fences (:func:`_fence_misreadings`).
+    """
+    tokens = _parser().parse(text)
+    if not _BARE_FENCE.search(text):
+        return tokens
+    opened = "```\n" + text
+    shifted = _parser().parse(opened)
+    if _fence_misreadings(opened, shifted) >= _fence_misreadings(text, tokens):
+        return tokens
+    for token in shifted:
+        if token.map is not None:
+            token.map = [max(token.map[0] - 1, 0), token.map[1] - 1]
+    return shifted
+
+
 @functools.lru_cache(maxsize=512)
 def _parsed(text: str) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]]:
     """``(blocks, inline HTML ranges)`` of ``text``; cached because the encoder, the seam rule
     and the draft builder all read the same passages."""
-    tokens = _parser().parse(text)
+    tokens = _block_tokens(text)
     lines = line_starts(text)
     covered = [False] * (len(lines) - 1)
     blocks: list[Block] = []
@@ -307,8 +350,7 @@ def _code_line_starts(text: str, block: Block) -> list[int]:
     """First non-blank character of each line of a code block, but a fence's closing line."""
     body = text[block.start : block.end]
     starts = [block.start + m.start() + len(m.group()) - len(m.group().lstrip()) for m in re.finditer(r"[^\n]+", body) if m.group().strip()]
-    fenced = body[:3] in ("```", "~~~")
-    if fenced and len(starts) > 1 and not text[starts[-1] : block.end].strip(body[0]).strip():
+    if len(starts) > 1 and _BARE_FENCE.match(text, text.rfind("\n", 0, starts[-1]) + 1, block.end):
         starts.pop()
     return starts
 

@@ -263,6 +263,20 @@ def test_a_splitter_chunk_is_read_on_its_own_text(smol_tokenizer):
         assert "<a id=" not in kept and "\n## " not in kept and "\n### " not in kept
 
 
+def test_a_chunk_that_begins_inside_a_code_block_reads_its_code_as_code():
+    chunk = f"  reply.send(data)\n}})\n{FENCE}\n\n### Streams\n\nPipe a stream.\n\n{FENCE}js\nreply.send(stream)\n{FENCE}\n"
+    got = [(b.kind, chunk[b.start : b.end]) for b in parse_blocks(chunk)]
+    assert got == [
+        ("code", f"reply.send(data)\n}})\n{FENCE}"),
+        ("heading", "### Streams"),
+        ("paragraph", "Pipe a stream."),
+        ("code", f"{FENCE}js\nreply.send(stream)\n{FENCE}"),
+    ]
+    assert chunk.index("})") in sentence_starts(chunk) and chunk.index(f"{FENCE}\n\n") not in sentence_starts(chunk)
+    ending_inside = f"Pipe a stream.\n\n{FENCE}js\nreply.send(stream)\n"
+    assert [b.kind for b in parse_blocks(ending_inside)] == ["paragraph", "code"]
+
+
 def test_langchain_splitter_offsets_are_exact():
     pytest.importorskip("langchain_text_splitters")
     from langchain_core.documents import Document
