@@ -88,7 +88,12 @@ _SNIFF = re.compile(
 _INFO_FENCE = re.compile(r"[ \t]*(?:>[ \t]*)*(?:```|~~~)[`~]*[ \t]*[^`~\s]")
 _BARE_FENCE = re.compile(r"^[ \t]*(?:>[ \t]*)*(?:```|~~~)[`~]*[ \t]*$", re.MULTILINE)
 _LINK_DEFINITION = re.compile(r"[ \t]*(?:>[ \t]*)*\[[^\]\n]+\]:")
-_LEAF_OPENERS = {"paragraph_open", "heading_open", "fence", "code_block", "html_block", "hr", "table_open", "front_matter"}
+_LEAF_KINDS: dict[str, BlockKind] = {
+    "heading_open": "heading", "fence": "code", "code_block": "code", "hr": "rule", "table_open": "table",
+    "front_matter": "front_matter",
+}
+"""The block kind of each markdown-it token that opens a leaf block (paragraphs and HTML blocks aside)."""
+_LEAF_OPENERS = {*_LEAF_KINDS, "paragraph_open", "html_block"}
 
 
 @dataclass(frozen=True)
@@ -147,7 +152,7 @@ def _parser() -> "MarkdownIt":
     return MarkdownIt("commonmark").enable("table").use(front_matter_plugin)
 
 
-def line_starts(text: str) -> list[int]:
+def _line_starts(text: str) -> list[int]:
     """Offset of the first character of every line of ``text``, plus ``len(text)`` at the end: int list (lines + 1,)."""
     return [0, *(m.end() for m in re.finditer(r"\n", text)), len(text)] if text else [0]
 
@@ -170,19 +175,12 @@ def _inline_title(inline: Any) -> str:
 
 
 def _leaf_kind(token: Any, in_list_item: bool) -> BlockKind:
-    if token.type == "heading_open":
-        return "heading"
-    if token.type in ("fence", "code_block"):
-        return "code"
+    """The kind of the block a leaf token (:data:`_LEAF_KINDS`) opens."""
     if token.type == "html_block":
         return "comment" if token.content.lstrip().startswith("<!--") else "html"
-    if token.type == "hr":
-        return "rule"
-    if token.type == "table_open":
-        return "table"
-    if token.type == "front_matter":
-        return "front_matter"
-    return "list_item" if in_list_item else "paragraph"
+    if token.type == "paragraph_open":
+        return "list_item" if in_list_item else "paragraph"
+    return _LEAF_KINDS[token.type]
 
 
 def _link_definitions(text: str, lines: list[int], covered: list[bool]) -> list[tuple[int, int]]:
@@ -243,7 +241,7 @@ def _parsed(text: str) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]]:
     """``(blocks, inline HTML ranges)`` of ``text``; cached because the encoder, the seam rule
     and the draft builder all read the same passages."""
     tokens = _block_tokens(text)
-    lines = line_starts(text)
+    lines = _line_starts(text)
     covered = [False] * (len(lines) - 1)
     blocks: list[Block] = []
     inline_html: list[tuple[int, int]] = []
