@@ -142,6 +142,17 @@ def _sample(candidates: Sequence[_WithId], n: int, seed: int, what: str) -> list
     return random.Random(seed).sample(ordered, n)
 
 
+def _drawn(
+    items: list[EvalItem], n: int | None, seed: int, what: str, draw: Callable[..., list[EvalItem]]
+) -> list[EvalItem]:
+    """All ``items`` when ``n`` is None, else ``draw(items, n, seed, what)``
+    (:func:`_sample` or :func:`_stratified_sample`) after checking ``n >= 0``."""
+    if n is None:
+        return items
+    _check_n(n)
+    return draw(items, n, seed, what)
+
+
 def is_person_title(title: str, description: str = "") -> bool:
     """Whether a "People" summary title looks like one person's plain name.
 
@@ -586,11 +597,7 @@ def docs_items(n: int | None = None, seed: int = 0) -> list[EvalItem]:
     Raises:
         ValueError: if ``n < 0`` or larger than the number of questions.
     """
-    items = qa_items(DOCS_QA_PATH)
-    if n is None:
-        return items
-    _check_n(n)
-    return _sample(items, n, seed, "docs")
+    return _drawn(qa_items(DOCS_QA_PATH), n, seed, "docs", _sample)
 
 
 # --------------------------------------------------------------------------- markdown-docs
@@ -765,11 +772,7 @@ def markdown_docs_items(n: int | None = None, seed: int = 0) -> list[EvalItem]:
     """
     from nest_integrations.evaluation.markdown_docs import FASTIFY_QA_PATH
 
-    items = markdown_qa_items(FASTIFY_QA_PATH)
-    if n is None:
-        return items
-    _check_n(n)
-    return _stratified_sample(items, n, seed, "markdown-docs")
+    return _drawn(markdown_qa_items(FASTIFY_QA_PATH), n, seed, "markdown-docs", _stratified_sample)
 
 
 # --------------------------------------------------------------------------- wiki-qa-hard
@@ -834,11 +837,7 @@ def wiki_qa_hard_items(n: int | None = None, seed: int = 0) -> list[EvalItem]:
         ValueError: if ``n < 0`` or larger than the number of questions, or on a
             malformed record or duplicate id (``path:line`` named).
     """
-    items = _jsonl_items(WIKI_QA_HARD_PATH, _wiki_qa_hard_item)
-    if n is None:
-        return items
-    _check_n(n)
-    return _stratified_sample(items, n, seed, "wiki-qa-hard")
+    return _drawn(_jsonl_items(WIKI_QA_HARD_PATH, _wiki_qa_hard_item), n, seed, "wiki-qa-hard", _stratified_sample)
 
 
 TASKS: dict[str, Callable[..., list[EvalItem]]] = {
