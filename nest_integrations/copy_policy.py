@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 
 from .corpus import Passage, sentence_spans
 from .markdown_structure import copy_layout, start_allowed
-from .relevance import content_words, is_name_query, text_stems
+from .relevance import content_words, is_name_query, opening_words, stem, text_stems
 
 CONTINUATION_WORDS = 2
 """Words of the text so far that must precede a mid-sentence copy in its source."""
@@ -149,12 +149,18 @@ def _is_heading(text: str, start: int, end: int, next_start: int) -> bool:
 
 @dataclass(frozen=True)
 class Window:
-    """Characters ``[start, end)`` of passage ``passage_id`` that answer the query, with their score."""
+    """Characters ``[start, end)`` of passage ``passage_id`` that answer the query, with their score.
+
+    ``answers``: whether the window holds a word of the query other than the names that
+    single out its passage (:func:`naming_words`). When it does not (no window does), the
+    window is only where the answer opens: the copy goes on past it rather than stopping
+    before the text that answers."""
 
     passage_id: str
     start: int
     end: int
     score: float
+    answers: bool = True
 
 
 Similarity = Callable[[str, Sequence[str]], Sequence[float]]
@@ -200,6 +206,14 @@ def focus_window(query: str, passages: Sequence[Passage], similarity: Similarity
     if not wanted:
         return None
     windows = [(p, s, e, text_stems(p.text[s:core])) for p in passages for s, core, e in _windows(p)]
+    if asks_year(query):  # only windows that hold a year can answer "which year"
+        asked = set(_YEAR.findall(query))
+        dated = [w for w in windows if set(_YEAR.findall(w[0].text[w[1] : w[2]])) - asked]
+        windows = dated or windows
+    topical = wanted - naming_words(query, passages)
+    answers = bool(topical) and any(topical & words for *_, words in windows)
+    if answers:
+        wanted = topical
     counts = {w: sum(w in words for *_, words in windows) for w in wanted}
     weight = {w: math.log1p(len(windows) / n) for w, n in counts.items() if n}
     scores = [sum(weight.get(w, 0.0) for w in wanted & words) for *_, words in windows]
@@ -212,4 +226,24 @@ def focus_window(query: str, passages: Sequence[Passage], similarity: Similarity
         combined = [scores[i] / scores[ranked[0]] + float(c) for i, c in zip(ranked, cosines)]
         best = ranked[max(range(len(ranked)), key=lambda j: (combined[j], -ranked[j]))]
     passage, start, end, _ = windows[best]
-    return Window(passage.id, start, end, scores[best])
+    return Window(passage.id, start, end, scores[best], answers or not topical)
+
+
+_YEAR = re.compile(r"\b(?:1[0-9]{3}|20[0-9]{2})\b")
+_ASKS_YEAR = re.compile(r"^\s*when\b|\b(?:what|which) year\b", re.IGNORECASE)
+
+
+def asks_year(query: str) -> bool:
+    """Whether ``query`` asks for a year or a date ("When did...", "In which year...")."""
+    return bool(_ASKS_YEAR.search(query))
+
+
+def naming_words(query: str, passages: Sequence[Passage]) -> set[str]:
+    """Stems of the query's names (capitalised words after its first) that a kept passage
+    opens with (:func:`~nest_integrations.relevance.opening_words`): "Galileo Galilei" in
+    "In which city was Galileo Galilei born?". They tell which passage answers, not where
+    in it: every sentence about Galileo is about Galileo, and the opening sentence, which
+    names him in full, would otherwise win over "He was born in Pisa"."""
+    names = content_words(" ".join(re.findall(r"(?<=\s)[A-Z][\w'’.-]*", query)))
+    opened = {stem(w) for p in passages for w in opening_words(p.text)}
+    return names & opened

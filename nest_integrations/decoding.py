@@ -753,8 +753,11 @@ class NestDecoder:
                     candidates.mark_used(other, 0, length - 1)
                 else:
                     candidates.mark_used(other, 0, first - 1)
-                    candidates.mark_used(other, last + 1, length - 1)
-            gen.opening, gen.window_end = (pidx, first), (pidx, last)
+                    if window.answers:
+                        candidates.mark_used(other, last + 1, length - 1)
+            # A window that holds none of the question's own words only says where to open:
+            # the copy goes on past it (to its source's end) instead of stopping unanswered.
+            gen.opening, gen.window_end = (pidx, first), (pidx, last) if window.answers else None
         elif subject_name(query) is not None:
             pidx = self.datastore.index_of(kept[0].id)
             if pidx is not None and len(candidates.passage(pidx).token_ids):

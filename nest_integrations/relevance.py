@@ -19,6 +19,10 @@ A passage passes when all of these hold:
   left out), unless its cosine reaches ``lexical_free_similarity`` (a close
   paraphrase: "folder" for "directory"). "reverse a string in JavaScript"
   against a Python sequence document covers 2 of 3 at cosine 0.32;
+* **names**, for any other query: every multi-word name it mentions
+  (:func:`query_names`: "Chimamanda Ngozi Adichie") must occur in the
+  passage text (:func:`mentions`): a question about a person the corpus does
+  not hold is not answered from another writer's summary;
 * **subject**, for a query that asks about someone or something by name
   (:func:`subject_name`: the biography task's "Marie Curie", "Tell me a bio of
   Ada Lovelace.", "Who was Alan Turing?"): instead of the coverage check,
@@ -75,12 +79,13 @@ def stem(word: str) -> str:
 
 
 def content_words(text: str) -> set[str]:
-    """Stems of the words of ``text`` without stopwords, question words and parentheticals.
+    """Stems of the words of ``text`` without stopwords, question words, single letters (the
+    "s" of a possessive) and parentheticals.
 
     ``content_words("Constantin Brâncuși (sculptor)") == {"constantin", "brancusi"}``.
     """
     words = _WORD.findall(_fold(_PARENTHETICAL.sub(" ", text)))
-    return {stem(w) for w in words if w not in _STOPWORDS and w not in _NAME_PARTICLES and not w.isdigit()}
+    return {stem(w) for w in words if len(w) > 1 and w not in _STOPWORDS and w not in _NAME_PARTICLES and not w.isdigit()}
 
 
 _IDENTIFIER_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
@@ -204,6 +209,13 @@ def _matches(word: str, opening_word: str, first: bool) -> bool:
     return opening_word in given_name_forms(word) if first else opening_word == word
 
 
+def opening_words(text: str, *, whole_sentence: bool = False) -> list[str]:
+    """The folded words where ``text`` names its subject: the first ``_SUBJECT_WINDOW`` words
+    of its opening sentence (:func:`lead`), or all of that sentence."""
+    words = _WORD.findall(_fold(lead(text)))
+    return words if whole_sentence else words[:_SUBJECT_WINDOW]
+
+
 def _in_order(words: Sequence[str], opening: Sequence[str]) -> int:
     """Index in ``opening`` just past ``words`` found as an ordered subsequence, or -1
     (see :func:`_matches`)."""
@@ -237,9 +249,7 @@ def names_subject(name: str, text: str, *, whole_sentence: bool = False) -> bool
     words, numerals = _name_parts(name)
     if not [w for w in words if not w.endswith(".")]:
         return False
-    opening = _WORD.findall(_fold(lead(text)))
-    if not whole_sentence:
-        opening = opening[:_SUBJECT_WINDOW]
+    opening = opening_words(text, whole_sentence=whole_sentence)
     end = _in_order(words, opening)
     if end < 0:
         return False
@@ -247,6 +257,30 @@ def names_subject(name: str, text: str, *, whole_sentence: bool = False) -> bool
     if _ROMAN_NUMERAL.match(following) and following not in numerals:
         return False
     return numerals <= set(opening)
+
+
+_QUERY_NAME = re.compile(
+    r"(?<=\s)[A-Z][\w'’.-]*(?:\s+(?:(?:of|de|von|van|da|di|du|del|la|le|al|ibn|bin)\s+)*[A-Z][\w'’.-]*)+"
+)
+
+
+def query_names(query: str) -> list[str]:
+    """The multi-word names a question mentions after its first word ("Chimamanda Ngozi Adichie"
+    in "What novel did Chimamanda Ngozi Adichie write?"): runs of two or more capitalised words."""
+    unpossessed = re.sub(r"['’]s\b", " ,", query)  # "Tolkien's The Hobbit" is two names
+    return [match.group().rstrip(".") for match in _QUERY_NAME.finditer(unpossessed)]
+
+
+def mentions(name: str, text: str) -> bool:
+    """Whether ``text`` mentions every word of ``name`` (particles aside; its first word in any
+    of its given-name forms), anywhere and in any order."""
+    words, _ = _name_parts(name)
+    present = set(_WORD.findall(_fold(text)))
+    return all(
+        any(w.startswith(word[0]) for w in present) if word.endswith(".")
+        else bool(present & given_name_forms(word)) if i == 0 else word in present
+        for i, word in enumerate(words)
+    )
 
 
 @dataclass(frozen=True)
@@ -296,6 +330,8 @@ class RelevanceGate:
         name = subject_name(query)
         if name is not None:
             return names_subject(name, passage.text, whole_sentence=similarity >= self.strong_similarity)
+        if not all(mentions(named, passage.text) for named in query_names(query)):
+            return False
         return similarity >= self.lexical_free_similarity or coverage(query, passage.text) >= self.min_coverage
 
     def __call__(self, query: str, passages: Sequence[Passage], similarities: Sequence[float]) -> GateDecision:

@@ -1,7 +1,7 @@
 """Seams (where a copy may start), answer windows, and the conversation's retrieval query."""
 
 from nest_integrations.conversation import is_follow_up, retrieval_query
-from nest_integrations.copy_policy import acceptable_start, focus_window, is_question, sentence_starts, wants_focus
+from nest_integrations.copy_policy import acceptable_start, focus_window, is_question, naming_words, sentence_starts, wants_focus
 from nest_integrations.corpus import Passage
 
 ADA = (
@@ -60,3 +60,32 @@ def test_an_answer_window_takes_in_the_line_that_heads_it():
 def test_a_copy_never_repeats_the_text_so_far():
     assert not _ok(ADA[:117], "Augusta"), "a completion prompt's own first sentence is not copied again"
     assert _ok(ADA[:117], " She is chiefly")
+
+
+GALILEO = Passage(
+    id="galileo",
+    text="Galileo di Vincenzo Bonaiuti de' Galilei, commonly referred to as Galileo Galilei, was an Italian "
+    "astronomer, physicist and engineer. He was born in Pisa, then part of the Duchy of Florence. Galileo has "
+    "been called the father of observational astronomy.",
+)
+
+
+def test_the_names_that_pick_the_passage_do_not_pick_the_window():
+    """The opening sentence names the subject in full; the sentence that answers rarely does."""
+    assert naming_words("In which city was Galileo Galilei born?", [GALILEO]) == {"galileo", "galilei"}
+    window = focus_window("In which city was Galileo Galilei born?", [GALILEO])
+    assert window is not None and window.answers
+    assert GALILEO.text[window.start : window.end].startswith("He was born in Pisa")
+    assert focus_window("Who was Galileo Galilei?", [GALILEO]).start == 0, "a question about the name itself opens at the name"
+
+
+def test_a_window_that_holds_none_of_the_question_opens_the_answer_but_does_not_end_it():
+    window = focus_window("What telescope did Galileo Galilei improve?", [GALILEO])
+    assert window is not None and not window.answers, "nothing but the name matches: copy on, do not stop"
+
+
+def test_a_question_for_a_year_is_answered_by_a_window_that_holds_one():
+    curie = Passage(id="pc", text="Pierre Curie was a French physicist. With their win, the Curies became the first "
+                    "married couple to win a Nobel Prize. Marie Curie won the Nobel Prize in Chemistry in 1911.")
+    window = focus_window("In which year did Marie Curie win the Nobel Prize in Chemistry?", [curie])
+    assert window is not None and "1911" in curie.text[window.start : window.end]

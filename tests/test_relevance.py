@@ -3,7 +3,7 @@
 import pytest
 
 from nest_integrations.corpus import Passage
-from nest_integrations.relevance import RelevanceGate, content_words, coverage, names_subject, subject_name
+from nest_integrations.relevance import RelevanceGate, content_words, coverage, names_subject, query_names, subject_name
 
 MARIE = Passage(id="m", text="Maria Salomea Skłodowska-Curie, known simply as Marie Curie, was a Polish physicist.")
 PIERRE = Passage(id="p", text="Pierre Curie was a French physicist. He shared the Nobel Prize with his wife, Marie Curie.")
@@ -88,3 +88,13 @@ def test_initials_and_joined_particles_must_match_too():
     assert subject_name("Ahmad ibn Ibrahim al-Ghazi") == "Ahmad ibn Ibrahim al-Ghazi"
     assert subject_name("Al-Hakim bi-Amr Allah") == "Al-Hakim bi-Amr Allah"
     assert not names_subject("Ahmad ibn Ibrahim al-Ghazi", "Ahmad ibn Hanbal was a Muslim jurist, theologian and ascetic.")
+
+
+def test_a_question_naming_someone_needs_a_passage_that_mentions_them():
+    ngugi = Passage(id="n", text="Ngũgĩ wa Thiong'o was a Kenyan author and academic, described as East Africa's leading novelist.")
+    gate = RelevanceGate()
+    assert gate("What novel did Chimamanda Ngozi Adichie write?", [ngugi], [0.5]).kept == []
+    assert gate("Which novel did Ngũgĩ wa Thiong'o write first?", [ngugi], [0.5]).kept == [ngugi]
+    graham = Passage(id="g", text=GRAHAM)
+    assert gate("Where did Billy Graham preach?", [graham], [0.5]).kept == [graham], "in any given-name form"
+    assert query_names("What was the name of Johnny Cash's backing band?") == ["Johnny Cash"], "a possessive is the name"
