@@ -432,12 +432,17 @@ def copyable_end(text: str, char_spans: np.ndarray, pos: int, end: int) -> int:
 
 
 def first_copyable(text: str, char_spans: np.ndarray, pos: int) -> int:
-    """The first token at or after ``pos`` that may be copied and is not whitespace only
-    (``len(char_spans)`` when none): where a copy planned at a heading line (an answer's
+    """The first token at or after ``pos`` a copy may start with: copyable, not whitespace
+    only, and not mid-line in code nor on a closing fence (:func:`start_allowed`);
+    ``len(char_spans)`` when none. Where a copy planned at a heading line (an answer's
     opening) really starts. ``pos`` itself for prose."""
     layout = copy_layout(text)
     if layout is None:
         return pos
     blank, hidden = _blank_and_hidden(layout, char_spans)
-    allowed = np.flatnonzero(~(blank | hidden)[pos:])
-    return pos + int(allowed[0]) if len(allowed) else len(blank)
+    for i in pos + np.flatnonzero(~(blank | hidden)[pos:]):
+        start, end = (int(x) for x in char_spans[i])
+        piece = text[start:end]
+        if start_allowed(text, start + len(piece) - len(piece.lstrip())):
+            return int(i)
+    return len(blank)

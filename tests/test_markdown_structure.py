@@ -15,6 +15,7 @@ from nest_integrations.decoding import NestDecoder
 from nest_integrations.markdown_structure import (
     copy_layout,
     copyable_tokens,
+    first_copyable,
     is_markdown,
     looks_like_markdown,
     parse_blocks,
@@ -179,6 +180,17 @@ def test_an_answer_planned_at_a_heading_opens_below_it(tiny_lm):
     out = decoder.generate("How do I reset the set-cookie header?", max_new_tokens=30, **COPY)
     assert out.spans[0].copied and out.text == "Call reply.removeHeader('set-cookie') to reset it."
     assert out.stats.finish_reason == "answered"
+
+
+def test_an_opening_skips_markup_blank_tokens_and_a_closing_fence(smol_tokenizer):
+    text = f"## Charset\n\n{FENCE}js\nreply.type('application/json')\n{FENCE}\nIf no charset is set, utf-8 is used."
+    enc = smol_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    spans = tiling_char_spans(enc["offset_mapping"], len(text))
+    opening = lambda char: first_copyable(text, spans, int(np.searchsorted(spans[:, 1], char, side="right")))  # noqa: E731
+    assert text[spans[opening(0), 0] :].lstrip().startswith(f"{FENCE}js")
+    assert text[spans[opening(text.rindex(FENCE)), 0] :].lstrip().startswith("If no charset")
+    assert text[spans[opening(text.index("application")), 0] :].lstrip().startswith("If no charset"), "not mid-line in code"
+    assert first_copyable("Plain prose.", spans[:3], 1) == 1
 
 
 def test_a_copy_starts_inside_code_only_at_a_line_start():
