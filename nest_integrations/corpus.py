@@ -3,7 +3,9 @@
 A corpus is a ``list[Passage]``. Passages are what the retrievers index and
 what the token-level datastore encodes, so every loader returns passages with
 unique ids and the exact (unnormalised) text of their source, and chunking
-records character offsets that map each chunk back into its document.
+records character offsets that map each chunk back into its document. Prose
+is chunked by whole sentences, Markdown along its sections
+(:func:`section_chunks`, :mod:`nest_integrations.markdown_structure`).
 
 Sources:
 
@@ -380,7 +382,7 @@ def load_corpus(source: str, *, topic: str | None = None, limit: int | None = No
 # ---------------------------------------------------------------------------
 
 DEFAULT_CHUNK_TOKENS = 200
-"""LM tokens per passage when ``nest index build`` chunks documents (whole sentences).
+"""LM tokens per passage when ``nest index build`` chunks documents (whole sentences; Markdown by sections).
 
 Smaller passages retrieve and gate more precisely (the dense embedder reads
 256 word pieces at most); larger ones give the token datastore more context
