@@ -675,6 +675,25 @@ def bench_keys(
     console.print((out / "key_bench.md").read_text())
 
 
+@app.command("bench-gate")
+def bench_gate(
+    datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder of the people summaries (default: the demo index)."),
+    n: int = typer.Option(200, min=1, help="Biographies (people of the index)."),
+    seed: int = typer.Option(1, help="Sampling seed of the people."),
+    k: int = typer.Option(8, min=1, help="First-stage passages per query."),
+    out: Path = typer.Option(Path("runs/bench-gate"), help="Output folder (gate.json, gate.md)."),
+) -> None:
+    """What the relevance gate keeps for biographies, with the summary present and removed (no generation)."""
+    from .evaluation.gate_bench import gate_report
+
+    index = _load_index(datastore)
+    try:
+        gate_report(index, n=n, seed=seed, k=k, out_dir=out)
+    except ValueError as err:
+        _fail(str(err))
+    console.print((out / "gate.md").read_text())
+
+
 @app.command()
 def calibrate(
     datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
