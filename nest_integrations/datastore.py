@@ -253,8 +253,14 @@ class PassageEncoder:
         return results
 
     def _forward(self, passages_ids: list[np.ndarray]) -> list[np.ndarray]:
-        """One padded forward; returns float16 keys (L_i, d) per passage."""
+        """One padded forward; returns float16 keys (L_i, d) per passage.
+
+        A float32 model on a CPU with bfloat16 instructions runs it on a
+        bfloat16 copy of itself (:mod:`nest_integrations.key_precision`).
+        """
         import torch
+
+        from .key_precision import encoding_model
 
         n_prefix = len(self.prefix_ids)
         width = n_prefix + max(len(ids) for ids in passages_ids)
@@ -266,15 +272,16 @@ class PassageEncoder:
             input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             mask[row, : len(seq)] = 1
         device = self.lm.device
-        with torch.inference_mode(), self.lm.forward_lock, self.reader.capture() as captured:
-            outputs = self.lm.model(
+        model, reader = encoding_model(self.lm, self.reader)
+        with torch.inference_mode(), self.lm.forward_lock, reader.capture() as captured:
+            outputs = model(
                 input_ids=input_ids.to(device),
                 attention_mask=mask.to(device),
                 use_cache=False,
                 logits_to_keep=1,
-                **self.reader.forward_kwargs(),
+                **reader.forward_kwargs(),
             )
-            keys = self.reader.keys_from(captured, outputs)
+            keys = reader.keys_from(captured, outputs)
         keys = keys.to(torch.float16).cpu().numpy()
         out = []
         for ids in passages_ids:

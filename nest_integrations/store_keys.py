@@ -60,12 +60,19 @@ class SavedKeysInfo(BaseModel):
     window_overlap: Annotated[StrictInt, Field(ge=1, description="Tokens of left context a later window repeats.")]
     hidden_size: Annotated[StrictInt, Field(ge=1, description="Width of each key.")]
     dtype: Literal["float16"] = Field(default="float16", description="How the keys are stored.")
+    encoded_in: StrictStr = Field(
+        default="float32",
+        description="Precision of the forward that computed them (nest_integrations.key_precision); not checked: "
+        "keys appended on a machine that encodes in another precision agree with these on nearly every neighbour.",
+    )
     tokens: Annotated[StrictInt, Field(ge=0, description="Rows of the key arrays.")]
     entries: Annotated[StrictInt, Field(ge=0, description="Rows that are datastore entries (valid).")]
 
 
 def keys_info(encoder: PassageEncoder, keys: PrecomputedKeys) -> SavedKeysInfo:
     """The manifest entry of ``keys`` encoded by ``encoder`` (fingerprints the LM: ~1 s once per model)."""
+    from .key_precision import encoding_dtype
+
     lm = encoder.lm
     return SavedKeysInfo(
         lm_name=lm.name,
@@ -76,6 +83,7 @@ def keys_info(encoder: PassageEncoder, keys: PrecomputedKeys) -> SavedKeysInfo:
         max_passage_tokens=encoder.max_passage_tokens,
         window_overlap=encoder.window_overlap,
         hidden_size=lm.hidden_size,
+        encoded_in=str(encoding_dtype(lm)).removeprefix("torch."),
         tokens=keys.num_tokens,
         entries=keys.num_entries,
     )
@@ -249,6 +257,13 @@ class StoreKeys:
             ValueError: no LM at all; an LM other than the store's; or saved keys
                 that another LM (or tokenizer, key layer, prefix) encoded.
         """
+        datastore = self.bind(lm)
+        if self.precompute:
+            self.encode_missing(wait=False)  # another caller encoding: its passages are served lazily meanwhile
+        return datastore
+
+    def bind(self, lm: Optional["LoadedLM"] = None) -> TokenDatastore:
+        """The datastore, created on first use; encodes nothing (see :meth:`datastore`)."""
         with self._lock:
             if lm is not None and lm is not self._lm:
                 if self._lm is None:
@@ -262,10 +277,7 @@ class StoreKeys:
                 raise ValueError(f"the {self.owner} has no LM: pass lm= to the store or to token_datastore()")
             if self._datastore is None:
                 self._datastore = self._create(self._lm)
-            datastore = self._datastore
-        if self.precompute:
-            self.encode_missing(wait=False)  # another caller encoding: its passages are served lazily meanwhile
-        return datastore
+            return self._datastore
 
     def _create(self, lm: "LoadedLM") -> TokenDatastore:
         """A datastore over the live passages, serving saved keys when there are some (lock held)."""
@@ -299,10 +311,11 @@ class StoreKeys:
                 self._datastore.add(passage)
 
     def after_add(self) -> None:
-        """With ``precompute`` and an LM: bind (when not yet) and encode the new documents' keys.
-        Call without the store's lock."""
+        """With ``precompute`` and an LM: bind (when not yet) and encode the new documents' keys,
+        after any encoding already running. Call without the store's lock."""
         if self.precompute and self._lm is not None:
-            self.datastore()
+            self.bind(None)
+            self.encode_missing()
 
     def removed(self, ids: Sequence[str]) -> None:
         """Documents deleted from the store (lock held): they leave the datastore and are not saved again."""

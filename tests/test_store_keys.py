@@ -206,3 +206,31 @@ def test_the_estimate_is_logged_before_the_bulk_of_the_work(tiny_lm, small_passa
     assert events[1][0] == "encode" and events[1][1] < 8, "a small probe chunk first"
     assert events[2][0] == "log" and f"the {total} tokens should take about" in events[2][1]
     assert [kind for kind, _ in events[3:]] == ["encode"] * (len(events) - 3), "then the bulk of the work"
+
+
+# --------------------------------------------------------------------------- encoding precision
+def test_bfloat16_encoding_runs_on_one_copy_kept_in_step_with_the_weights(tiny_lm, small_passages, monkeypatch, smol_tokenizer):
+    import torch
+
+    from nest_integrations.key_precision import encoding_model
+
+    lm = make_tiny_lm(smol_tokenizer, seed=2)  # its weights are changed below
+    encoder = PassageEncoder(lm)
+    monkeypatch.setenv("NEST_KEY_ENCODING", "float32")
+    assert encoding_model(lm, encoder.reader) == (lm.model, encoder.reader)
+    float32 = encoder.encode([p.text for p in small_passages])
+    monkeypatch.setenv("NEST_KEY_ENCODING", "bfloat16")
+    model, reader = encoding_model(lm, encoder.reader)
+    assert next(model.parameters()).dtype == torch.bfloat16 and reader.model is model
+    assert encoding_model(lm, encoder.reader)[0] is model, "one copy per model"
+    bfloat16 = encoder.encode([p.text for p in small_passages])
+    for a, b in zip(float32, bfloat16):
+        assert np.array_equal(a.token_ids, b.token_ids) and np.array_equal(a.valid, b.valid)
+        error = np.linalg.norm(a.keys[a.valid].astype(np.float32) - b.keys[b.valid].astype(np.float32), axis=1)
+        assert (error <= 0.05 * np.linalg.norm(a.keys[a.valid].astype(np.float32), axis=1)).all()
+    with torch.no_grad():
+        lm.model.model.norm.weight.mul_(2.0)
+    assert encoding_model(lm, encoder.reader)[0] is not model, "changed weights get a fresh copy"
+    monkeypatch.setenv("NEST_KEY_ENCODING", "half")
+    with pytest.raises(ValueError, match="NEST_KEY_ENCODING must be one of auto, float32, bfloat16"):
+        encoder.encode(["x"])

@@ -390,7 +390,7 @@ class NestVectorStore(VectorStore):
             lm: as for :meth:`token_datastore`.
             show_progress: None: the store's setting.
         """
-        self._keys.datastore(lm)
+        self._keys.bind(lm)
         return self._keys.encode_missing(show_progress=show_progress)
 
     # ------------------------------------------------------------------ persistence
