@@ -71,7 +71,7 @@ from .copy_policy import acceptable_start, continues, focus_window, sentence_sta
 from .corpus import Passage
 from .datastore import CandidateSet, EncodedPassage, EncodeStats, TokenDatastore
 from .lm import KeyReader, cache_argument
-from .markdown_structure import copyable_end, first_copyable
+from .markdown_structure import copyable_end, first_copyable, section_ends_at
 from .mixture import accepted_prefix_length, distance_ratio, knn_distribution, mix, relaxed_accept_ratio, rrc_lambda
 from .relevance import GateDecision, RelevanceGate, subject_name
 from .repetition import repeat_free_length, repeating_tokens
@@ -962,8 +962,11 @@ class NestDecoder:
 
     def _source_exhausted(self, candidates: CandidateSet, record: TokenRecord) -> bool:
         """Whether ``record`` copied the last token of its passage and no candidate
-        passage continues it (the next chunk of the same document)."""
-        return self._continue_at(candidates, int(record.passage_index), record.position + 1) is None  # type: ignore[arg-type, operator]
+        passage continues it (the next chunk of the same document), or the last token
+        of a Markdown section (a heading follows: :func:`section_ends_at`)."""
+        pidx, pos = int(record.passage_index), int(record.position)  # type: ignore[arg-type]
+        text = self.datastore.passages[pidx].text  # type: ignore[union-attr]
+        return self._continue_at(candidates, pidx, pos + 1) is None or section_ends_at(text, int(candidates.passage(pidx).char_spans[pos, 1]))
 
     def _continue_at(self, candidates: CandidateSet, pidx: int, pos: int) -> Optional[tuple[int, int]]:
         """Where a copy that reached token ``pos`` of passage ``pidx`` goes on: that token,

@@ -331,6 +331,7 @@ class CopyLayout:
             each code line's first non-blank character (a fence's opening line
             included, so a block can be copied whole; its closing line not).
         block_starts: the first character of each copyable block.
+        heading_starts: the first character of each heading (where a section begins).
         hidden_cum: int32 (len(text) + 1,), cumulative count of non-whitespace
             hidden characters (a token's count is ``cum[end] - cum[start]``).
         visible_cum: int32 (len(text) + 1,), the same for all non-whitespace characters.
@@ -340,6 +341,7 @@ class CopyLayout:
     code: tuple[tuple[int, int], ...]
     code_line_starts: frozenset[int]
     block_starts: tuple[int, ...]
+    heading_starts: frozenset[int]
     hidden_cum: np.ndarray
     visible_cum: np.ndarray
 
@@ -372,6 +374,7 @@ def copy_layout(text: str) -> CopyLayout | None:
         code=tuple((b.start, b.end) for b in code),
         code_line_starts=frozenset(s for b in code for s in _code_line_starts(text, b)),
         block_starts=tuple(b.start for b in blocks if b.copyable),
+        heading_starts=frozenset(b.start for b in blocks if b.kind == "heading"),
         hidden_cum=np.concatenate([zero, np.cumsum(mask & visible, dtype=np.int32)]),
         visible_cum=np.concatenate([zero, np.cumsum(visible, dtype=np.int32)]),
     )
@@ -429,6 +432,26 @@ def copyable_end(text: str, char_spans: np.ndarray, pos: int, end: int) -> int:
         return end
     blocked = np.flatnonzero(~copyable_tokens(text, char_spans)[pos:end])
     return pos + int(blocked[0]) if len(blocked) else end
+
+
+def section_ends_at(text: str, pos: int) -> bool:
+    """Whether what follows character ``pos`` of ``text``, past white space and hidden markup
+    (an anchor, a comment), is a heading: a copy that got to ``pos`` has finished its section.
+    False for prose and at the end of the text."""
+    layout = copy_layout(text)
+    if layout is None:
+        return False
+    while pos < len(text):
+        if text[pos].isspace():
+            pos += 1
+            continue
+        if pos in layout.heading_starts:
+            return True
+        hidden = next((end for start, end in layout.hidden if start <= pos < end), None)
+        if hidden is None:
+            return False
+        pos = hidden
+    return False
 
 
 def first_copyable(text: str, char_spans: np.ndarray, pos: int) -> int:

@@ -19,6 +19,7 @@ from nest_integrations.markdown_structure import (
     is_markdown,
     looks_like_markdown,
     parse_blocks,
+    section_ends_at,
     start_allowed,
 )
 
@@ -171,6 +172,16 @@ def test_a_draft_stops_before_a_comment_and_a_heading(tiny_lm):
     for span in outputs["m"].copied_spans:
         assert "<!--" not in span.text and "##" not in span.text and "The keeper" not in span.text
         assert markdown.text[span.source.char_start : span.source.char_end] == span.text
+
+
+def test_a_copy_that_reaches_the_next_heading_ends_the_answer(tiny_lm):
+    """A section is where a copy ends: the next heading starts another topic."""
+    markdown = Passage(id="m", text=f"{UNIQUE}\n\n<a id=\"keeper\"></a>\n## The keeper\n\n{KEEPER}", metadata={"source": "z.md"})
+    decoder = NestDecoder(tiny_lm, TokenDatastore([markdown], PassageEncoder(tiny_lm)), ListRetriever([markdown]))
+    out = decoder.generate("Quixotic zebras", max_new_tokens=40, use_chat_template=False, **COPY)
+    assert out.text.endswith("beneath Harrogate.") and out.stats.finish_reason == "source_end"
+    assert section_ends_at(markdown.text, len(UNIQUE)) and not section_ends_at(markdown.text, len(UNIQUE) - 3)
+    assert not section_ends_at(f"{UNIQUE}\n\n{KEEPER}", len(UNIQUE)), "prose has no sections"
 
 
 def test_an_answer_planned_at_a_heading_opens_below_it(tiny_lm):
