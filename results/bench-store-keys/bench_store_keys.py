@@ -1,19 +1,22 @@
 """Lazy against precomputed token keys in the LangChain NestVectorStore, on a realistic store.
 
-The store: ``--docs`` Wikipedia summaries of people (the bundled corpus) split by
-LangChain's RecursiveCharacterTextSplitter at its default 4,000-character chunks,
-embedded by the bundled all-MiniLM-L6-v2, keyed by the default LM. Measured:
+The store: ``--corpus wiki``, ``--docs`` Wikipedia summaries of people (the
+bundled corpus), or ``--corpus docs``, the standard-library documentation of
+``nest eval --task docs`` (:func:`nest_integrations.evaluation.docs_corpus.docs_corpus`),
+split by LangChain's RecursiveCharacterTextSplitter at its default 4,000-character
+chunks, embedded by the bundled all-MiniLM-L6-v2, keyed by the default LM. Measured:
 
 * seconds to add the documents, lazy (embedding only) and precomputing keys;
-* seconds per NEST answer ("Tell me a bio of <name>.", retrieval query the
-  name), each question asked of both stores in turn so machine load hits them
-  alike; lazy answers encode the chunks no earlier answer retrieved;
+* seconds per NEST answer (wiki: "Tell me a bio of <name>.", retrieval query the
+  name; docs: the first questions of ``docs_qa.jsonl``, one per module), each
+  question asked of every store in turn so machine load hits them alike; lazy
+  answers encode the chunks no earlier answer retrieved;
 * save_local and load_local (keys memory-mapped) seconds, and the reloaded
   store's answers;
 * whether the three stores' answers are identical item by item.
 
 Run from the repository root:
-``.venv/bin/python results/bench-store-keys/bench_store_keys.py --out results/bench-store-keys``
+``.venv/bin/python results/bench-store-keys/bench_store_keys.py --corpus wiki --out results/bench-store-keys/wiki``
 """
 
 from __future__ import annotations
@@ -27,37 +30,53 @@ import sys
 import tempfile
 import time
 from datetime import datetime, timezone
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from langchain_core.documents import Document
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
-from nest_integrations.corpus import load_wikipedia_summaries
+from nest_integrations.corpus import Passage, load_wikipedia_summaries
+from nest_integrations.evaluation.docs_corpus import docs_corpus
 from nest_integrations.evaluation.runner import markdown_table, write_json
 from nest_integrations.langchain import NestLLM, NestVectorStore, default_embeddings
 from nest_integrations.lm import load_lm
 
 
-def _answer(store: NestVectorStore, lm: Any, name: str, max_new_tokens: int) -> dict[str, Any]:
-    """One NEST answer from ``store``: its text and the stats of the output contract."""
+CORPUS_NAMES = {"wiki": "Wikipedia summaries of people", "docs": "standard-library modules' documentation"}
+QUESTION_NAMES = {"wiki": '"Tell me a bio of <name>."', "docs": "docs_qa.jsonl, the first of each module"}
+
+
+def _answer(store: NestVectorStore, lm: Any, question: tuple[str, str], max_new_tokens: int) -> dict[str, Any]:
+    """One NEST answer to ``(prompt, retrieval query)`` from ``store``: its text and the stats of the output contract."""
     llm = NestLLM.from_lm(lm, retriever=store, max_new_tokens=max_new_tokens)
     start = time.perf_counter()
-    generation = llm.generate([f"Tell me a bio of {name}."], query=name).generations[0][0]
+    generation = llm.generate([question[0]], query=question[1]).generations[0][0]
     wall = time.perf_counter() - start
     stats = generation.generation_info["stats"]
     return {"text": generation.text, "wall_s": wall, "encode_s": stats["encode_s"], "encode_passes": stats["encode_passes"]}
 
 
-def run(docs: int, questions: int, max_new_tokens: int) -> dict[str, Any]:
+def corpus_and_questions(corpus: str, docs: int, questions: int) -> tuple[list[Passage], list[tuple[str, str]]]:
+    """Whole documents and ``(prompt, retrieval query)`` pairs."""
+    if corpus == "wiki":
+        passages = load_wikipedia_summaries(topic="People", limit=docs)
+        return passages, [(f"Tell me a bio of {p.title}.", p.title) for p in passages[:questions]]
+    passages = docs_corpus()
+    items = [json.loads(line) for line in (files("nest_integrations.evaluation") / "data" / "docs_qa.jsonl").read_text().splitlines()]
+    first_per_module = list({item["doc_id"]: item for item in reversed(items)}.values())[::-1]
+    return passages, [(item["question"], item["question"]) for item in first_per_module[:questions]]
+
+
+def run(corpus: str, docs: int, questions: int, max_new_tokens: int) -> dict[str, Any]:
     lm = load_lm()
     embeddings = default_embeddings()
-    passages = load_wikipedia_summaries(topic="People", limit=docs)
+    passages, names = corpus_and_questions(corpus, docs, questions)
     splitter = RecursiveCharacterTextSplitter(add_start_index=True)
     chunks = splitter.split_documents(
         [Document(page_content=p.text, metadata={"title": p.title, "source": p.id}) for p in passages]
     )
-    names = [p.title for p in passages[:questions]]
     embeddings.embed_documents([c.page_content for c in chunks[:4]])  # load the embedder outside the timings
     _answer(NestVectorStore.from_documents(chunks[:2], embeddings, lm=lm), lm, names[0], 8)  # warm-up, untimed
 
@@ -97,6 +116,7 @@ def run(docs: int, questions: int, max_new_tokens: int) -> dict[str, Any]:
         "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": lm.name,
+        "corpus": corpus,
         "documents": len(passages),
         "chunks": len(chunks),
         "chunk_chars_mean": statistics.mean(len(c.page_content) for c in chunks),
@@ -109,7 +129,7 @@ def run(docs: int, questions: int, max_new_tokens: int) -> dict[str, Any]:
         "load_s": load_s,
         "answers": {kind: summary(kind) for kind in answers},
         "identical_outputs": f"{sum(identical)}/{len(identical)}",
-        "items": [{"name": n, **{k: answers[k][i] for k in answers}} for i, n in enumerate(names)],
+        "items": [{"prompt": n[0], **{k: answers[k][i] for k in answers}} for i, n in enumerate(names)],
     }
 
 
@@ -125,9 +145,9 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join([
         "# NestVectorStore: lazy against precomputed token keys",
         "",
-        f"- model: {report['model']}; {report['documents']} Wikipedia summaries of people, {report['chunks']} chunks "
+        f"- model: {report['model']}; {report['documents']} {CORPUS_NAMES[report['corpus']]}, {report['chunks']} chunks "
         f"(RecursiveCharacterTextSplitter defaults, mean {report['chunk_chars_mean']:.0f} characters), {report['tokens']} tokens",
-        f"- {report['questions']} questions (\"Tell me a bio of <name>.\"), NEST, max_new_tokens {report['max_new_tokens']}; "
+        f"- {report['questions']} questions ({QUESTION_NAMES[report['corpus']]}), NEST, max_new_tokens {report['max_new_tokens']}; "
         "each asked of the three stores in turn",
         f"- precomputing: {report['precompute_tokens_per_s']:.0f} tokens/s; save_local {report['save_s']:.2f} s, "
         f"load_local (keys memory-mapped) {report['load_s']:.2f} s",
@@ -141,13 +161,14 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--docs", type=int, default=40)
+    parser.add_argument("--corpus", choices=sorted(CORPUS_NAMES), default="wiki")
+    parser.add_argument("--docs", type=int, default=40, help="Wikipedia summaries (--corpus wiki)")
     parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    report = run(args.docs, args.questions, args.max_new_tokens)
+    report = run(args.corpus, args.docs, args.questions, args.max_new_tokens)
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "bench.json", report)
     (args.out / "bench.md").write_text(markdown(report), encoding="utf-8")
