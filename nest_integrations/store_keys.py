@@ -354,7 +354,7 @@ class StoreKeys:
                 ) as progress:
                     encoded = dict(zip(todo, progress.encode()))
             width = datastore.hidden_size
-            new = PrecomputedKeys.from_encoded([encoded.get(i) or _no_keys(width) for i in slots], datastore.encoder)
+            new = PrecomputedKeys.from_encoded([encoded[i] if i in encoded else _no_keys(width) for i in slots], datastore.encoder)
             with self._lock:
                 if self._datastore is datastore:
                     datastore.attach_precomputed(KeySegments.joined(before, new))
@@ -389,7 +389,7 @@ class StoreKeys:
         keys = PrecomputedKeys.from_encoded([source.passage(i) for i in rows], encoder, codec)  # type: ignore[arg-type]
         if encoder is not None:
             return keys, keys_info(encoder, keys)
-        return keys, self._saved.info.model_copy(update={"tokens": keys.num_tokens, "entries": keys.num_entries})
+        return keys, saved.info.model_copy(update={"tokens": keys.num_tokens, "entries": keys.num_entries})
 
     def attach_saved(self, passages: Sequence[Passage], arrays: dict[str, np.ndarray], info: SavedKeysInfo, where: str) -> None:
         """Serve saved key arrays once an LM binds the store (at once when it has one).

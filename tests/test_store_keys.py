@@ -212,10 +212,14 @@ def test_the_estimate_is_logged_before_the_bulk_of_the_work(tiny_lm, small_passa
 def test_bfloat16_encoding_runs_on_one_copy_kept_in_step_with_the_weights(tiny_lm, small_passages, monkeypatch, smol_tokenizer):
     import torch
 
+    from nest_integrations import key_precision
     from nest_integrations.key_precision import encoding_model
 
     lm = make_tiny_lm(smol_tokenizer, seed=2)  # its weights are changed below
     encoder = PassageEncoder(lm)
+    monkeypatch.setenv("NEST_KEY_ENCODING", "auto")
+    monkeypatch.setattr(key_precision, "cpu_has_bf16", lambda: False)
+    assert encoding_model(lm, encoder.reader) == (lm.model, encoder.reader), "float32 without bfloat16 instructions"
     monkeypatch.setenv("NEST_KEY_ENCODING", "float32")
     assert encoding_model(lm, encoder.reader) == (lm.model, encoder.reader)
     float32 = encoder.encode([p.text for p in small_passages])
