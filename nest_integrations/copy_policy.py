@@ -17,10 +17,13 @@ a whole passage from its first word to its last. Two small rules fix that:
 * **Answer focus** (:func:`focus_window`): for a question, the sentence of the
   kept passages that shares the most (rarest) words with it, extended while
   it is shorter than ``MIN_WINDOW_WORDS``, and taking in the line that heads
-  it (a function's signature, a term, a title). The decoder copies from there and
-  ends the answer when the copy reaches the window's end
-  (``NestConfig.stop_when_answered``), instead of running on into what the
-  passage says next.
+  it (a function's signature, a term, a title); the question's names that a
+  kept passage opens with are left out of the score (:func:`naming_words`),
+  and a question for a year wants a window that holds one. The decoder copies
+  from there and ends the answer when the copy reaches the window's end
+  (``NestConfig.answer_focus``), instead of running on into what the passage
+  says next; a window that holds none of the question's other words
+  (:attr:`Window.answers` false) only opens the answer.
 
 All offsets are character offsets into a passage's text.
 """
