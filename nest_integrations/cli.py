@@ -478,15 +478,15 @@ def _docs_index(task: str, chunking: str) -> Path:
 
 @app.command("eval")
 def evaluate(
-    task: str = typer.Option("bio", help="bio, completion, qa, wiki-qa, docs or markdown-docs."),
-    n: Optional[int] = typer.Option(None, help="Items per condition (default: 100; every question for qa and docs)."),
+    task: str = typer.Option("bio", help="bio, completion, qa, wiki-qa, wiki-qa-hard, docs or markdown-docs."),
+    n: Optional[int] = typer.Option(None, min=1, help="Items per condition (default: 100; every question for qa and docs)."),
     seed: int = typer.Option(0, help="Sampling seed of the items."),
     datastore: Optional[Path] = typer.Option(
         None, "--datastore", "-d", help="Index folder (default: the demo index; for docs and markdown-docs their own index)."
     ),
     modes: str = typer.Option("base,rag,knnlm,nest,ra_nest", help="Comma-separated modes."),
     max_new_tokens: Optional[int] = typer.Option(
-        None, help="Tokens per generation (default: 64 for qa, wiki-qa and docs, 128 otherwise)."
+        None, min=1, help="Tokens per generation (default: 64 for qa, wiki-qa and docs, 128 otherwise)."
     ),
     qa_path: Optional[Path] = typer.Option(None, "--qa", help="QA JSONL (task qa)."),
     docs_chunking: str = typer.Option(
@@ -498,15 +498,30 @@ def evaluate(
         None, help=f"Over an index with lazy keys: store the keys of retrieved passages as {CODEC_HELP}, the codec "
         "trained first on --codec-sample random passages (an index built with --key-compression uses its own).",
     ),
-    codec_sample: int = typer.Option(384, help="Passages encoded to train --key-compression."),
+    codec_sample: int = typer.Option(384, min=1, help="Passages encoded to train --key-compression."),
 ) -> None:
     """Compare the modes on the same items in one run.
 
     nest eval --task bio; nest eval --task wiki-qa; nest eval --task docs [--docs-chunking splitter];
     nest eval --task markdown-docs [--docs-chunking splitter|sentence].
     """
+    from .config import MODES
     from .evaluation.runner import DOCS_DOMAIN_CHUNKINGS, run_eval
+    from .evaluation.tasks import TASKS
 
+    if task not in TASKS:
+        _fail(f"unknown --task {task!r}; choose from {', '.join(TASKS)}")
+    if not _comma_list(modes) or set(_comma_list(modes)) - set(MODES):
+        _fail(f"--modes takes some of {', '.join(MODES)}, got {modes!r}")
+    if task == "qa" and qa_path is None:
+        _fail("--task qa needs --qa FILE (a JSONL of {\"question\", \"answers\"})")
+    if key_compression is not None:
+        from .key_codec import parse_spec
+
+        try:
+            parse_spec(key_compression)
+        except ValueError as err:
+            _fail(f"--key-compression: {err}")
     chunkings = DOCS_DOMAIN_CHUNKINGS.get(task, DOCS_DOMAIN_CHUNKINGS["docs"])
     if docs_chunking not in chunkings:
         _fail(f"unknown --docs-chunking {docs_chunking!r} for {task}; choose from {', '.join(chunkings)}")

@@ -279,3 +279,25 @@ def test_generate_refuses_bad_options_before_loading_anything(no_work, tmp_path,
     assert result.exit_code == 2, (result.output, result.exception)
     assert message in " ".join(result.output.split())
     assert files["notes"].read_text() == "my notes\n" and not files["out"].exists()
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--task", "bios"], "unknown --task 'bios'"),
+    (["--modes", "nest,fast"], "--modes takes some of base, rag, knnlm, nest, ra_nest"),
+    (["--modes", ""], "--modes takes some of"),
+    (["--n", "0"], "Invalid value for '--n'"),
+    (["--max-new-tokens", "0"], "Invalid value for '--max-new-tokens'"),
+    (["--codec-sample", "0"], "Invalid value for '--codec-sample'"),
+    (["--task", "qa"], "--task qa needs --qa FILE"),
+    (["--key-compression", "pq"], "--key-compression:"),
+    (["--task", "docs", "--docs-chunking", "sentence"], "unknown --docs-chunking 'sentence' for docs"),
+])
+def test_eval_refuses_bad_options_before_loading_anything(no_work, tmp_path, options, message):
+    from typer.testing import CliRunner
+
+    from nest_integrations.cli import app
+
+    result = CliRunner().invoke(app, ["eval", "-d", str(tmp_path / "index"), "--out", str(tmp_path / "out"), *options])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert message in " ".join(result.output.split())
+    assert not (tmp_path / "out").exists()

@@ -40,7 +40,6 @@ Sampling is deterministic: candidates are sorted by id and drawn with
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
@@ -498,23 +497,16 @@ def wiki_qa_items(n: int, seed: int = 0, passages: list[Passage] | None = None) 
     return items
 
 
-def _parse_qa_line(line: str, where: str) -> tuple[str | None, str, list[str], str | None]:
-    """Parse one JSONL record into ``(id or None, question, answers, gold passage id or None)``.
+def _parse_qa_record(record: dict[str, Any], where: str) -> tuple[str | None, str, list[str], str | None]:
+    """One QA record as ``(id or None, question, answers, gold passage id or None)``.
 
     The gold passage id is the record's ``passage_id``, else its ``doc_id``.
 
     Raises:
-        ValueError: naming ``where`` (path:line) for invalid JSON, a non-object,
-            a missing/empty ``question`` string, ``answers`` that is not a
-            non-empty list of non-empty strings, or a gold id that is not a
-            non-empty string.
+        ValueError: naming ``where`` (path:line) for a missing/empty ``question``
+            string, ``answers`` that is not a non-empty list of non-empty strings,
+            or a gold id that is not a non-empty string.
     """
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: invalid JSON ({exc.msg})") from exc
-    if not isinstance(record, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
     question = record.get("question")
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"{where}: 'question' must be a non-empty string")
@@ -550,20 +542,17 @@ def qa_items(path: str | Path) -> list[EvalItem]:
     path = Path(path)
     items: list[EvalItem] = []
     seen: set[str] = set()
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_number}"
-            raw_id, question, answers, gold = _parse_qa_line(line, where)
-            item_id = raw_id if raw_id is not None else f"qa/{line_number}"
-            if item_id in seen:
-                raise ValueError(f"{where}: duplicate id {item_id!r}")
-            seen.add(item_id)
-            meta: dict[str, Any] = {"answers": answers, "chat": True}
-            if gold is not None:
-                meta["passage_id"] = gold
-            items.append(EvalItem(id=item_id, prompt=question, query=question, reference="", meta=meta))
+    for line_number, record in iter_jsonl(path):  # lines end at \n only
+        where = f"{path}:{line_number}"
+        raw_id, question, answers, gold = _parse_qa_record(record, where)
+        item_id = raw_id if raw_id is not None else f"qa/{line_number}"
+        if item_id in seen:
+            raise ValueError(f"{where}: duplicate id {item_id!r}")
+        seen.add(item_id)
+        meta: dict[str, Any] = {"answers": answers, "chat": True}
+        if gold is not None:
+            meta["passage_id"] = gold
+        items.append(EvalItem(id=item_id, prompt=question, query=question, reference="", meta=meta))
     if not items:
         raise ValueError(f"{path}: no QA records found")
     return items
