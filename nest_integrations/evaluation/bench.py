@@ -69,6 +69,7 @@ from nest_integrations.evaluation.runner import (
     write_json,
 )
 from nest_integrations.index import NestIndex
+from nest_integrations.key_precision import encoding_model
 from nest_integrations.lm import LoadedLM
 
 __all__ = [
@@ -330,9 +331,10 @@ def _datastore_build(index: NestIndex, passages: Sequence[Passage]) -> tuple[dic
         The section (passages, tokens, batches, both rates, ratio, goal,
         meets_goal) and the precomputed keys.
     """
-    model = index.lm.model
-    index.datastore.encoder.encode([passages[0].text])  # untimed warm-up
-    datastore = TokenDatastore(passages, index.datastore.encoder)
+    encoder = index.datastore.encoder
+    model, _ = encoding_model(index.lm, encoder.reader)  # the model precompute runs (a bfloat16 copy on some CPUs)
+    encoder.encode([passages[0].text])  # untimed warm-up
+    datastore = TokenDatastore(passages, encoder)
     batches: list[dict[str, Any]] = []
     handle = model.register_forward_pre_hook(lambda _m, _a, kwargs: batches.append(dict(kwargs)), with_kwargs=True)
     try:
