@@ -213,7 +213,13 @@ def focus_window(query: str, passages: Sequence[Passage], similarity: Similarity
         asked = set(_YEAR.findall(query))
         dated = [w for w in windows if set(_YEAR.findall(w[0].text[w[1] : w[2]])) - asked]
         windows = dated or windows
-    topical = wanted - naming_words(query, passages)
+    naming = naming_words(query, passages)
+    topical = wanted - naming
+    # A follow-up's query is the conversation's questions, one a line
+    # (conversation.retrieval_query): the last one says what is asked now.
+    asked_now = content_words(query.strip().splitlines()[-1]) - naming
+    if asked_now != topical and any(asked_now & words for *_, words in windows):
+        topical = asked_now
     answers = bool(topical) and any(topical & words for *_, words in windows)
     if answers:
         wanted = topical

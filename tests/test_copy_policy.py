@@ -89,3 +89,11 @@ def test_a_question_for_a_year_is_answered_by_a_window_that_holds_one():
                     "married couple to win a Nobel Prize. Marie Curie won the Nobel Prize in Chemistry in 1911.")
     window = focus_window("In which year did Marie Curie win the Nobel Prize in Chemistry?", [curie])
     assert window is not None and "1911" in curie.text[window.start : window.end]
+
+
+def test_a_follow_up_is_answered_by_what_it_asks_now():
+    parsers = Passage(id="cp", text="Use fastify.addContentTypeParser(contentType, parser) to add a parser for a content "
+                      "type.\n\nUse fastify.removeContentTypeParser(contentType) to remove a parser again.")
+    query = "How do I add a custom content type parser to Fastify?\nAnd how do I remove it?"
+    window = focus_window(query, [parsers])
+    assert window is not None and "removeContentTypeParser" in parsers.text[window.start : window.end]
