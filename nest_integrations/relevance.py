@@ -19,6 +19,10 @@ A passage passes when all of these hold:
   left out), unless its cosine reaches ``lexical_free_similarity`` (a close
   paraphrase: "folder" for "directory"). "reverse a string in JavaScript"
   against a Python sequence document covers 2 of 3 at cosine 0.32;
+* **named things**, for every query: a name it mentions (a capitalised word
+  after a line's first, a camelCase identifier: :func:`named_words`) that
+  no retrieved passage holds means the corpus does not cover the question,
+  and the gate keeps nothing (:func:`unmentioned_names`);
 * **names**, for any other query: every multi-word name it mentions
   (:func:`query_names`: "Chimamanda Ngozi Adichie") must occur in the
   passage text (:func:`mentions`): a question about a person the corpus does
@@ -283,6 +287,39 @@ def mentions(name: str, text: str) -> bool:
     )
 
 
+_NAMED_WORD = re.compile(r"(?<=[\s(\"'])(?:[A-Z][\w+#-]*|[a-z]+[A-Z]\w*)")
+
+
+def named_words(query: str) -> list[str]:
+    """The words a query names things with: capitalised words other than a line's first
+    ("Flask", "GraphQL", "Karikó") and camelCase identifiers ("removeHeader"), possessives
+    and trailing punctuation dropped."""
+    words = []
+    for line in query.splitlines():
+        first = re.match(r"\s*\S+", line)
+        rest = line[first.end() :] if first else ""
+        words += [re.sub(r"['’]s$", "", w).rstrip(".-") for w in _NAMED_WORD.findall(rest)]
+    return [w for w in words if content_words(w)]
+
+
+def unmentioned_names(query: str, passages: Sequence[Passage]) -> list[str]:
+    """The :func:`named_words` of ``query`` that none of ``passages`` mentions (stems of its
+    words and identifier parts; a given name in any of its forms).
+
+    A question about something named that no retrieved passage mentions ("How do I register
+    a Flask blueprint?" over Fastify's docs, "Which valley did Malala Yousafzai grow up in?"
+    over summaries that do not hold her) is not one the corpus answers, however close its
+    other words come: the gate then keeps nothing.
+    """
+    held: set[str] = set()
+    for passage in passages:
+        held |= text_stems(passage.text)
+    return [
+        word for word in named_words(query)
+        if not content_words(word) <= held and not (given_name_forms(_fold(word)) & held)
+    ]
+
+
 @dataclass(frozen=True)
 class GateDecision:
     """The passages a gate lets into the token datastore, and why none when it keeps nothing."""
@@ -346,6 +383,8 @@ class RelevanceGate:
         if len(passages) != len(similarities):
             raise ValueError(f"{len(passages)} passages but {len(similarities)} similarities")
         if not passages:
+            return GateDecision([], "nothing_relevant")
+        if unmentioned_names(query, passages):
             return GateDecision([], "nothing_relevant")
         best = max(similarities)
         kept = [p for p, s in zip(passages, similarities) if self.passes(query, p, float(s), float(best))]

@@ -3,7 +3,16 @@
 import pytest
 
 from nest_integrations.corpus import Passage
-from nest_integrations.relevance import RelevanceGate, content_words, coverage, names_subject, query_names, subject_name
+from nest_integrations.relevance import (
+    RelevanceGate,
+    content_words,
+    coverage,
+    named_words,
+    names_subject,
+    query_names,
+    subject_name,
+    unmentioned_names,
+)
 
 MARIE = Passage(id="m", text="Maria Salomea Skłodowska-Curie, known simply as Marie Curie, was a Polish physicist.")
 PIERRE = Passage(id="p", text="Pierre Curie was a French physicist. He shared the Nobel Prize with his wife, Marie Curie.")
@@ -98,3 +107,15 @@ def test_a_question_naming_someone_needs_a_passage_that_mentions_them():
     graham = Passage(id="g", text=GRAHAM)
     assert gate("Where did Billy Graham preach?", [graham], [0.5]).kept == [graham], "in any given-name form"
     assert query_names("What was the name of Johnny Cash's backing band?") == ["Johnny Cash"], "a possessive is the name"
+
+
+def test_a_question_about_something_no_retrieved_passage_names_keeps_nothing():
+    """Another framework's feature over Fastify's docs, a person the summaries do not hold."""
+    routes = Passage(id="r", text="Register routes under a prefix: fastify.register(plugin, { prefix: '/v1' }).")
+    gate = RelevanceGate()
+    assert gate("How do I register a Flask blueprint under a URL prefix?", [routes], [0.6]).kept == []
+    assert gate("How do I register routes under a prefix in Fastify?", [routes], [0.6]).kept == [routes]
+    assert named_words("Apart from plugins, how does Fastify's reply.removeHeader work?") == ["Fastify"], "not a line's first word"
+    gates = Passage(id="g", text="William Henry Gates III is an American businessman who co-founded Microsoft.")
+    assert unmentioned_names("With whom did Bill Gates co-found Microsoft?", [gates]) == []
+    assert unmentioned_names("Which valley did Malala Yousafzai grow up in?", [gates, routes]) == ["Malala", "Yousafzai"]
