@@ -95,9 +95,16 @@ class NestConfig(BaseModel):
     repeat_ngram: int = Field(
         8,
         ge=0,
-        description="Repetition guard (nest and ra_nest): a copy stops before, and the LM may not pick, a token that "
-        "would complete a run of this many tokens the answer already holds, so an answer never loops; 0 turns it off. "
-        "Smaller catches shorter loops but also refuses legitimate repeats (nest_integrations.repetition).",
+        description="Repetition guard for copies (nest and ra_nest): a copy stops before a token that would complete a "
+        "run of this many tokens the answer already holds; 0 turns it off. Smaller catches shorter loops but also cuts "
+        "copies of sources that repeat a phrase ('of the United States' twice) (nest_integrations.repetition).",
+    )
+    lm_repeat_ngram: int = Field(
+        4,
+        ge=0,
+        description="Repetition guard for the tokens nest and ra_nest pick from p_M (the LM writing between or "
+        "without copies): none may complete a run of this many tokens the answer already holds (transformers' "
+        "no_repeat_ngram_size); 0 turns it off. A small LM writing alone otherwise repeats its sentences.",
     )
     # --- generation ------------------------------------------------------
     max_new_tokens: int = Field(128, ge=0, description="Tokens to generate at most.")

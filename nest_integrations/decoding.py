@@ -864,7 +864,7 @@ class NestDecoder:
             first_ok = relaxed_accept_ratio(p_m[None], torch.tensor([span[0].token_id]), config.effective_gamma) if span else None
             if first_ok is not None and float(first_ok[0]) > config.accept_threshold:
                 return span[0], span[1:]
-        if config.mode in ("nest", "ra_nest") and (repeats := repeating_tokens(gen.ids, config.repeat_ngram)):
+        if config.mode in ("nest", "ra_nest") and (repeats := repeating_tokens(gen.ids, config.lm_repeat_ngram)):
             p_m = p_m.index_fill(0, torch.tensor(sorted(repeats)), 0.0)
         return TokenRecord(self._pick(p_m, config, generator)), []
 

@@ -12,9 +12,11 @@ guard works on token ids, for copies and for the LM's own picks alike:
   next token; the decoder takes them out of p_M before it picks (the rule of
   transformers' ``NoRepeatNGramLogitsProcessor``).
 
-The knob is ``n`` (``NestConfig.repeat_ngram``): the shortest run that counts as a
-repeat. Smaller catches shorter loops but also refuses legitimate repeats ("of the
-United States" twice in one summary is four tokens); 8 tokens is about five words.
+The knob is ``n``, the shortest run that counts as a repeat: ``NestConfig.repeat_ngram``
+(8 tokens, about five words) for copies, since a source may legitimately repeat a short
+phrase ("of the United States" twice in one summary is four tokens), and
+``NestConfig.lm_repeat_ngram`` (4) for the LM's own picks, whose short loops ("He is
+also a poet laureate. He is a poet laureate.") are what a small LM writing alone falls into.
 """
 
 from __future__ import annotations

@@ -170,8 +170,9 @@ def test_edge_cases(decoder, tiny_lm):
 
 def test_fallback_to_the_lm_says_why(tiny_lm, tiny_datastore, small_passages):
     empty = TokenDatastore([], PassageEncoder(tiny_lm))
-    out = NestDecoder(tiny_lm, empty, ListRetriever([])).generate(PROMPT, max_new_tokens=6)
+    out = NestDecoder(tiny_lm, empty, ListRetriever([])).generate(PROMPT, max_new_tokens=6, lm_repeat_ngram=0)
     assert out.stats.fallback_reason == "nothing_retrieved" and not out.stats.copied_from_datastore
+    # The LM alone: the base mode's text, but for the repetition guard NEST keeps on its picks.
     assert out.text == NestDecoder(tiny_lm, empty).generate(PROMPT, max_new_tokens=6, mode="base").text
     assert NestDecoder(tiny_lm, empty).generate(PROMPT, max_new_tokens=2).stats.fallback_reason == "no_retriever"
     blank = Passage(id="blank", text="<|endoftext|>")  # special tokens only: no datastore entry

@@ -320,8 +320,8 @@ def test_empty_store_or_no_retriever_falls_back_to_the_lm_and_says_why(tiny_lm, 
         (InMemoryVectorStore(embeddings), "nothing_retrieved"),
         (None, "no_retriever"),
     ):
-        llm = NestLLM.from_lm(tiny_lm, retriever=retriever, **{**KNOBS, "max_new_tokens": 8})
-        assert llm.invoke(QUESTION) == plain
+        llm = NestLLM.from_lm(tiny_lm, retriever=retriever, **{**KNOBS, "max_new_tokens": 8, "lm_repeat_ngram": 0})
+        assert llm.invoke(QUESTION) == plain  # the LM alone (without the repetition guard of NEST's picks)
         assert llm.generate([QUESTION]).generations[0][0].generation_info["fallback_reason"] == reason
 
 

@@ -52,7 +52,7 @@ def test_an_answer_never_loops(tiny_lm):
     copy = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, stop_at_source_end=False, answer_focus=False, max_new_tokens=60)
     decoder = NestDecoder(tiny_lm, store, ListRetriever(passages), NestConfig(**copy))
     guarded = decoder.generate("Tell me about the fox.")
-    unguarded = decoder.generate("Tell me about the fox.", repeat_ngram=0)
+    unguarded = decoder.generate("Tell me about the fox.", repeat_ngram=0, lm_repeat_ngram=0)
     assert guarded.attribution_ratio > 0 and guarded.text.startswith(passages[0].text)
 
     def repeats(output):  # re-tokenising the text may merge tokens at a seam: a little slack over 8
