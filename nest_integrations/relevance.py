@@ -276,15 +276,12 @@ def query_names(query: str) -> list[str]:
 
 
 def mentions(name: str, text: str) -> bool:
-    """Whether ``text`` mentions every word of ``name`` (particles aside; its first word in any
-    of its given-name forms), anywhere and in any order."""
+    """Whether ``text`` mentions every word of ``name`` as :func:`names_subject` reads them
+    (particles aside, initials by their letter, the first word in any of its given-name
+    forms: :func:`_matches`), but anywhere and in any order."""
     words, _ = _name_parts(name)
     present = set(_WORD.findall(_fold(text)))
-    return all(
-        any(w.startswith(word[0]) for w in present) if word.endswith(".")
-        else bool(present & given_name_forms(word)) if i == 0 else word in present
-        for i, word in enumerate(words)
-    )
+    return all(any(_matches(word, w, i == 0) for w in present) for i, word in enumerate(words))
 
 
 _NAMED_WORD = re.compile(r"(?<=[\s(\"'])(?:[A-Z][\w+#-]*|[a-z]+[A-Z]\w*)")
