@@ -673,8 +673,7 @@ class NestDecoder:
         passages = [p for p, _ in hits]
         if config.min_passage_relevance <= -1.0 or self.relevance is None or not hits or not query.strip():
             return GateDecision(passages)
-        gate = RelevanceGate(config.min_passage_relevance, config.relevance_margin, config.min_query_coverage)
-        decision = gate(query, passages, self.relevance(query, passages))
+        decision = RelevanceGate.from_config(config)(query, passages, self.relevance(query, passages))
         if len(decision.kept) < len(hits):
             logger.info("relevance gate kept %d of %d passages", len(decision.kept), len(hits))
         return decision

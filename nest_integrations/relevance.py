@@ -45,9 +45,12 @@ import functools
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
 
 from .corpus import Passage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .config import NestConfig
 
 _STOPWORDS = frozenset(
     """a an and as at by de der di du for from in into of on onto or la le the to van von with without within
@@ -348,6 +351,12 @@ class RelevanceGate:
     min_coverage: float = 0.5
     strong_similarity: float = 0.6
     lexical_free_similarity: float = 0.45
+
+    @classmethod
+    def from_config(cls, config: "NestConfig") -> "RelevanceGate":
+        """The gate of a :class:`~nest_integrations.config.NestConfig` (its ``min_passage_relevance``,
+        ``relevance_margin`` and ``min_query_coverage``), as the decoder applies it."""
+        return cls(config.min_passage_relevance, config.relevance_margin, config.min_query_coverage)
 
     def __post_init__(self) -> None:
         if not -1.0 <= self.min_similarity <= 1.0:

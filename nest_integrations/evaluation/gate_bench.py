@@ -41,8 +41,7 @@ def gate_report(index: Any, *, n: int = 200, seed: int = 1, k: int = 8, out_dir:
         counts, the names whose own summary was not kept, and the names for which
         another person's passage was kept (present or absent).
     """
-    config = NestConfig()  # the defaults a user who changes nothing decodes with
-    gate = RelevanceGate(config.min_passage_relevance, config.relevance_margin, config.min_query_coverage)
+    gate = RelevanceGate.from_config(NestConfig())  # the defaults a user who changes nothing decodes with
     rows = []
     for item in bio_items(n, seed=seed, passages=index.passages):
         own = set(gold_passage_ids(index.passages, item.meta["passage_id"]))
