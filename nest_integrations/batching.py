@@ -49,7 +49,11 @@ spans and attribution equal one-by-one generation (up to float rounding of a
 batched matmul against an unbatched one, which does not flip a decision on the
 tests' models). ``stats.forward_passes`` counts the shared forwards a row took
 part in (its prefill included) -- the same count as alone; ``decode_s`` runs
-from the row's prefill to its finish, ``wall_s`` from the start of its preparation (retrieval, gate) to it.
+from the row's prefill to its finish, and ``wall_s`` is the row's own time: its
+preparation (retrieval, gate) plus ``decode_s``. The time a prepared row waits
+for room in the batch, or for the other rows of a batch call to be prepared, is
+no row's own and counts in neither (a generation alone waits for nothing, so
+its ``wall_s`` is the time from the call to its last token).
 
 A :class:`RowListener` hears of each row's progress (for streaming), its output
 or its error. :func:`batched_generate` runs a fixed list of rows in the calling
@@ -117,7 +121,10 @@ class Row:
     generator: Optional[torch.Generator]
     listener: Optional["RowListener"] = None
     submitted: float = field(default_factory=time.perf_counter)
-    """When the row's preparation began; ``stats.wall_s`` runs from here to its finish."""
+    """When the row's preparation began."""
+    prepared: float = field(default_factory=time.perf_counter)
+    """When its preparation ended (the row is built right after it): ``stats.wall_s`` is
+    ``prepared - submitted`` plus the time from joining the batch to the row's last token."""
     cancelled: bool = False
     """Set by a consumer that stopped listening (an abandoned stream, a cancelled future or
     task); the row leaves at the next step and its listener hears nothing more."""
@@ -366,7 +373,7 @@ class RowScheduler:
     def _finish(self, row: Row) -> None:
         now = time.perf_counter()
         row.gen.stats.decode_s = now - row.t_decode if row.t_decode else 0.0
-        row.gen.stats.wall_s = now - row.submitted
+        row.gen.stats.wall_s = (row.prepared - row.submitted) + row.gen.stats.decode_s
         if row.owner >= 0:
             self.batch.release(row.owner)
         if row.cancelled:
