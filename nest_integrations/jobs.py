@@ -5,8 +5,18 @@ see :mod:`nest_integrations.jsonl`)::
 
     {"id": "q1", "prompt": "Tell me a bio of Ada Lovelace.", "query": "Ada Lovelace"}
 
-``prompt`` is required (a string), ``query`` (the first-stage retrieval query)
-and ``id`` (default: the line number, as a string) are optional.
+or, for a turn of a conversation, ``messages`` instead of ``prompt``::
+
+    {"id": "q2", "messages": [{"role": "user", "content": "What is a generator?"},
+                              {"role": "assistant", "content": "A function that yields."},
+                              {"role": "user", "content": "And how do I send a value into it?"}]}
+
+Each item has either ``prompt`` (a string) or ``messages`` (a list of ``{"role",
+"content"}`` objects, roles ``system``, ``user`` or ``assistant``, the last one the
+user's: the question answered). ``query`` (the first-stage retrieval query;
+default: the prompt, or for messages the conversation's query, see
+:func:`~nest_integrations.conversation.retrieval_query`) and ``id`` (default: the
+line number, as a string) are optional.
 
 Output, one line per item, in input order::
 
@@ -39,7 +49,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import NestConfig
@@ -50,13 +60,19 @@ SHORT_VALUE = 40
 """Characters of a setting's value shown in a mismatch message (fingerprints are longer)."""
 
 
+MESSAGE_ROLES = ("system", "user", "assistant")
+"""The roles a message of an item's ``messages`` may have."""
+
+
 @dataclass(frozen=True)
 class JobItem:
-    """One input line: its 1-based line number, id, prompt, query and sha256 (of the item's JSON)."""
+    """One input line: its 1-based line number, id, prompt, query and sha256 (of the item's JSON).
+
+    ``prompt`` is the item's ``prompt`` string or its ``messages`` list (the decoder takes both)."""
 
     line: int
     id: Any
-    prompt: str
+    prompt: Union[str, list[dict[str, str]]]
     query: Optional[str]
     sha256: str
 
@@ -88,13 +104,34 @@ def item_sha256(item: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+def message_problem(messages: Any) -> Optional[str]:
+    """What is wrong with an item's ``messages`` value, naming the field (``messages[2].role``), or None.
+
+    Valid: a non-empty list of ``{"role", "content"}`` objects, each role one of
+    :data:`MESSAGE_ROLES`, each content a string, the last message the user's.
+    """
+    if not isinstance(messages, list) or not messages:
+        return "'messages' must be a non-empty list of {\"role\", \"content\"} objects"
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            return f"'messages[{i}]' must be a {{\"role\", \"content\"}} object, got {type(message).__name__}"
+        if message.get("role") not in MESSAGE_ROLES:
+            return f"'messages[{i}].role' must be one of {', '.join(MESSAGE_ROLES)}, got {message.get('role')!r}"
+        if not isinstance(message.get("content"), str):
+            return f"'messages[{i}].content' must be a string"
+    if messages[-1]["role"] != "user":
+        return f"'messages[{len(messages) - 1}]' must be the user's question (role 'user'), got role {messages[-1]['role']!r}"
+    return None
+
+
 def read_items(path: Path) -> list[JobItem]:
     """The items of the JSONL file ``path`` (see the module docstring).
 
     Raises:
         ValueError: a missing file, a file without items, or a line (named
-            ``path:line``) that is not a JSON object with a string ``prompt``
-            and a string or null ``query``.
+            ``path:line``, and the field at fault) that is not a JSON object
+            with either a string ``prompt`` or valid ``messages``
+            (:func:`message_problem`), and a string or null ``query``.
     """
     from .jsonl import iter_jsonl
 
@@ -102,12 +139,18 @@ def read_items(path: Path) -> list[JobItem]:
         raise ValueError(f"{path} does not exist")
     items = []
     for number, item in iter_jsonl(path):
-        if not isinstance(item.get("prompt"), str):
-            raise ValueError(f"{path}:{number}: each line needs a string 'prompt'")
+        if "prompt" in item and "messages" in item:
+            raise ValueError(f"{path}:{number}: give 'prompt' or 'messages', not both")
+        if "messages" in item:
+            if (problem := message_problem(item["messages"])) is not None:
+                raise ValueError(f"{path}:{number}: {problem}")
+        elif not isinstance(item.get("prompt"), str):
+            raise ValueError(f"{path}:{number}: each line needs a string 'prompt' or a 'messages' list")
         if not isinstance(item.get("query"), (str, type(None))):
             raise ValueError(f"{path}:{number}: 'query' must be a string")
         item.setdefault("id", str(number))
-        items.append(JobItem(number, item["id"], item["prompt"], item.get("query"), item_sha256(item)))
+        prompt = item["messages"] if "messages" in item else item["prompt"]
+        items.append(JobItem(number, item["id"], prompt, item.get("query"), item_sha256(item)))
     if not items:
         raise ValueError(f"{path} holds no items")
     return items
