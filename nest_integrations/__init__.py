@@ -1,1 +1,75 @@
-"""NEST."""
+"""NEST (Nearest Neighbor Speculative Decoding) for LangChain and LlamaIndex.
+
+The names a user needs are importable from the package itself::
+
+    from nest_integrations import NestIndex, load_lm, load_wikipedia_summaries
+
+    index = NestIndex.build(load_wikipedia_summaries(topic="People"), load_lm())
+    out = index.decoder().generate("Tell me a bio of Ada Lovelace.", query="Ada Lovelace")
+    print(out.text, out.attribution_ratio)
+
+* Build and decode: :class:`NestIndex` (corpus, retriever and token datastore
+  saved as one folder), :class:`NestDecoder` (generation, streaming, batching,
+  scoring), :class:`NestConfig` (every hyperparameter), :func:`load_lm`.
+* Corpora: :class:`Passage`, :func:`load_corpus`, :func:`load_documents`,
+  :func:`load_wikipedia_summaries`.
+* The output contract: :class:`NestOutput`, its :class:`Span` s and
+  :class:`GenerationStats`, the :class:`StreamChunk` s of a stream, and the
+  renderers :func:`render_markdown`, :func:`render_html`, :func:`render_terminal`.
+
+The integrations are subpackages with their own extras:
+:mod:`nest_integrations.langchain` and :mod:`nest_integrations.llama_index`.
+
+Every name is imported on first use (PEP 562), so ``import nest_integrations``
+loads neither torch nor transformers: a command-line tool or an integration
+that only needs a submodule pays nothing for the rest.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see; at run time __getattr__ imports
+    from .attribution import GenerationStats, NestOutput, Span, render_html, render_markdown, render_terminal
+    from .config import NestConfig
+    from .corpus import Passage, load_corpus, load_documents, load_wikipedia_summaries
+    from .decoding import NestDecoder, StreamChunk
+    from .index import NestIndex
+    from .lm import LoadedLM, load_lm
+
+_EXPORTS = {
+    "GenerationStats": "attribution",
+    "NestOutput": "attribution",
+    "Span": "attribution",
+    "render_html": "attribution",
+    "render_markdown": "attribution",
+    "render_terminal": "attribution",
+    "NestConfig": "config",
+    "Passage": "corpus",
+    "load_corpus": "corpus",
+    "load_documents": "corpus",
+    "load_wikipedia_summaries": "corpus",
+    "NestDecoder": "decoding",
+    "StreamChunk": "decoding",
+    "NestIndex": "index",
+    "LoadedLM": "lm",
+    "load_lm": "lm",
+}
+"""Public name -> the submodule (relative to this package) that defines it."""
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's submodule on first access and cache the name here."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later accesses skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
