@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -319,8 +321,13 @@ def generate(
     query: Optional[str] = typer.Option(None, help="First-stage retrieval query (default: the prompt)."),
     mode: str = typer.Option("nest", help="base, rag, knnlm, nest or ra_nest."),
     max_new_tokens: int = typer.Option(128, min=1, help="Tokens to generate at most."),
-    as_json: bool = typer.Option(False, "--json", help="Print the output contract as JSON."),
-    input_path: Optional[Path] = typer.Option(None, "--input", help="JSONL of {id?, prompt, query?} to generate for."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the output contract as one compact JSON line (append answers to a .jsonl file)."
+    ),
+    pretty: bool = typer.Option(False, "--pretty", help="With --json: indent the JSON for reading instead."),
+    input_path: Optional[Path] = typer.Option(
+        None, "--input", help="JSONL of {id?, prompt, query?} or {id?, messages: [{role, content}, ...], query?} to generate for."
+    ),
     output_path: Optional[Path] = typer.Option(
         None, "--output", help="JSONL to write (with --input), in input order; a killed run resumes, keeping the items done."
     ),
@@ -360,7 +367,9 @@ def generate(
         _fail("--input needs --output")
     if input_path is None and (stray := _given(ctx, "output_path", "restart", "batch_size")):
         _fail(f"{', '.join(stray)} apply with --input only")
-    if input_path is not None and (stray := _given(ctx, "query", "as_json")):
+    if pretty and not as_json:
+        _fail("--pretty formats --json; add --json")
+    if input_path is not None and (stray := _given(ctx, "query", "as_json", "pretty")):
         _fail(f"{', '.join(stray)} apply to one PROMPT; with --input each item has its own query, and outputs go to --output")
     if (qdrant_path is None) != (collection is None):
         _fail("--qdrant-path and --collection go together")
@@ -385,7 +394,7 @@ def generate(
         _fail(str(err))
     output = decoder.generate(prompt, query=query)
     if as_json:
-        sys.stdout.write(json.dumps(output.to_dict(), ensure_ascii=False, indent=2) + "\n")
+        sys.stdout.write(json.dumps(output.to_dict(), ensure_ascii=False, **({"indent": 2} if pretty else {"separators": (",", ":")})) + "\n")
     else:
         _print_output(output, f"{mode}")
 
@@ -415,18 +424,64 @@ def _generate_items(
 
             with ray_cluster(address, timeout_s=timeout_s), ray_generator(
                 folder, model=model, overrides=overrides, workers=workers, cpus_per_worker=cpus_per_worker
-            ) as runner:
-                settings = job_settings(index=identity, lm_fingerprint=runner.lm_fingerprint, config=NestConfig().updated(**overrides))
+            ) as ray_runner:
+                settings = job_settings(index=identity, lm_fingerprint=ray_runner.lm_fingerprint, config=NestConfig().updated(**overrides))
+                runner, tally = _tallied(ray_runner)
+                started = time.perf_counter()
                 generated = run_job(items, output_path, runner, settings=settings, chunk_size=batch_size, restart=restart)
+                tally.wall_s = time.perf_counter() - started
         else:
             decoder = _load_index(folder, model).decoder()
             decoder.config = decoder.config.updated(**overrides)
             settings = job_settings(index=identity, lm_fingerprint=decoder.lm.fingerprint(), config=decoder.config)
-            generated = run_job(items, output_path, in_process_runner(decoder), settings=settings, chunk_size=batch_size, restart=restart)
+            runner, tally = _tallied(in_process_runner(decoder))
+            started = time.perf_counter()
+            generated = run_job(items, output_path, runner, settings=settings, chunk_size=batch_size, restart=restart)
+            tally.wall_s = time.perf_counter() - started
     except (ValueError, ImportError) as err:
         _fail(str(err))
     kept = len(items) - generated
     console.print(f"Wrote {len(items)} generations to {output_path}" + (f" ({kept} kept from an earlier run)" if kept else ""))
+    if generated:
+        sys.stderr.write(tally.summary() + "\n")
+
+
+@dataclass
+class _BatchTally:
+    """What a batch job generated now: items, tokens and their own wall times (``stats.wall_s``)."""
+
+    items: int = 0
+    new_tokens: int = 0
+    item_wall_s: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    """The job's generation time (loading excluded), set once it ends."""
+
+    def add(self, outputs: list[dict[str, Any]]) -> None:
+        for out in outputs:
+            self.items += 1
+            self.new_tokens += int(out["stats"]["new_tokens"])
+            self.item_wall_s.append(float(out["stats"]["wall_s"]))
+
+    def summary(self) -> str:
+        """One line: ``batch: N items, T tokens in W s (R tokens/s); item wall mean M s, max X s``."""
+        rate = self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+        walls = self.item_wall_s or [0.0]
+        return (
+            f"batch: {self.items} items, {self.new_tokens} tokens in {self.wall_s:.2f} s ({rate:.1f} tokens/s); "
+            f"item wall mean {sum(walls) / len(walls):.2f} s, max {max(walls):.2f} s"
+        )
+
+
+def _tallied(runner: Any) -> tuple[Any, _BatchTally]:
+    """``runner`` (a :data:`~nest_integrations.jobs.ChunkRunner`) counting what it generates into a tally."""
+    tally = _BatchTally()
+
+    def run(chunks: Any) -> Any:
+        for number, outputs in runner(chunks):
+            tally.add(outputs)
+            yield number, outputs
+
+    return run, tally
 
 
 def _qdrant_decoder(path: Path, collection: Optional[str], model: Optional[str]) -> Any:
