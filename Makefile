@@ -1,13 +1,14 @@
 # nest-integrations: set-up, tests and the demo, all offline on CPU.
 #   make test   set up .venv, then run the test suite
 #   make demo   set up .venv, then build (or reuse) the demo index and show attributed generation
+#   make docs   set up .venv, then build the documentation site into site/ (strict: broken links fail)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup test test-fast demo clean
+.PHONY: setup test test-fast demo docs clean
 
 setup: $(STAMP)
 
@@ -29,6 +30,9 @@ test-fast: setup
 
 demo: setup
 	$(VENV)/bin/nest demo
+
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) build *.egg-info
