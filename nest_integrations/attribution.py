@@ -3,18 +3,34 @@
 :class:`NestOutput` is the output contract (design.md): ``spans`` tile ``text``
 exactly, a copied span's text is verbatim its source passage text between
 ``source.char_start`` and ``source.char_end``, and ``stats`` says what the
-generation cost. Renderers turn an output into terminal, Markdown or HTML.
+generation cost.
+
+Every copied span also says where it sits in its *document*
+(:class:`SourceLocation`, ``span.source.location``): the file or document
+name, the character range in the document and the line range, so a reader can
+open the file at the cited lines. :func:`cited_documents` lists the documents
+an output copied from, once each, numbered in order of first use; the
+renderers (:func:`render_markdown`, :func:`render_html`,
+:func:`render_terminal`) and the integrations' citations all number them so.
 """
 
 from __future__ import annotations
 
+import functools
 import html
+import re
+import stat
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Optional, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Optional, Sequence
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from .corpus import Passage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from markdown_it import MarkdownIt
+    from markdown_it.token import Token
 
 
 class SourceRef(BaseModel):
@@ -25,11 +41,193 @@ class SourceRef(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+# --------------------------------------------------------------------------- locations
+DOCUMENT_FIELDS: tuple[str, ...] = ("source", "file_path", "path", "file_name", "doc_id")
+"""Metadata fields naming a passage's document, in order of preference: LangChain loaders write
+``source``, LlamaIndex readers ``file_path`` and ``file_name``, ``nest index build`` ``path``."""
+
+START_LINE_FIELD = "start_line"
+"""Metadata field a splitter may set: the 1-based line of the document its chunk starts on
+(the integrations' Markdown splitters set it next to the chunk's character offset)."""
+
+MAX_DOCUMENT_BYTES = 32 * 2**20
+"""Largest document file read to check offsets and count lines (bigger ones: lines unknown)."""
+
+
+class SourceLocation(BaseModel):
+    """Where cited text sits in its document: what a reader needs to find it.
+
+    Characters are 0-based Python string offsets, ``char_end`` exclusive. Lines
+    are 1-based and inclusive: the lines the cited characters sit on (a
+    trailing newline belongs to the line it ends). A field is None when it is
+    not known; nothing is guessed.
+    """
+
+    document: str = Field(
+        description="The document as its user named it: the file path or the source / file_path / path / "
+        "file_name / doc_id metadata (DOCUMENT_FIELDS), else the document or passage id."
+    )
+    document_id: str = Field(
+        description="What the character offsets index: the document name when its file was read, else the "
+        "passage's doc_id (the passage id for a whole-document passage). Sources are grouped by it."
+    )
+    char_start: Optional[int] = Field(None, ge=0, description="Start offset in the document (None: unknown).")
+    char_end: Optional[int] = Field(None, ge=0, description="End offset (exclusive) in the document (None: unknown).")
+    line_start: Optional[int] = Field(
+        None, ge=1, description="First line (1-based) of the cited text; None when the document text is unknown."
+    )
+    line_end: Optional[int] = Field(None, ge=1, description="Last line (1-based, inclusive) of the cited text.")
+
+    def cut(self, text: str, lo: int, hi: int) -> "SourceLocation":
+        """The location of ``text[lo:hi]``, where ``text`` is the cited text this location is of."""
+        update: dict[str, Any] = {}
+        if self.char_start is not None:
+            update.update(char_start=self.char_start + lo, char_end=self.char_start + hi)
+        if self.line_start is not None:
+            update.update(line_start=self.line_start + text.count("\n", 0, lo), line_end=self.line_start + text.count("\n", 0, max(hi - 1, lo)))
+        return self.model_copy(update=update)
+
+    def joined(self, following: "SourceLocation") -> "SourceLocation":
+        """This location extended to the end of ``following``, the text right after it in the same document."""
+        chars = (self.char_start, following.char_end)
+        lines = (self.line_start, following.line_end)
+        return self.model_copy(
+            update={
+                "char_start": None if None in chars else chars[0],
+                "char_end": None if None in chars else chars[1],
+                "line_start": None if None in lines else lines[0],
+                "line_end": None if None in lines else lines[1],
+            }
+        )
+
+    @property
+    def lines(self) -> str:
+        """``"12"``, ``"12-14"``, or ``""`` when the lines are unknown."""
+        if self.line_start is None or self.line_end is None:
+            return ""
+        return str(self.line_start) if self.line_end == self.line_start else f"{self.line_start}-{self.line_end}"
+
+    def label(self) -> str:
+        """``document:lines`` (``docs/os.md:12-14``), or the document alone when the lines are unknown."""
+        return f"{self.document}:{self.lines}" if self.lines else self.document
+
+    def describe(self) -> str:
+        """The ranges in words, without the document: ``"lines 12-14, chars 340-420"``."""
+        if self.char_start is None or self.char_end is None:
+            return "position in the document unknown"
+        chars = f"chars {self.char_start}-{self.char_end}"
+        if not self.lines:
+            return f"{chars}, lines unknown (document text not available)"
+        return f"{'line' if self.line_start == self.line_end else 'lines'} {self.lines}, {chars}"
+
+
+def document_name(metadata: Mapping[str, Any], fallback: str) -> str:
+    """The first non-blank string among ``metadata``'s :data:`DOCUMENT_FIELDS`, else ``fallback``."""
+    for key in DOCUMENT_FIELDS:
+        value = metadata.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+    return fallback
+
+
+def document_text(name: str) -> Optional[str]:
+    """The text of the file ``name`` names (a path, relative to the working directory or absolute),
+    read as loaders read it (UTF-8, universal newlines); None when it is no readable UTF-8 file
+    of at most :data:`MAX_DOCUMENT_BYTES`. Reads are cached while the file is unchanged."""
+    try:
+        info = Path(name).stat()
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_DOCUMENT_BYTES:
+        return None
+    return _read_document(str(Path(name).resolve()), info.st_mtime_ns, info.st_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _read_document(path: str, mtime_ns: int, size: int) -> Optional[str]:
+    """The cached body of :func:`document_text` (``mtime_ns`` and ``size`` only key the cache)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _offset_in(document: str, passage: Passage) -> Optional[int]:
+    """Where ``passage.text`` sits in ``document``: at its claimed ``doc_char_start`` when it is
+    there, else at its only occurrence; None when it is absent or ambiguous."""
+    if document.startswith(passage.text, passage.doc_char_start):
+        return passage.doc_char_start
+    first = document.find(passage.text)
+    if first < 0 or document.find(passage.text, first + 1) >= 0:
+        return None
+    return first
+
+
+def _line_range(text: str, lo: int, hi: int, first_line: int) -> tuple[int, int]:
+    """The 1-based lines of ``text[lo:hi]`` when ``text`` starts on line ``first_line``."""
+    return first_line + text.count("\n", 0, lo), first_line + text.count("\n", 0, max(hi - 1, lo))
+
+
+def locate(passage: Passage, char_start: int, char_end: int) -> SourceLocation:
+    """Where ``passage.text[char_start:char_end]`` sits in its document.
+
+    The document is named by :func:`document_name`. Its character offsets come
+    from the passage's ``doc_char_start`` (a LangChain chunk's ``start_index``,
+    a LlamaIndex node's ``start_char_idx``, a ``nest index build`` passage's own
+    field); a passage without a ``doc_id`` is a whole document. Lines come from,
+    in order:
+
+    1. the document's file, when the name is a readable file holding the
+       passage text at its offset (or only once: then that occurrence also
+       fixes the offsets, e.g. for a chunk split without ``start_index``);
+    2. the passage text itself, when the passage is the whole document;
+    3. the chunk's :data:`START_LINE_FIELD` metadata plus the newlines before
+       the cited text;
+
+    else they are None (unknown).
+    """
+    name = document_name(passage.metadata, passage.doc_id or passage.id)
+    text = document_text(name)
+    offset = _offset_in(text, passage) if text is not None else None
+    if text is not None and offset is not None:
+        lines = _line_range(text, offset + char_start, offset + char_end, 1)
+        return SourceLocation(
+            document=name, document_id=name, char_start=offset + char_start, char_end=offset + char_end,
+            line_start=lines[0], line_end=lines[1],
+        )
+    whole = passage.doc_id in ("", passage.id) and passage.doc_char_start == 0
+    first_line = 1 if whole else passage.metadata.get(START_LINE_FIELD)
+    known = isinstance(first_line, int) and not isinstance(first_line, bool) and first_line >= 1
+    lines = _line_range(passage.text, char_start, char_end, first_line) if known else (None, None)
+    return SourceLocation(
+        document=name,
+        document_id=passage.doc_id or passage.id,
+        char_start=passage.doc_char_start + char_start,
+        char_end=passage.doc_char_start + char_end,
+        line_start=lines[0],
+        line_end=lines[1],
+    )
+
+
 class SpanSource(SourceRef):
-    """Where a copied span sits in its passage (character offsets into ``Passage.text``)."""
+    """Where a copied span sits: in its passage (character offsets into ``Passage.text``) and in its document."""
 
     char_start: int
     char_end: int
+    location: SourceLocation = Field(
+        description="The span's document, character range and line range in it (see locate). An output "
+        "recorded without it reads back with the document named from the metadata and the ranges unknown."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unknown_location(cls, data: Any) -> Any:
+        """Outputs saved before locations were recorded: the document from the metadata, no ranges."""
+        if isinstance(data, dict) and data.get("location") is None:
+            metadata = data.get("metadata") or {}
+            name = document_name(metadata, str(data.get("id", "")))
+            data = {**data, "location": SourceLocation(document=name, document_id=str(data.get("id", "")))}
+        return data
 
 
 class Span(BaseModel):
@@ -183,7 +381,8 @@ def build_spans(
             c0, c1 = int(cs[first.position, 0]), int(cs[records[hi - 1].position, 1])
             if passage.text[c0:c1] == piece:
                 source = SpanSource(
-                    id=passage.id, title=passage.title, metadata=dict(passage.metadata), char_start=c0, char_end=c1
+                    id=passage.id, title=passage.title, metadata=dict(passage.metadata), char_start=c0, char_end=c1,
+                    location=locate(passage, c0, c1),
                 )
         if spans and source is None and not spans[-1].copied:  # merge with the previous LM span
             prev = spans[-1]
@@ -221,7 +420,9 @@ def merge_spans(pieces: Iterable[Span]) -> list[Span]:
             prev = merged[-1]
             source = None
             if prev.source is not None and piece.source is not None:
-                source = prev.source.model_copy(update={"char_end": piece.source.char_end})
+                source = prev.source.model_copy(
+                    update={"char_end": piece.source.char_end, "location": prev.source.location.joined(piece.source.location)}
+                )
             merged[-1] = Span(text=prev.text + piece.text, start=prev.start, end=piece.end, copied=prev.copied, source=source)
         else:
             merged.append(piece)
@@ -246,66 +447,321 @@ def shift_spans(spans: Iterable[Span], lo: int, hi: int) -> list[Span]:
             continue
         source = None
         if span.source is not None:
+            lo, hi = a - span.start, b - span.start
             source = span.source.model_copy(
-                update={"char_start": span.source.char_start + a - span.start, "char_end": span.source.char_start + b - span.start}
+                update={
+                    "char_start": span.source.char_start + lo,
+                    "char_end": span.source.char_start + hi,
+                    "location": span.source.location.cut(span.text, lo, hi),
+                }
             )
         out.append(Span(text=span.text[a - span.start : b - span.start], start=a, end=b, copied=span.copied, source=source))
     return out
 
 
+# --------------------------------------------------------------------------- cited documents
+class DocumentNumbers:
+    """Numbers documents 1, 2, ... in order of first use: the ``n`` of a ``[n]`` marker.
+
+    One instance numbers one answer; a stream feeds its spans as they come and
+    gets the numbers of the whole answer (first use does not depend on what follows).
+    """
+
+    def __init__(self) -> None:
+        self._numbers: dict[str, int] = {}
+
+    def number(self, location: SourceLocation) -> int:
+        """The number of ``location``'s document (a new one gets the next number)."""
+        return self._numbers.setdefault(location.document_id, len(self._numbers) + 1)
+
+
+class CitedDocument(BaseModel):
+    """One document an answer copied from, with every range it cites there."""
+
+    number: int = Field(description="1-based, in order of first use in the answer: the n of its [n] markers.")
+    document: str = Field(description="The document's name (SourceLocation.document).")
+    document_id: str = Field(description="What its offsets index (SourceLocation.document_id).")
+    title: str = Field("", description="The title of the first passage cited from it ('' when none).")
+    locations: list[SourceLocation] = Field(
+        default_factory=list, description="The cited ranges in order of use; adjacent ones joined, repeats left out."
+    )
+
+    def describe(self) -> str:
+        """``docs/os.md: lines 12-14, chars 340-420; line 20, chars 600-640``, with the title in
+        parentheses after the name when it says something the name does not."""
+        name = f"{self.document} ({self.title})" if self.title and self.title not in self.document else self.document
+        return f"{name}: " + "; ".join(location.describe() for location in self.locations)
+
+
+def cited_documents(spans: Iterable[Span]) -> list[CitedDocument]:
+    """The documents the copied ``spans`` cite, once each, numbered in order of first use."""
+    numbers = DocumentNumbers()
+    documents: dict[int, CitedDocument] = {}
+    for span in spans:
+        if not span.copied or span.source is None:
+            continue
+        location = span.source.location
+        n = numbers.number(location)
+        entry = documents.setdefault(
+            n, CitedDocument(number=n, document=location.document, document_id=location.document_id, title=span.source.title)
+        )
+        last = entry.locations[-1] if entry.locations else None
+        if last is not None and last.char_end is not None and last.char_end == location.char_start:
+            entry.locations[-1] = last.joined(location)
+        elif location not in entry.locations:
+            entry.locations.append(location)
+    return list(documents.values())
+
+
+def source_listing(output: NestOutput) -> list[str]:
+    """The sources of ``output`` as lines ``[n] document: ranges``, numbered in order of first use
+    (what :func:`render_terminal` and the LangChain ``cite`` runnable print)."""
+    return [f"[{doc.number}] {doc.describe()}" for doc in cited_documents(output.spans)]
+
+
+# --------------------------------------------------------------------------- Markdown layout
+_BARE_FENCE = re.compile(r"^[ \t>]*(`{3,}|~{3,})[ \t]*$")
+
+
+@functools.lru_cache(maxsize=1)
+def _markdown_parser() -> "MarkdownIt":
+    """CommonMark with tables, built once (parsing keeps no state in it)."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable("table")
+
+
+def _line_offsets(text: str) -> list[int]:
+    """Offset of each line's first character, then ``len(text)``: a token's line map ``[a, b)`` is
+    the characters ``[offsets[a], offsets[b])`` (indices clipped to the list)."""
+    return [0, *(m.end() for m in re.finditer("\n", text)), len(text)]
+
+
+def _chars(offsets: list[int], line_map: Sequence[int]) -> tuple[int, int]:
+    last = len(offsets) - 1
+    return offsets[min(line_map[0], last)], offsets[min(line_map[1], last)]
+
+
+def _runaway_fence(text: str, tokens: Sequence["Token"], offsets: list[int]) -> Optional[tuple[int, str]]:
+    """``(offset of its opening line, the indentation and fence that close it)`` of the first
+    fenced code block that runs to the end of ``text`` without a closing fence (it would swallow
+    everything after it), or None."""
+    for token in tokens:
+        if token.type != "fence" or token.map is None:
+            continue
+        lo, hi = _chars(offsets, token.map)
+        lines = text[lo:hi].split("\n")
+        body = [line for line in lines[1:] if line.strip()]
+        closer = _BARE_FENCE.match(body[-1]) if body else None
+        closed = closer is not None and closer.group(1)[0] == token.markup[0] and len(closer.group(1)) >= len(token.markup)
+        if not closed and hi >= len(text.rstrip()):
+            opener = lines[0]
+            return lo, opener[: opener.index(token.markup)] + token.markup
+    return None
+
+
+def _code_regions(
+    text: str, tokens: Sequence["Token"], offsets: list[int]
+) -> tuple[list[tuple[int, int, str]], list[tuple[int, int]]]:
+    """Where a marker would be shown as code: the code blocks of ``text`` as ``(a, b, prefix)``
+    (characters ``[a, b)``; ``prefix``: the indentation and block-quote marks a line needs to stay
+    in the block's container) and its inline code spans as ``(a, b)``. A code span pairs a
+    backtick run with the next run of the same length in the same block (CommonMark's rule; a run
+    without a partner is literal text)."""
+    blocks, spans = [], []
+    for token in tokens:
+        if token.map is None:
+            continue
+        if token.type in ("fence", "code_block"):
+            lo, hi = _chars(offsets, token.map)
+            lead = text[lo : lo + len(text[lo:hi]) - len(text[lo:hi].lstrip(" \t>"))]
+            blocks.append((lo, hi, lead[:-4] if token.type == "code_block" else lead))
+        elif token.type == "inline":
+            lo, hi = _chars(offsets, token.map)
+            runs = [(lo + m.start(), lo + m.end()) for m in re.finditer("`+", text[lo:hi])]
+            i = 0
+            while i < len(runs):
+                width = runs[i][1] - runs[i][0]
+                partner = next((j for j in range(i + 1, len(runs)) if runs[j][1] - runs[j][0] == width), None)
+                if partner is None:
+                    i += 1
+                    continue
+                spans.append((runs[i][0], runs[partner][1]))
+                i = partner + 1
+    return blocks, spans
+
+
+def _close_runaway_fences(text: str, cited: list[tuple[int, int, str]]) -> tuple[str, list[tuple[int, int, str]]]:
+    """``text`` with every fence that would run to its end closed, and ``cited`` moved along.
+
+    A fence opened inside a cited span is closed after the line that span ends
+    on, so what follows reads as Markdown again (were it code, it now reads as
+    text: shown, not swallowed); another one at the end of the text. ``cited``: ``(start, end, marker)`` of each cited span.
+    """
+    parser = _markdown_parser()
+    closed: set[int] = set()
+    while (runaway := _runaway_fence(text, parser.parse(text), _line_offsets(text))) is not None:
+        opened, fence = runaway
+        if opened in closed:  # a closing fence that did not take (a container we misread): stop
+            break
+        closed.add(opened)
+        at = len(text)
+        for start, end, _marker in cited:
+            if start <= opened < end:
+                newline = text.find("\n", end - 1)
+                at = len(text) if newline < 0 else newline + 1
+                break
+        closing = ("" if at == 0 or text[at - 1] == "\n" else "\n") + fence + "\n"
+        text = text[:at] + closing + text[at:]
+        cited = [(a + len(closing) * (a >= at), b + len(closing) * (b >= at), m) for a, b, m in cited]
+    return text, cited
+
+
+def _emphasis_allowed(text: str, a: int, b: int, code: Iterable[tuple[int, int]]) -> bool:
+    """Whether ``**`` around ``text[a:b]`` renders as bold and changes nothing else: one line of
+    plain text outside code, not opening a line (where it could be a list or heading marker), and
+    with edges that CommonMark lets open and close emphasis."""
+    piece = text[a:b]
+    if not piece or any(ch in piece for ch in "\n`*_") or any(lo < b and a < hi for lo, hi in code):
+        return False
+    line_start = text.rfind("\n", 0, a) + 1
+    if not text[line_start:a].strip() and not piece[0].isalnum():
+        return False
+    before, after = text[a - 1 : a], text[b : b + 1]
+    return not (before.isalnum() and not piece[0].isalnum()) and not (after.isalnum() and not piece[-1].isalnum())
+
+
+def place_markers(pieces: Sequence[tuple[str, Optional[str]]], emphasize: bool = False) -> str:
+    """Join ``pieces`` (``(text, marker)``: the marker goes after the text; None for none) into
+    Markdown whose markers a renderer shows.
+
+    A marker never lands in code: one that would end inside inline code goes
+    after the code span, one inside a code block on its own line after the
+    block (indented like the block's fence). A fence a cited piece opens and
+    nothing closes is closed after that piece's last line, so it cannot
+    swallow the rest of the answer; a fence left open elsewhere is closed at
+    the end. With ``emphasize`` the marked pieces are also bold where that is
+    safe (:func:`_emphasis_allowed`). Whitespace at a piece's end stays after
+    its marker.
+    """
+    text, cited, at = "", [], 0
+    for piece, marker in pieces:
+        text += piece
+        if marker is not None:
+            cited.append((at, at + len(piece), marker))
+        at += len(piece)
+    text, cited = _close_runaway_fences(text, cited)
+    offsets = _line_offsets(text)
+    blocks, code_spans = _code_regions(text, _markdown_parser().parse(text), offsets)
+    # Insertions by offset; at one offset: closing **, inline markers, marker lines, opening **.
+    inserts: dict[int, list[tuple[int, str]]] = {}
+    for start, end, marker in cited:
+        core_end = start + len(text[start:end].rstrip())
+        core_start = core_end - len(text[start:core_end].strip())
+        code = [*((lo, hi) for lo, hi, _ in blocks), *code_spans]
+        if emphasize and _emphasis_allowed(text, core_start, core_end, code):
+            inserts.setdefault(core_start, []).append((3, "**"))
+            inserts.setdefault(core_end, []).append((0, "**"))
+        where, entry = core_end, (1, marker)
+        for lo, hi in code_spans:
+            if lo < where < hi:
+                where = hi
+        for lo, hi, prefix in blocks:
+            if lo < where <= hi:  # in the block, or right after its last character (a fence line ending the text)
+                where, entry = hi, (2, prefix + marker)
+        inserts.setdefault(where, []).append(entry)
+    out, last = [], 0
+    for where in sorted(inserts):
+        out.append(text[last:where])
+        inline = _unique([s for k, s in sorted(inserts[where], key=lambda e: e[0]) if k in (0, 1)])
+        lines = _unique([s for k, s in inserts[where] if k == 2])
+        opening = [s for k, s in inserts[where] if k == 3]
+        out.extend(inline)
+        if lines:
+            before = "" if where == 0 or text[where - 1] == "\n" else "\n"
+            after = "\n" if where < len(text) else ""
+            out.append(before + "".join(lines) + after)
+        out.extend(opening)
+        last = where
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _unique(items: list[str]) -> list[str]:
+    """``items`` without repeats of the item just before (``[1][1]`` reads as ``[1]``)."""
+    return [item for i, item in enumerate(items) if i == 0 or items[i - 1] != item]
+
+
 # --------------------------------------------------------------------------- renderers
-def _source_numbers(output: NestOutput) -> dict[str, int]:
-    return {src.id: i for i, src in enumerate(output.sources, start=1)}
+def marked_spans(output: NestOutput, marker: Callable[[int], str]) -> list[tuple[str, Optional[str]]]:
+    """``(span text, marker)`` per span, for :func:`place_markers`: a copied span gets
+    ``marker(n)``, ``n`` the number of its document (:class:`DocumentNumbers`)."""
+    numbers = DocumentNumbers()
+    return [
+        (span.text, marker(numbers.number(span.source.location)) if span.copied and span.source is not None else None)
+        for span in output.spans
+    ]
+
+
+def _markdown_code(text: str) -> str:
+    """``text`` as Markdown inline code (fenced with more backticks than it holds)."""
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def render_markdown(output: NestOutput) -> str:
-    """Markdown: copied spans in bold with a footnote per source, listed at the end."""
-    numbers = _source_numbers(output)
-    parts = []
-    for span in output.spans:
-        if span.copied and span.source is not None:
-            core = span.text.strip()
-            lead = span.text[: len(span.text) - len(span.text.lstrip())]
-            trail = span.text[len(span.text.rstrip()) :]
-            parts.append(f"{lead}**{core}**[^{numbers[span.source.id]}]{trail}" if core else span.text)
-        else:
-            parts.append(span.text)
-    notes = [f"[^{n}]: {src.title or src.id}" for src, n in ((s, numbers[s.id]) for s in output.sources)]
-    return "".join(parts) + ("\n\n" + "\n".join(notes) if notes else "")
+    """Markdown: copied spans in bold (where that is safe) followed by ``[n]``, then the sources.
+
+    ``[n]`` numbers the cited documents in order of first use
+    (:func:`cited_documents`); the markers are escaped brackets, so no renderer
+    takes them for links or footnotes, and :func:`place_markers` keeps them out
+    of code. The sources follow as a list: ``[n]`` the document, then each cited
+    range's lines and characters.
+    """
+    body = place_markers(marked_spans(output, lambda n: f"\\[{n}\\]"), emphasize=True)
+    documents = cited_documents(output.spans)
+    if not documents:
+        return body
+    items = []
+    for doc in documents:
+        name = _markdown_code(doc.document) + (f" ({html.escape(doc.title)})" if doc.title and doc.title not in doc.document else "")
+        items.append(f"- \\[{doc.number}\\] {name}: " + "; ".join(loc.describe() for loc in doc.locations))
+    return body.rstrip() + "\n\nSources:\n\n" + "\n".join(items) + "\n"
 
 
 def render_html(output: NestOutput) -> str:
-    """HTML: copied spans highlighted, hover title naming the source, numbered superscripts."""
-    numbers = _source_numbers(output)
+    """HTML: copied spans highlighted with a hover title naming the document and its lines,
+    numbered superscripts, then the numbered sources."""
+    numbers = DocumentNumbers()
     parts = ['<div class="nest-output" style="line-height:1.6">']
     for span in output.spans:
         text = html.escape(span.text)
         if span.copied and span.source is not None:
-            n = numbers[span.source.id]
-            title = html.escape(f"[{n}] {span.source.title or span.source.id} (chars {span.source.char_start}-{span.source.char_end})")
-            parts.append(f'<mark style="background:#cfe8ff" title="{title}">{text}</mark><sup>{n}</sup>')
+            location = span.source.location
+            n = numbers.number(location)
+            title = html.escape(f"[{n}] {location.document}: {location.describe()}")
+            parts.append(f'<mark style="background:#cfe8ff" title="{title}">{text}</mark><sup>[{n}]</sup>')
         else:
             parts.append(text)
     parts.append("</div>")
-    if output.sources:
-        parts.append("<ol>" + "".join(f"<li>{html.escape(s.title or s.id)}</li>" for s in output.sources) + "</ol>")
+    documents = cited_documents(output.spans)
+    if documents:
+        parts.append("<ol>" + "".join(f"<li>{html.escape(doc.describe())}</li>" for doc in documents) + "</ol>")
     return "".join(parts)
 
 
 def render_terminal(output: NestOutput) -> Any:
-    """A rich renderable: copied spans highlighted with numbered sources, then the source list."""
+    """A rich renderable: copied spans highlighted with ``[n]`` after them, then the numbered sources."""
     from rich.console import Group
     from rich.text import Text
 
-    numbers = _source_numbers(output)
+    numbers = DocumentNumbers()
     body = Text()
     for span in output.spans:
+        body.append(span.text, style="bold cyan" if span.copied else None)
         if span.copied and span.source is not None:
-            body.append(span.text, style="bold cyan")
-            body.append(f"[{numbers[span.source.id]}]", style="dim cyan")
-        else:
-            body.append(span.text)
-    legend = Text()
-    for src in output.sources:
-        legend.append(f"[{numbers[src.id]}] {src.title or src.id}\n", style="dim")
-    return Group(body, legend) if output.sources else body
+            body.append(f"[{numbers.number(span.source.location)}]", style="dim cyan")
+    listing = source_listing(output)
+    return Group(body, Text("\n".join(listing), style="dim")) if listing else body

@@ -194,9 +194,10 @@ def test_relevance_gate_falls_back_when_nothing_is_relevant(tiny_lm, tiny_datast
 def test_renderers_show_sources(decoder):
     out = decoder.generate(PROMPT, **COPY)
     md = render_markdown(out)
-    assert "[^1]" in md and out.sources[0].title in md
+    location = out.copied_spans[0].source.location
+    assert "\\[1\\]" in md and out.sources[0].title in md and location.describe() in md
     html = render_html(out)
-    assert "<mark" in html and "title=" in html
+    assert "<mark" in html and "title=" in html and location.describe() in html
     assert render_terminal(out) is not None
 
 
