@@ -4,7 +4,7 @@
 * :class:`ChatNest` -- a ``BaseChatModel``; copied spans become standard citations.
 * :class:`NestVectorStore` -- a ``VectorStore`` that keeps NEST's token datastore in step.
 * :class:`MarkdownSectionSplitter` -- a ``TextSplitter`` cutting Markdown along its sections, exact offsets.
-* :mod:`.chains` -- :func:`format_docs`, :func:`rag_chain`, :func:`attributed_chain`, :data:`cite`.
+* :mod:`.chains` -- :func:`format_docs`, :func:`rag_chain`, :func:`history_aware_retriever`, :func:`attributed_chain`, :data:`cite`.
 
 Any LangChain ``BaseRetriever`` or ``VectorStore`` can serve the passage stage.
 Needs ``pip install nest-integrations[langchain]``.
@@ -18,7 +18,7 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     ) from err
 
 from ._common import default_embeddings, document_to_passage
-from .chains import attributed_chain, cite, cite_text, format_docs, nest_output_of, rag_chain
+from .chains import attributed_chain, cite, cite_text, format_docs, history_aware_retriever, nest_output_of, rag_chain
 from .chat_models import ChatNest
 from .llms import NestLLM
 from .splitters import MarkdownSectionSplitter
@@ -35,6 +35,7 @@ __all__ = [
     "default_embeddings",
     "document_to_passage",
     "format_docs",
+    "history_aware_retriever",
     "nest_output_of",
     "rag_chain",
 ]

@@ -1,7 +1,13 @@
 """Helper runnables: conventional RAG, attributed NEST chains and numbered citations.
 
 * :func:`rag_chain` -- the classic ``retriever | format_docs | prompt | llm``
-  baseline (passages in the prompt, no attribution), answer plus sources.
+  baseline (passages in the prompt, no attribution), answer plus sources; it
+  takes a question or a conversation, whose follow-ups are retrieved with the
+  earlier questions (:func:`history_aware_retriever`), as ``ChatNest`` does.
+* :func:`history_aware_retriever` -- LangChain's history-aware retriever
+  pattern: the retrieval query made from the conversation, here by NEST's rule
+  (:func:`~nest_integrations.conversation.retrieval_query`) rather than an LM
+  rewrite, so both sides of a comparison retrieve the same passages.
 * :func:`attributed_chain` -- ``prompt | ChatNest``: the answer is attributed
   span by span while decoding; the retrieval query is the question.
 * :data:`cite` -- renders a NEST result as text with ``[n]`` markers after the
@@ -10,18 +16,21 @@
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseLanguageModel
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import BaseMessage, ChatMessage, HumanMessage, convert_to_messages
 from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompt_values import ChatPromptValue, PromptValue
 from langchain_core.prompts import BasePromptTemplate, ChatPromptTemplate, PromptTemplate
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import Runnable, RunnableLambda, RunnableParallel, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_core.vectorstores import VectorStore
 
 from ..attribution import NestOutput
+from ..conversation import retrieval_query
 from .chat_models import ChatNest
 
 RAG_PROMPT = PromptTemplate.from_template(
@@ -33,8 +42,15 @@ QUESTION_PROMPT = ChatPromptTemplate.from_messages([("human", "{question}")])
 """Default prompt of :func:`attributed_chain` (variable ``question``)."""
 
 
+_ROLES = {"system": "system", "human": "user", "ai": "assistant"}
+
+
 def format_docs(docs: Sequence[Document]) -> str:
-    """Documents as numbered context blocks, ``[n] title: text``, separated by blank lines."""
+    """Documents as numbered context blocks, ``[n] title: text``, separated by blank lines.
+
+    Only the ``title`` metadata and the text reach the LM: a file path, a document
+    id or any other metadata would be echoed into answers (and costs prompt tokens).
+    """
     blocks = []
     for n, doc in enumerate(docs, start=1):
         title = doc.metadata.get("title")
@@ -42,28 +58,87 @@ def format_docs(docs: Sequence[Document]) -> str:
     return "\n\n".join(blocks)
 
 
+def conversation_of(inputs: Any) -> list[BaseMessage]:
+    """A question string or a conversation (anything ``convert_to_messages`` takes:
+    messages, ``(role, text)`` pairs, ``{"role", "content"}`` dicts) as LangChain messages.
+
+    Raises:
+        ValueError: no messages, or the last message is not the user's (the question).
+    """
+    messages = [HumanMessage(inputs)] if isinstance(inputs, str) else convert_to_messages(inputs)
+    if not messages or not (messages[-1].type == "human" or (isinstance(messages[-1], ChatMessage) and messages[-1].role == "user")):
+        raise ValueError("a conversation must end with the user's question (a human message)")
+    return messages
+
+
+def conversation_query(messages: Sequence[BaseMessage]) -> str:
+    """The retrieval query of a conversation: its last human message, preceded by the
+    earlier human turns when it is a follow-up (:func:`~nest_integrations.conversation.retrieval_query`,
+    the rule ``ChatNest`` and ``nest chat`` use)."""
+    turns = [
+        {"role": message.role if isinstance(message, ChatMessage) else _ROLES.get(message.type, message.type), "content": str(message.text)}
+        for message in messages
+    ]
+    return retrieval_query(turns) or turns[-1]["content"]
+
+
+def history_aware_retriever(retriever: Union[BaseRetriever, VectorStore]) -> Runnable[Any, list[Document]]:
+    """``retriever`` taking a question or a conversation: a conversation is searched with
+    :func:`conversation_query` (a follow-up such as "And how do I remove it?" together with
+    the earlier questions). LangChain's ``create_history_aware_retriever`` asks an LM to
+    rewrite the question; this rule needs no LM call and retrieves what NEST retrieves."""
+    stage = retriever.as_retriever() if isinstance(retriever, VectorStore) else retriever
+    return RunnableLambda(lambda inputs: conversation_query(conversation_of(inputs)), name="conversation_query") | stage
+
+
+def _llm_input(prompt: BasePromptTemplate, history: Sequence[BaseMessage], context: str, question: str) -> PromptValue:
+    """``prompt`` filled with the context and question, after the conversation's earlier turns
+    (a chat model reads them as messages, an LLM as their ``Human:``/``AI:`` transcript)."""
+    filled = prompt.invoke({"context": context, "question": question})
+    if not history:
+        return filled
+    return ChatPromptValue(messages=[*history, *filled.to_messages()])
+
+
 def rag_chain(
     retriever: Union[BaseRetriever, VectorStore],
     llm: BaseLanguageModel[Any],
     prompt: Optional[BasePromptTemplate] = None,
-) -> Runnable[str, dict[str, Any]]:
+) -> Runnable[Any, dict[str, Any]]:
     """Conventional retrieval-augmented generation: ``retriever | format_docs | prompt | llm``.
+
+    It takes a question or a conversation. For a conversation the sources are
+    retrieved with its retrieval query (:func:`history_aware_retriever`: a follow-up
+    with the earlier questions, as ``ChatNest`` retrieves), and the LM gets the earlier
+    turns followed by ``prompt`` filled with the sources and the last question, so
+    NEST and RAG can be compared on follow-ups. Only the documents' titles and texts
+    reach the LM (:func:`format_docs`), never their paths or ids.
 
     Args:
         retriever: any LangChain retriever (a vector store is wrapped with ``as_retriever()``).
-        llm: any LLM or chat model, e.g. ``NestLLM(mode="base")``.
+        llm: any LLM or chat model, e.g. ``NestLLM(mode="base")`` or ``ChatNest(mode="base")``
+            (a chat model reads a conversation's turns as messages).
         prompt: a template with ``context`` and ``question`` (default :data:`RAG_PROMPT`).
 
     Returns:
-        A runnable taking the question string and returning
-        ``{"question", "sources": [Document, ...], "answer": str}``.
+        A runnable taking the question string, or a list of messages ending with the
+        user's question, and returning ``{"question", "query", "sources": [Document, ...], "answer": str}``
+        (``question``: the last user message; ``query``: what was retrieved for, the question
+        itself unless it is a follow-up).
     """
+    template = prompt or RAG_PROMPT
     stage = retriever.as_retriever() if isinstance(retriever, VectorStore) else retriever
-    to_prompt_inputs = RunnableLambda(
-        lambda inputs: {"context": format_docs(inputs["sources"]), "question": inputs["question"]}, name="format_docs"
-    )
-    answer = to_prompt_inputs | (prompt or RAG_PROMPT) | llm | StrOutputParser()
-    return RunnableParallel(question=RunnablePassthrough(), sources=stage).assign(answer=answer)
+
+    def turn(inputs: Any) -> dict[str, Any]:
+        messages = conversation_of(inputs)
+        return {"question": str(messages[-1].text), "query": conversation_query(messages), "history": messages[:-1]}
+
+    def to_llm(inputs: Mapping[str, Any]) -> PromptValue:
+        return _llm_input(template, inputs["history"], format_docs(inputs["sources"]), inputs["question"])
+
+    answer = RunnableLambda(to_llm, name="format_docs") | llm | StrOutputParser()
+    chain = RunnableLambda(turn, name="conversation_query").assign(sources=itemgetter("query") | stage).assign(answer=answer)
+    return chain | RunnableLambda(lambda result: {k: v for k, v in result.items() if k != "history"}, name="result")
 
 
 def attributed_chain(chat: ChatNest, prompt: Optional[BasePromptTemplate] = None) -> Runnable[Any, BaseMessage]:

@@ -11,6 +11,9 @@
   in the chat history.
 * :class:`MarkdownSectionNodeParser`: a node parser cutting Markdown along its
   sections, with exact ``start_char_idx``.
+* :func:`rag_query_engine` and :class:`RagChatEngine`: the conventional RAG
+  baselines, with file paths and ids kept out of the LM's prompt and follow-ups
+  retrieved as NEST retrieves them.
 
 Needs ``llama-index-core``: ``pip install nest-integrations[llama-index]``.
 """
@@ -23,10 +26,11 @@ except ImportError as err:
     ) from err
 
 from ._common import default_embed_model
+from .baselines import HideMetadataFromLLM, RagChatEngine, rag_query_engine
 from .chat_engine import NestChatEngine
 from .llms import NestLLM, citation_blocks
 from .node_parsers import MarkdownSectionNodeParser
 from .query_engine import NestQueryEngine, span_citations
 from .vector_stores import NestVectorStore
 
-__all__ = ["MarkdownSectionNodeParser", "NestChatEngine", "NestLLM", "NestQueryEngine", "NestVectorStore", "citation_blocks", "default_embed_model", "span_citations"]
+__all__ = ["HideMetadataFromLLM", "MarkdownSectionNodeParser", "NestChatEngine", "NestLLM", "NestQueryEngine", "NestVectorStore", "RagChatEngine", "citation_blocks", "default_embed_model", "rag_query_engine", "span_citations"]

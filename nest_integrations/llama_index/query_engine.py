@@ -15,9 +15,11 @@ With ``streaming=True`` a query returns a ``StreamingResponse`` (an
 text as it is accepted; once it is exhausted, ``source_nodes`` and
 ``metadata`` hold the same as a plain ``Response``.
 
-For the conventional baselines on the same index use LlamaIndex's own engines
-with a ``NestLLM`` in mode ``base``: ``index.as_query_engine(llm=...)`` (RAG) and
-``CitationQueryEngine.from_args(index, llm=...)`` (prompt-based citations).
+For the conventional baselines on the same index use a ``NestLLM`` in mode
+``base`` with :func:`~nest_integrations.llama_index.baselines.rag_query_engine`
+(LlamaIndex's own RAG engine, node paths and ids kept out of the LM's prompt),
+:class:`~nest_integrations.llama_index.baselines.RagChatEngine` (the same over a
+conversation) or ``CitationQueryEngine.from_args(index, llm=...)`` (prompt-based citations).
 """
 
 from __future__ import annotations
