@@ -34,7 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see; at run 
     from .attribution import GenerationStats, NestOutput, Span, render_html, render_markdown, render_terminal
     from .config import NestConfig
     from .corpus import Passage, load_corpus, load_documents, load_wikipedia_summaries
-    from .decoding import NestDecoder, StreamChunk
+    from .decoding import NestDecoder
+    from .generation import StreamChunk
     from .index import NestIndex
     from .lm import LoadedLM, load_lm
 
@@ -51,7 +52,7 @@ _EXPORTS = {
     "load_documents": "corpus",
     "load_wikipedia_summaries": "corpus",
     "NestDecoder": "decoding",
-    "StreamChunk": "decoding",
+    "StreamChunk": "generation",
     "NestIndex": "index",
     "LoadedLM": "lm",
     "load_lm": "lm",

@@ -1,14 +1,15 @@
 """Batched NEST: a row scheduler that advances many generations by shared forward passes.
 
-Each prompt is a :class:`Row`: its own :class:`~nest_integrations.decoding._Generation`
+Each prompt is a :class:`Row`: its own :class:`~nest_integrations.generation.Generation`
 (candidate set, used-entry mask, opening, records), its own sampling generator and
 its own next-step distribution. Every decision a row takes is its decoder's own,
 called per row: :meth:`NestDecoder.prepare_row` (retrieval, gate, candidates,
-opening; in the caller's thread), :meth:`~NestDecoder._decide` (next token and
-draft), :meth:`~NestDecoder._commit` (append, stop rules), :meth:`~NestDecoder._mix`
-(p_M at the row's positions), :meth:`~NestDecoder._accept` (relaxed verification)
-and :meth:`~NestDecoder._output`. Rows of different decoders (other datastores,
-other configs) share a batch when they share the LM and its key layer. What the
+opening; in the caller's thread), then the rules of
+:class:`~nest_integrations.generation.RowDecoder`: ``propose`` (next token and
+draft), ``commit`` (append, stop rules), ``mixture`` (p_M at the row's positions),
+``verify`` (relaxed verification) and ``build_output``. Rows of different
+decoders (other datastores, other configs) share a batch when they share the LM
+and its key layer. What the
 :class:`RowScheduler` adds is only the sharing of the LM:
 
 * **One KV cache for the batch, packed**: a transformers ``DynamicCache`` of
@@ -72,15 +73,13 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
 from .attention import PACKED_SDPA
 from .attribution import NestOutput, TokenRecord
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .decoding import NestDecoder, _Generation, _Step
+from .generation import Generation, RowDecoder, Step
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +114,8 @@ class Row:
     prompt's token ids, all in the caller's thread); the scheduler runs the rest.
     """
 
-    decoder: "NestDecoder"
-    gen: "_Generation"
+    decoder: RowDecoder
+    gen: Generation
     prompt_ids: list[int]
     generator: Optional[torch.Generator]
     listener: Optional["RowListener"] = None
@@ -130,7 +129,7 @@ class Row:
     task); the row leaves at the next step and its listener hears nothing more."""
     owner: int = -1
     """The row's id in the packed cache, given when it joins."""
-    step: Optional["_Step"] = None
+    step: Optional[Step] = None
     at: int = 0
     """Which position of ``step`` holds the next token's distribution."""
     continuation: Optional[tuple[int, int]] = None
@@ -332,8 +331,8 @@ class RowScheduler:
         """The row's next token and draft (its own decisions); False when it finished or failed."""
         assert row.step is not None
         try:
-            first, draft = row.decoder._decide(row.gen, row.step, row.at, row.continuation, row.generator)
-            row.decoder._commit(row.gen, [first])
+            first, draft = row.decoder.propose(row.gen, row.step, row.at, row.continuation, row.generator)
+            row.decoder.commit(row.gen, [first])
         except Exception as error:
             self._fail(row, error)
             return False
@@ -349,11 +348,11 @@ class RowScheduler:
         first distribution (a prefill) or the verification of its draft. ``start`` is the
         row's first new cache column. False when the row finished."""
         row.gen.stats.forward_passes += 1
-        row.step = row.decoder._mix(logits, keys, row.gen)
+        row.step = row.decoder.mixture(logits, keys, row.gen)
         if not feed.keep_all:  # a prefill: the row proposes its first token at the next step
             row.at, row.continuation = 0, None
             return True
-        row.at, row.continuation = row.decoder._accept(row.gen, row.step, row.first, row.draft)  # type: ignore[arg-type]
+        row.at, row.continuation = row.decoder.verify(row.gen, row.step, row.first, row.draft)  # type: ignore[arg-type]
         # The row keeps its token and its accepted draft; its other new columns die.
         self.batch.owner[start + 1 + row.at : start + len(feed.tokens)] = -1
         if row.at:
@@ -379,7 +378,7 @@ class RowScheduler:
         if row.cancelled:
             return
         try:
-            row.output = row.decoder._output(row.gen)
+            row.output = row.decoder.build_output(row.gen)
             if row.listener is not None:
                 row.listener.finished(row, row.output)
         except Exception as error:  # building or handing over this row's output failed: its caller hears why
@@ -480,7 +479,7 @@ def _shared_forward(batch: _PackedCache, rows: Sequence[Row], feeds: Sequence[_F
             attention_mask=mask,
             position_ids=positions[None].to(lm.device),
             use_cache=True,
-            **{decoder._cache_arg: batch.cache},
+            **{decoder.cache_arg: batch.cache},
             logits_to_keep=kept.to(lm.device) if len(kept) < q else q,
             **decoder.reader.forward_kwargs(),
         )

@@ -49,20 +49,18 @@ import asyncio
 import logging
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 from .attribution import (
-    FinishReason,
     GenerationStats,
     NestOutput,
     Span,
     TokenRecord,
     build_spans,
-    shift_spans,
     summarize,
 )
 from .config import MODES, NestConfig
@@ -70,6 +68,7 @@ from .conversation import retrieval_query
 from .copy_policy import acceptable_start, continues, focus_window, sentence_starts, wants_focus
 from .corpus import Passage
 from .datastore import CandidateSet, EncodedPassage, EncodeStats, TokenDatastore
+from .generation import Generation, Step, StreamChunk, StreamCursor
 from .lm import KeyReader, cache_argument
 from .markdown_structure import copyable_end, first_copyable, section_ends_at
 from .mixture import accepted_prefix_length, distance_ratio, knn_distribution, mix, relaxed_accept_ratio, rrc_lambda
@@ -92,52 +91,6 @@ ScoredPassages = Sequence[tuple[Passage, float]]
 
 
 @dataclass
-class StreamChunk:
-    """A piece of a streamed generation: new text, the spans inside it, and on the
-    last chunk the complete :class:`NestOutput`."""
-
-    text: str
-    spans: list[Span]
-    output: Optional[NestOutput] = None
-
-
-class StreamCursor:
-    """What of one generation has been streamed: turns its growing text into
-    :class:`StreamChunk` s, each the newly stable text (never past a possible
-    stop-string start) with its spans."""
-
-    def __init__(self, decoder: "NestDecoder"):
-        self.decoder = decoder
-        self.emitted = 0
-        """Characters of the output already streamed."""
-
-    def advance(self, gen: "_Generation") -> Optional[StreamChunk]:
-        """The chunk of text that became stable since the last call, or None."""
-        stable = self.decoder._stable_length(gen)
-        if stable <= self.emitted:
-            return None
-        spans = self.decoder._spans(gen)[0]
-        chunk = StreamChunk(gen.text[self.emitted : stable], shift_spans(spans, self.emitted, stable))
-        self.emitted = stable
-        return chunk
-
-    def last(self, output: NestOutput) -> StreamChunk:
-        """The final chunk: the rest of the text and the complete output."""
-        return StreamChunk(output.text[self.emitted :], shift_spans(output.spans, self.emitted, len(output.text)), output)
-
-
-@dataclass
-class _Step:
-    """Mixture quantities at T positions: p_M (T, V), lambda (T,), neighbours."""
-
-    p_m: torch.Tensor
-    lam: torch.Tensor
-    values: torch.Tensor  # (T, r) long, -1 where there is no neighbour
-    entries: torch.Tensor  # (T, r) long
-    ratio: torch.Tensor  # (T,) RRC distance ratio, 1 where there is no neighbour
-
-
-@dataclass
 class TeacherForced:
     """Per-token scores of a given continuation (see :meth:`NestDecoder.score`).
 
@@ -154,32 +107,6 @@ class TeacherForced:
     def perplexity(self, *, lm_only: bool = False) -> float:
         logp = self.logp_lm if lm_only else self.logp_mixture
         return float(torch.exp(-logp.mean()))
-
-
-@dataclass
-class _Generation:
-    """Mutable state of one generation."""
-
-    config: NestConfig
-    records: list[TokenRecord] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    boundaries: list[int] = field(default_factory=list)
-    text: str = ""
-    stats: GenerationStats = field(default_factory=GenerationStats)
-    candidates: Optional[CandidateSet] = None
-    finished: bool = False
-    opening: Optional[tuple[int, int]] = None
-    """(passage index, token position) proposed first: the answer window's start, or a name's passage start."""
-    window_end: Optional[tuple[int, int]] = None
-    """(passage index, last token position) of the answer window; copying it ends the answer."""
-    starts: dict[int, list[int]] = field(default_factory=dict)
-    """Sentence starts (characters) of each candidate passage, computed when first needed."""
-    lead_in: str = ""
-    """Text the output continues: a plain-text prompt (a chat answer starts afresh)."""
-
-    def finish(self, reason: FinishReason) -> None:
-        self.finished = True
-        self.stats.finish_reason = reason
 
 
 def _token_range(passage: EncodedPassage, char_start: int, char_end: int) -> tuple[int, int]:
@@ -223,7 +150,7 @@ class NestDecoder:
                 raise ValueError("the datastore was built with another LM than the decoder's")
         key_layer = datastore.encoder.key_layer if datastore is not None else "ffn_input"
         self.reader = KeyReader(lm.model, key_layer)
-        self._cache_arg = cache_argument(lm.model)
+        self.cache_arg = cache_argument(lm.model)
         self.vocab_size = int(lm.model.get_output_embeddings().weight.shape[0])
         self._eos_ids = self._find_eos_ids()
         self._score_head_ok: Optional[bool] = None  # see _head_reproduces_logits
@@ -430,7 +357,7 @@ class NestDecoder:
         from .batching import Row
 
         started = time.perf_counter()
-        gen = _Generation(config=config)
+        gen = Generation(config=config)
         context = self._prepare(gen, prompt, query, passages)
         prompt_ids = self._prompt_ids(self.format_prompt(prompt, config, context), config, gen.stats)
         generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
@@ -489,7 +416,7 @@ class NestDecoder:
             raise TypeError(f"continuation must be a string, got {type(continuation).__name__}")
         _check_text(continuation, "continuation")
         config = self.config.updated(**overrides) if overrides else self.config
-        gen = _Generation(config=config)
+        gen = Generation(config=config)
         context = self._prepare(gen, prompt, query, passages)
         prompt_ids = self._prompt_ids(self.format_prompt(prompt, config, context), config, gen.stats, strict=False)
         target = self.lm.tokenizer(continuation, add_special_tokens=False)["input_ids"]
@@ -504,7 +431,7 @@ class NestDecoder:
             hi = min(lo + chunk, len(target))
             with torch.inference_mode():
                 logits = head(rows[lo:hi])
-            step = self._mix(logits, queries[lo:hi], gen)
+            step = self.mixture(logits, queries[lo:hi], gen)
             ids = torch.tensor(target[lo:hi])
             p_true = step.p_m.gather(1, ids[:, None]).squeeze(1)
             p_lm_true = torch.softmax(logits, -1).gather(1, ids[:, None]).squeeze(1)
@@ -679,7 +606,7 @@ class NestDecoder:
         return decision
 
     # ------------------------------------------------------------------ the loop
-    def _prepare(self, gen: _Generation, prompt: PromptLike, query: Optional[str], passages: Optional[ScoredPassages]) -> list[Passage]:
+    def _prepare(self, gen: Generation, prompt: PromptLike, query: Optional[str], passages: Optional[ScoredPassages]) -> list[Passage]:
         """First stage: retrieve, gate, build the candidate set and plan the opening; returns the
         prompt passages (rag modes). A datastore mode without entries records why in
         ``stats.fallback_reason`` and generates with the LM alone."""
@@ -726,7 +653,7 @@ class NestDecoder:
         """Cosine of each candidate answer window to ``query``, through the relevance function."""
         return self.relevance(query, [Passage(id=f"\x00window:{text}", text=text) for text in texts])  # type: ignore[misc]
 
-    def _plan_opening(self, gen: _Generation, query: str, kept: list[Passage]) -> None:
+    def _plan_opening(self, gen: Generation, query: str, kept: list[Passage]) -> None:
         """Where the answer's first copy is proposed (checked by the LM like any span).
 
         A question (:func:`wants_focus`) opens at its answer window
@@ -785,7 +712,7 @@ class NestDecoder:
             outputs = self.lm.model(
                 input_ids=input_ids,
                 use_cache=True,
-                **{self._cache_arg: cache},
+                **{self.cache_arg: cache},
                 logits_to_keep=keep,
                 **self.reader.forward_kwargs(),
             )
@@ -793,14 +720,14 @@ class NestDecoder:
         stats.forward_passes += 1
         return outputs.logits[0, -keep:].float().cpu(), keys[0, -keep:].float().cpu()
 
-    def _mix(self, logits: torch.Tensor, queries: torch.Tensor, gen: _Generation) -> _Step:
+    def mixture(self, logits: torch.Tensor, queries: torch.Tensor, gen: Generation) -> Step:
         """p_M, lambda and neighbours at each of T positions (one batched search)."""
         config = gen.config
         p_lm = torch.softmax(logits, dim=-1)
         t = p_lm.shape[0]
         no_neighbours = torch.full((t, 0), -1, dtype=torch.long)
         if gen.candidates is None:
-            return _Step(p_lm, torch.ones(t), no_neighbours, no_neighbours, torch.ones(t))
+            return Step(p_lm, torch.ones(t), no_neighbours, no_neighbours, torch.ones(t))
         nb = gen.candidates.search(queries, config.token_k)
         p_knn = knn_distribution(nb.scores, nb.values, p_lm.shape[1], config.knn_temperature)
         if config.mode == "knnlm":
@@ -810,10 +737,10 @@ class NestDecoder:
         has = torch.isfinite(nb.scores).any(-1)
         lam = torch.where(has, lam, torch.ones_like(lam))
         values = nb.values.masked_fill(~torch.isfinite(nb.scores), -1)
-        return _Step(mix(p_lm, p_knn, lam), lam, values, nb.entries, distance_ratio(nb.scores))
+        return Step(mix(p_lm, p_knn, lam), lam, values, nb.entries, distance_ratio(nb.scores))
 
-    def _accept(
-        self, gen: _Generation, step: _Step, first: TokenRecord, draft: Sequence[TokenRecord]
+    def verify(
+        self, gen: Generation, step: Step, first: TokenRecord, draft: Sequence[TokenRecord]
     ) -> tuple[int, Optional[tuple[int, int]]]:
         """Verify ``draft`` (fed after ``first``; ``step`` holds p_M at each fed position)
         by relaxed speculative acceptance and commit its longest acceptable prefix.
@@ -827,7 +754,7 @@ class NestDecoder:
         if draft:
             ratios = relaxed_accept_ratio(step.p_m[: len(draft)], torch.tensor([r.token_id for r in draft]), config.effective_gamma)
             accepted = accepted_prefix_length(ratios, config.accept_threshold)
-            self._commit(gen, draft[:accepted])
+            self.commit(gen, draft[:accepted])
         continuation = None
         if draft and accepted == len(draft) and draft[-1].passage_index is not None:
             continuation = (draft[-1].passage_index, draft[-1].position + 1)
@@ -835,10 +762,10 @@ class NestDecoder:
             continuation = (first.passage_index, first.position + 1)
         return accepted, continuation  # type: ignore[return-value]
 
-    def _decide(
+    def propose(
         self,
-        gen: _Generation,
-        step: _Step,
+        gen: Generation,
+        step: Step,
         row: int,
         continuation: Optional[tuple[int, int]],
         generator: Optional[torch.Generator],
@@ -867,7 +794,7 @@ class NestDecoder:
             p_m = p_m.index_fill(0, torch.tensor(sorted(repeats)), 0.0)
         return TokenRecord(self._pick(p_m, config, generator)), []
 
-    def _copy_end(self, gen: _Generation, pidx: int, pos: int) -> int:
+    def _copy_end(self, gen: Generation, pidx: int, pos: int) -> int:
         """Where a copy from token ``pos`` of passage ``pidx`` must end (exclusive): at most
         ``span_length`` tokens, never past the passage, never into Markdown a reader does not
         see (:func:`~nest_integrations.markdown_structure.copyable_end`), never into a token this
@@ -885,7 +812,7 @@ class NestDecoder:
     def _passage_has(candidates: CandidateSet, pidx: int, pos: int) -> bool:
         return pos < len(candidates.passage(pidx).token_ids)
 
-    def _select_span(self, gen: _Generation, p_m: torch.Tensor, values: torch.Tensor, entries: torch.Tensor) -> Optional[tuple[int, int]]:
+    def _select_span(self, gen: Generation, p_m: torch.Tensor, values: torch.Tensor, entries: torch.Tensor) -> Optional[tuple[int, int]]:
         """(passage index, start position) of the neighbour whose value has the highest p_M
         among those where a copy may start (:meth:`_seam_ok`; the first ``_SEAM_TRIES``),
         preferring one whose source continues the text so far (:meth:`_continues`)."""
@@ -902,13 +829,13 @@ class NestDecoder:
         # A neighbour where its source really continues the text so far beats a mere sentence start.
         return next((source for source in allowed if self._continues(gen, *source)), allowed[0] if allowed else None)
 
-    def _continues(self, gen: _Generation, pidx: int, pos: int) -> bool:
+    def _continues(self, gen: Generation, pidx: int, pos: int) -> bool:
         """Whether token ``pos`` of passage ``pidx`` starts where its source continues the text so far."""
         assert gen.candidates is not None and self.datastore is not None
         char_pos = int(gen.candidates.passage(pidx).char_spans[pos, 0])
         return continues(gen.lead_in + gen.text, self.datastore.passages[pidx].text, char_pos)
 
-    def _seam_ok(self, gen: _Generation, pidx: int, pos: int) -> bool:
+    def _seam_ok(self, gen: Generation, pidx: int, pos: int) -> bool:
         """Whether a copy from token ``pos`` of passage ``pidx`` may follow the text so far
         (:func:`acceptable_start`; always when ``config.seams`` is off)."""
         if not gen.config.seams:
@@ -930,7 +857,7 @@ class NestDecoder:
             probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
         return int(torch.multinomial(probs, 1, generator=generator))
 
-    def _commit(self, gen: _Generation, records: Sequence[TokenRecord]) -> None:
+    def commit(self, gen: Generation, records: Sequence[TokenRecord]) -> None:
         """Append accepted tokens; stop at EOS, a stop string, max_new_tokens or the end of the source."""
         tokenizer = self.lm.tokenizer
         for record in records:
@@ -999,11 +926,11 @@ class NestDecoder:
         return (nxt, pos) if self._passage_has(candidates, nxt, pos) else None
 
     # ------------------------------------------------------------------ output
-    def _final_text(self, gen: _Generation) -> str:
+    def _final_text(self, gen: Generation) -> str:
         cut = min((gen.text.find(s) for s in gen.config.stop if s and s in gen.text), default=-1)
         return gen.text[:cut] if cut >= 0 else gen.text
 
-    def _stable_length(self, gen: _Generation) -> int:
+    def stable_length(self, gen: Generation) -> int:
         """Characters that can be streamed: not past a possible stop-string start."""
         text = self._final_text(gen)
         if len(text) < len(gen.text) or gen.finished:
@@ -1017,7 +944,8 @@ class NestDecoder:
                     break
         return len(text) - hold
 
-    def _spans(self, gen: _Generation) -> tuple[list[Span], list[int]]:
+    def spans(self, gen: Generation) -> tuple[list[Span], list[int]]:
+        """The spans tiling the text so far (up to a stop string), and each span's length in tokens."""
         text = self._final_text(gen)
         passages = self.datastore.passages if self.datastore is not None else []
 
@@ -1029,8 +957,9 @@ class NestDecoder:
         boundaries = gen.boundaries[:-1] + [len(gen.text)] if gen.boundaries else []
         return build_spans(text, boundaries, gen.records, passages, char_spans_of)
 
-    def _output(self, gen: _Generation) -> NestOutput:
-        spans, lengths = self._spans(gen)
+    def build_output(self, gen: Generation) -> NestOutput:
+        """The output contract of ``gen``: final text, spans, attribution and stats."""
+        spans, lengths = self.spans(gen)
         ratio, mean_span, sources = summarize(spans, lengths)
         gen.stats.new_tokens = len(gen.records)
         return NestOutput(

@@ -31,10 +31,10 @@ from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Optional, Union
 
 from .batching import Row, RowListener, RowScheduler
+from .generation import RowDecoder, StreamChunk, StreamCursor
 
 if TYPE_CHECKING:  # pragma: no cover
     from .attribution import NestOutput
-    from .decoding import NestDecoder, StreamChunk
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class BatchingService:
         self._enqueue(row)
         return future
 
-    def stream(self, row: Row) -> Iterator["StreamChunk"]:
+    def stream(self, row: Row) -> Iterator[StreamChunk]:
         """Queue ``row`` and yield its chunks as they are accepted (the last one carries
         the output). Closing the iterator early cancels the row."""
         chunks: "queue.SimpleQueue[Union[StreamChunk, BaseException, None]]" = queue.SimpleQueue()
@@ -113,7 +113,7 @@ class BatchingService:
         finally:
             row.cancelled = True  # a no-op once the row finished
 
-    async def astream(self, row: Row) -> AsyncIterator["StreamChunk"]:
+    async def astream(self, row: Row) -> AsyncIterator[StreamChunk]:
         """:meth:`stream` for asyncio: the chunks reach the event loop without a thread waiting."""
         loop = asyncio.get_running_loop()
         chunks: "asyncio.Queue[Union[StreamChunk, BaseException, None]]" = asyncio.Queue()
@@ -199,9 +199,7 @@ class _Resolve(RowListener):
 class _Forward(RowListener):
     """Hands a row's stream chunks to ``put``: chunks, then None at the end, or the error."""
 
-    def __init__(self, decoder: "NestDecoder", put: Callable[[Any], None]):
-        from .decoding import StreamCursor
-
+    def __init__(self, decoder: RowDecoder, put: Callable[[Any], None]):
         self.cursor = StreamCursor(decoder)
         self.put = put
 
@@ -232,7 +230,7 @@ def _close_all() -> None:
         service.close()
 
 
-def shared_service(decoder: "NestDecoder") -> BatchingService:
+def shared_service(decoder: RowDecoder) -> BatchingService:
     """The service of ``decoder``'s LM and key layer (made on first use, dropped with the LM)."""
     lm = decoder.lm
     key = (id(lm), decoder.reader.key_layer)

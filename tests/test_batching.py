@@ -58,7 +58,7 @@ def _count_decoding_forwards(decoder, calls):
     """Hook recording each decoding forward (those with a KV cache; datastore encoding has none)."""
 
     def record(module, args, kwargs, out):
-        if kwargs.get(decoder._cache_arg) is not None:
+        if kwargs.get(decoder.cache_arg) is not None:
             calls.append(kwargs["input_ids"].shape[1])
 
     return decoder.lm.model.register_forward_hook(record, with_kwargs=True)

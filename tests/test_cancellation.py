@@ -221,7 +221,7 @@ def test_a_listener_that_raises_fails_its_row_only(decoder):
 
 def test_a_row_whose_decisions_raise_fails_alone(decoder, monkeypatch):
     single = _one_by_one(decoder, PROMPTS[:4], **OVERRIDES)
-    accept = NestDecoder._accept
+    accept = NestDecoder.verify
     doomed = {}
 
     def flaky(self, gen, *args):
@@ -229,7 +229,7 @@ def test_a_row_whose_decisions_raise_fails_alone(decoder, monkeypatch):
             raise RuntimeError("a bug in one row's verification")
         return accept(self, gen, *args)
 
-    monkeypatch.setattr(NestDecoder, "_accept", flaky)
+    monkeypatch.setattr(NestDecoder, "verify", flaky)
     service = shared_service(decoder)
     config = decoder._call_config(OVERRIDES)
     rows = [decoder.prepare_row(PROMPTS[i], None, None, config) for i in range(4)]

@@ -196,13 +196,13 @@ def test_score_never_holds_a_whole_logit_matrix(nest_decoder, monkeypatch):
     chunked = NestDecoder(decoder.lm, decoder.datastore)
     chunked.SCORE_CHUNK = 16
     widest: list[int] = []
-    original = NestDecoder._mix
+    original = NestDecoder.mixture
 
     def spy(self, logits, queries, gen):
         widest.append(logits.shape[0])
         return original(self, logits, queries, gen)
 
-    monkeypatch.setattr(NestDecoder, "_mix", spy)
+    monkeypatch.setattr(NestDecoder, "mixture", spy)
     scored = chunked.score("Minutes:", LONG, passages=hits, use_chat_template=False, **COPY)
     assert len(scored.token_ids) > 64 and max(widest) == 16
 

@@ -148,7 +148,7 @@ def test_a_caller_alone_runs_the_models_own_causal_path(decoder):
     masks = []
 
     def record(module, args, kwargs):
-        if kwargs.get(decoder._cache_arg) is not None:
+        if kwargs.get(decoder.cache_arg) is not None:
             masks.append(kwargs.get("attention_mask"))
 
     hook = decoder.lm.model.register_forward_pre_hook(record, with_kwargs=True)
