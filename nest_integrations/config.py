@@ -1,7 +1,7 @@
 """NestConfig: every decoding hyperparameter, validated and documented.
 
 Defaults are tuned for the embedded SmolLM2-135M-Instruct over the Wikipedia
-summaries (see the README's calibration section and ``nest calibrate``); the
+summaries (see docs/calibration.md and ``nest calibrate``); the
 paper's values (Llama-2-Chat 7B on Wikipedia) are noted beside each.
 """
 
@@ -59,7 +59,7 @@ class NestConfig(BaseModel):
         description="RRC offset: lambda = sigmoid((d_min/d_max - alpha) / tau) (paper: 0.3). `nest calibrate` fits "
         "the value that best separates steps where the corpus holds the next token from steps where it does not "
         "(SmolLM2 on the Wikipedia summaries: 0.043, balanced accuracy 0.88); with the relevance gate deciding "
-        "whether to copy at all, the paper's 0.3 copies far more of the right passage (README: Calibration).",
+        "whether to copy at all, the paper's 0.3 copies far more of the right passage (docs/calibration.md).",
     )
     tau: float = Field(0.1, gt=0, allow_inf_nan=False, description="RRC temperature (paper: 0.1); `nest calibrate` fits it with alpha.")
     knn_temperature: float = Field(
@@ -77,7 +77,7 @@ class NestConfig(BaseModel):
         True,
         description="End the generation when copying reaches the last token of its source passage and no "
         "retrieved passage continues it (a later chunk of the same document). Beyond the paper, which goes on "
-        "with the LM: after a fully copied source the LM writes alone, and a small LM mostly invents (README: "
+        "with the LM: after a fully copied source the LM writes alone, and a small LM mostly invents (docs/method.md: "
         "Knowing when to stop). Applies to nest and ra_nest.",
     )
     seams: bool = Field(

@@ -417,7 +417,7 @@ class SpectralPQCodec(_LookupTableCodec):
     the float16 nearest entry for 98.3% of the decoder's own queries and 93.0%
     of the queries of the LM's own answers, far from the corpus (there pq144
     86.2%, opq144 87.2%, spectral PQ without the weighting and the error byte
-    89.6%); README section *Compressed keys*. Training is one eigendecomposition
+    89.6%); docs/compression.md. Training is one eigendecomposition
     plus ``M - 1`` small k-means (no OPQ-style alternation).
 
     Args:

@@ -36,7 +36,7 @@ A passage passes when all of these hold:
   Curie's summary (cosine 0.68 against "Marie Curie", above several people's
   own summaries) stays out while Marie Curie's passes.
 
-The thresholds and their measured trade-off are in the README (Relevance gate).
+The thresholds and their measured trade-off are in docs/method.md (Knowing when not to copy).
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ def names_subject(name: str, text: str, *, whole_sentence: bool = False) -> bool
     "Túpac Amaru II". A familiar given name matches its formal forms ("Tom Hanks"
     for "Thomas Jeffrey Hanks"); a byname that shares no word with the opening
     ("El Cid" for "Rodrigo Díaz de Vivar") does not pass: the price of keeping
-    other people's summaries out (README: Relevance gate).
+    other people's summaries out (docs/method.md: Knowing when not to copy).
 
     ``whole_sentence``: the name may come anywhere in the opening sentence
     (the gate allows it for very similar passages: "Eric Arthur Blair was an
