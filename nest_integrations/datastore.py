@@ -38,7 +38,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -51,7 +51,6 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from .lm import LoadedLM
-    from .shards import ShardedKeys
 
 logger = logging.getLogger(__name__)
 
@@ -332,7 +331,7 @@ class TokenDatastore:
         self.cache_bytes = int(cache_mb * 2**20)
         self._cache: OrderedDict[int, EncodedPassage] = OrderedDict()
         self._cached_bytes = 0
-        self._precomputed: PrecomputedKeys | None = None
+        self._precomputed: KeySource | None = None
         self._lock = threading.RLock()
         self.passages: list[Passage] = []
         self._index_by_id: dict[str, int] = {}
@@ -524,7 +523,7 @@ class TokenDatastore:
             self._cached_bytes = 0
         return codec
 
-    def attach_precomputed(self, keys: "PrecomputedKeys | ShardedKeys") -> None:
+    def attach_precomputed(self, keys: "KeySource") -> None:
         """Serve the first ``keys.num_passages`` passages from precomputed arrays
         (flat, or :class:`~nest_integrations.shards.ShardedKeys`), and store lazily
         encoded passages with their codec."""
@@ -542,7 +541,7 @@ class TokenDatastore:
             self._precomputed = keys
 
     @property
-    def precomputed(self) -> "PrecomputedKeys | ShardedKeys | None":
+    def precomputed(self) -> "KeySource | None":
         return self._precomputed
 
     def candidates(
@@ -614,6 +613,42 @@ def train_on_first_passages(
 def _entry_keys(encoded: Sequence[EncodedPassage]) -> np.ndarray:
     """float16 (n, d): the keys of the datastore entries (valid rows) of ``encoded``."""
     return np.concatenate([e.keys[e.valid] for e in encoded]) if encoded else np.zeros((0, 0), dtype=np.float16)
+
+
+class KeySource(Protocol):
+    """Precomputed keys as the datastore serves them: :class:`PrecomputedKeys` (flat
+    arrays), :class:`~nest_integrations.shards.ShardedKeys` (one set per shard of a
+    saved index) or :class:`~nest_integrations.store_keys.KeySegments` (a vector
+    store's saved and added keys). Those modules build on this one; the protocol is
+    what lets the datastore serve them without importing them."""
+
+    @property
+    def num_passages(self) -> int:
+        """Passages covered: the first ``num_passages`` of the datastore."""
+        ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def num_entries(self) -> int: ...
+
+    @property
+    def key_bytes(self) -> int: ...
+
+    @property
+    def key_width(self) -> int:
+        """Row width of the stored keys (the LM's hidden size for float16 keys)."""
+        ...
+
+    @property
+    def codec(self) -> KeyCodec:
+        """How the keys are stored."""
+        ...
+
+    def passage(self, index: int) -> EncodedPassage:
+        """The encoding of passage ``index``."""
+        ...
 
 
 @dataclass

@@ -16,12 +16,40 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .datastore import EncodedPassage, PassageEncoder
+from typing import Any, Callable, Generic, Protocol, Sequence, Sized, TypeVar
 
 logger = logging.getLogger(__name__)
+
+
+class EncodedText(Protocol):
+    """An encoded text as the progress counts it: one entry of ``token_ids`` per token
+    (:class:`~nest_integrations.datastore.EncodedPassage` is one)."""
+
+    @property
+    def token_ids(self) -> Sized: ...
+
+
+EncodedT = TypeVar("EncodedT", bound=EncodedText)
+EncodedT_co = TypeVar("EncodedT_co", bound=EncodedText, covariant=True)
+
+
+class TextEncoder(Protocol[EncodedT_co]):
+    """What the progress needs of an encoder (:class:`~nest_integrations.datastore.PassageEncoder`
+    is one): its LM's tokenizer to count tokens up front, the tokens of one forward,
+    and ``encode`` itself. Defined here so that this module needs nothing of the datastore,
+    which uses it."""
+
+    batch_tokens: int
+    """Tokens the encoder runs in one forward."""
+
+    @property
+    def lm(self) -> Any:
+        """The loaded LM; its ``tokenizer`` counts the texts' tokens."""
+        ...
+
+    def encode(self, texts: Sequence[str]) -> Sequence[EncodedT_co]:
+        """One encoded text per text, in order."""
+        ...
 
 
 def format_duration(seconds: float) -> str:
@@ -58,7 +86,7 @@ def chunk_bounds(token_counts: Sequence[int], start: int, chunk_passages: int, p
     return bounds
 
 
-class EncodeProgress:
+class EncodeProgress(Generic[EncodedT]):
     """A progress bar in tokens and an estimate of the run, for encoding ``texts``.
 
     Use as a context manager; feed every encoded chunk to :meth:`update`, or let
@@ -76,7 +104,7 @@ class EncodeProgress:
     """
 
     def __init__(
-        self, encoder: "PassageEncoder", texts: Sequence[str], *, show_progress: bool = True,
+        self, encoder: TextEncoder[EncodedT], texts: Sequence[str], *, show_progress: bool = True,
         desc: str = "Encoding keys", probe_tokens: int | None = None,
     ):
         self.encoder = encoder
@@ -94,7 +122,7 @@ class EncodeProgress:
         self._start = 0.0
         self._bar: Any = None
 
-    def __enter__(self) -> "EncodeProgress":
+    def __enter__(self) -> "EncodeProgress[EncodedT]":
         from tqdm.auto import tqdm
 
         logger.info("%s: %d passages, %d tokens to encode", self.desc, len(self.texts), self.total_tokens)
@@ -117,7 +145,7 @@ class EncodeProgress:
         """Tokens per second so far."""
         return self.tokens_done / max(self.seconds, 1e-9)
 
-    def update(self, chunk: Sequence["EncodedPassage"]) -> None:
+    def update(self, chunk: Sequence[EncodedT]) -> None:
         """Count an encoded chunk; after the first one, log and show the run's estimate."""
         tokens = sum(len(e.token_ids) for e in chunk)
         self.tokens_done += tokens
@@ -134,8 +162,8 @@ class EncodeProgress:
 
     def encode(
         self, start: int = 0, chunk_passages: int = 256,
-        store: Callable[["EncodedPassage"], "EncodedPassage"] | None = None,
-    ) -> list["EncodedPassage"]:
+        store: Callable[[EncodedT], EncodedT] | None = None,
+    ) -> list[EncodedT]:
         """Encode ``texts[start:]`` in :func:`chunk_bounds` chunks, counting each.
 
         Args:
@@ -147,7 +175,7 @@ class EncodeProgress:
         Returns:
             One :class:`~nest_integrations.datastore.EncodedPassage` per text from ``start``, in order.
         """
-        out: list["EncodedPassage"] = []
+        out: list[EncodedT] = []
         for lo, hi in chunk_bounds(self.token_counts, start, chunk_passages, self.probe_tokens):
             chunk = self.encoder.encode(self.texts[lo:hi])
             self.update(chunk)
