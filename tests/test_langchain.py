@@ -352,6 +352,13 @@ def test_chat_message_carries_citations_and_the_output_contract(chat, docs):
         assert citation["title"] == doc.metadata["title"] and citation["extras"]["metadata"] == doc.metadata
         extras = citation["extras"]
         assert doc.page_content[extras["source_char_start"] : extras["source_char_end"]] == citation["cited_text"]
+        # Each document is whole (no start_index): its range is the passage range, on its one line.
+        assert extras["document"] == doc.metadata["source"]
+        assert (extras["doc_char_start"], extras["doc_char_end"]) == (extras["source_char_start"], extras["source_char_end"])
+        assert (extras["line_start"], extras["line_end"]) == (1, 1)
+    numbers = [c["extras"]["source_number"] for c in citations]
+    documents = list(dict.fromkeys(c["extras"]["document"] for c in citations))
+    assert numbers == [documents.index(c["extras"]["document"]) + 1 for c in citations]
     assert message.usage_metadata["output_tokens"] == contract["stats"]["new_tokens"]
     assert contract["finish_reason"] == contract["stats"]["finish_reason"] in {"eos", "stop", "length", "source_end"}
 
@@ -509,8 +516,13 @@ def test_attributed_chain_and_cite(chat, docs):
     assert rendered == cite.invoke(message) == cite.invoke(message.response_metadata)
     answer, listing = rendered.split("\n\nSources:\n")
     assert "[1]" in answer
-    sources = message.response_metadata["sources"]
-    assert listing.splitlines() == [f"[{n}] {s['title']} ({s['id']})" for n, s in enumerate(sources, start=1)]
+    lines = listing.splitlines()
+    cited = list(dict.fromkeys(c["extras"]["document"] for c in citations))
+    assert len(lines) == len(cited) and all(line.startswith(f"[{n}] {doc} (") for n, (line, doc) in enumerate(zip(lines, cited), start=1))
+    for citation in citations:
+        extras = citation["extras"]
+        line = lines[extras["source_number"] - 1]
+        assert f"line 1, chars {extras['doc_char_start']}-{extras['doc_char_end']}" in line
     assert answer.replace("[1]", "").replace("[2]", "").replace("[3]", "") == text.strip()
     plain = {"text": "plain", "mode": "base", "spans": [{"text": "plain", "start": 0, "end": 5, "copied": False}]}
     assert cite.invoke(plain) == "plain"

@@ -34,7 +34,7 @@ from llama_index.core.vector_stores.types import (
     VectorStoreQueryMode,
 )
 
-from nest_integrations.attribution import NestOutput, Span, merge_spans
+from nest_integrations.attribution import NestOutput, Span, cited_documents, merge_spans
 from nest_integrations.llama_index import NestLLM, NestQueryEngine, NestVectorStore
 from nest_integrations.llama_index._common import node_to_passage
 
@@ -172,19 +172,26 @@ def test_stream_complete_deltas_rebuild_text_and_spans(llm):
     assert final.spans == NestOutput.model_validate(full.additional_kwargs["nest"]).spans
 
 
-def test_chat_citation_blocks_match_copied_spans(llm):
+def test_chat_citation_blocks_match_copied_spans(llm, nest_index):
     messages = [ChatMessage(role="system", content="Answer briefly."), ChatMessage(role="user", content=PROMPT)]
     response = llm.chat(messages)
     output = NestOutput.model_validate(response.additional_kwargs["nest"])
     assert response.message.role == "assistant" and response.message.content == output.text
     blocks = [b for b in response.message.blocks if isinstance(b, CitationBlock)]
     assert isinstance(response.message.blocks[0], TextBlock) and len(blocks) == len(output.copied_spans) > 0
+    documents = [doc.document for doc in cited_documents(output.spans)]
+    ref_doc = {node.node_id: node.ref_doc_id for node in nest_index.vector_store.get_nodes()}
     for block, span in zip(blocks, output.copied_spans, strict=True):
+        location = span.source.location
         assert block.cited_content.text == span.text
-        assert (block.source, block.title) == (span.source.id, span.source.title)
+        # Nodes of documents named by their ids and read from no file: offsets known, lines unknown (left out).
+        assert (block.source, block.title) == (location.document, span.source.title) == (ref_doc[span.source.id], span.source.title)
         assert block.additional_location_info == {
+            "source_number": documents.index(location.document) + 1,
             "start_char_index": span.source.char_start,
             "end_char_index": span.source.char_end,
+            "node_start_char_index": span.source.char_start,
+            "node_end_char_index": span.source.char_end,
             "answer_start_char_index": span.start,
             "answer_end_char_index": span.end,
         }
@@ -461,7 +468,7 @@ def test_chat_engine_keeps_citations_in_responses_and_history(llm, nest_index):
     user, answer = engine.chat_history
     assert user.content == PROMPT and answer.blocks[0].text == response.response
     cited = [block for block in answer.blocks if isinstance(block, CitationBlock)]
-    assert [block.source for block in cited] == [c["node_id"] for c in citations]
+    assert [block.source for block in cited] == [c["document"] for c in citations]
     engine.chat("And her birth year?")
     assert len(engine.chat_history) == 4
     engine.reset()

@@ -11,7 +11,8 @@
 * :func:`attributed_chain` -- ``prompt | ChatNest``: the answer is attributed
   span by span while decoding; the retrieval query is the question.
 * :data:`cite` -- renders a NEST result as text with ``[n]`` markers after the
-  copied spans and a numbered source list.
+  copied spans and the cited documents, numbered in order of first use, with
+  the lines and characters cited in each.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_core.vectorstores import VectorStore
 
-from ..attribution import NestOutput
+from ..attribution import NestOutput, marked_spans, place_markers, source_listing
 from ..conversation import retrieval_query
 from .chat_models import ChatNest
 
@@ -181,24 +182,20 @@ def nest_output_of(result: Union[BaseMessage, Mapping[str, Any], NestOutput]) ->
 
 
 def cite_text(result: Union[BaseMessage, Mapping[str, Any], NestOutput]) -> str:
-    """The answer with ``[n]`` after each copied span, then ``Sources:`` numbered in order of use."""
+    """The answer with ``[n]`` after each copied span, then ``Sources:``, one line per document.
+
+    ``n`` numbers the cited documents in order of first use; each source line
+    names the document (file path or ``source`` / ``file_name`` / ``doc_id``
+    metadata) and the lines and characters cited there, e.g.
+    ``[1] docs/os.md: lines 12-14, chars 340-420``. Markers stay out of code
+    and a fence a copied span leaves open is closed
+    (:func:`~nest_integrations.attribution.place_markers`), so the text also
+    renders as Markdown with every marker shown.
+    """
     output = nest_output_of(result)
-    numbers = {source.id: n for n, source in enumerate(output.sources, start=1)}
-    parts = []
-    for span in output.spans:
-        if span.copied and span.source is not None and span.source.id in numbers:
-            body = span.text.rstrip()
-            parts.append(f"{body}[{numbers[span.source.id]}]{span.text[len(body):]}")
-        else:
-            parts.append(span.text)
-    answer = "".join(parts).strip()
-    if not numbers:
-        return answer
-    listing = "\n".join(
-        f"[{n}] {source.title} ({source.id})" if source.title else f"[{n}] {source.id}"
-        for n, source in enumerate(output.sources, start=1)
-    )
-    return f"{answer}\n\nSources:\n{listing}"
+    answer = place_markers(marked_spans(output, lambda n: f"[{n}]")).strip()
+    listing = source_listing(output)
+    return f"{answer}\n\nSources:\n" + "\n".join(listing) if listing else answer
 
 
 cite: Runnable[Any, str] = RunnableLambda(cite_text, name="cite")

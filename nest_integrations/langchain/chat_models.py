@@ -11,7 +11,7 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.content import Citation, TextContentBlock, create_citation
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
-from ..attribution import Span, merge_spans
+from ..attribution import DocumentNumbers, Span, merge_spans
 from ..conversation import retrieval_query
 from ._common import NestModelBase, all_at_once, areport_tokens, report_tokens
 
@@ -49,16 +49,26 @@ class ChatNest(NestModelBase, BaseChatModel):
             # [{"type": "text", "text": "...",
             #   "annotations": [{"type": "citation", "title": "Marie Curie",
             #                    "cited_text": "...", "start_index": 0, "end_index": 42,
-            #                    "extras": {"source_id": "curie", "metadata": {...},
+            #                    "extras": {"source_number": 1, "document": "docs/curie.md",
+            #                               "doc_char_start": 120, "doc_char_end": 162,
+            #                               "line_start": 3, "line_end": 3,
+            #                               "source_id": "curie#1", "metadata": {...},
             #                               "source_char_start": 5, "source_char_end": 47}}]}]
             message.response_metadata["attribution_ratio"]
 
     Output:
         The ``AIMessage`` content is one text block. Each copied span is a
         citation whose ``start_index``/``end_index`` delimit it in the block text,
-        ``cited_text`` is the verbatim passage text, and ``extras`` hold the
-        source document id, its metadata and the span's character offsets in the
-        document. ``response_metadata`` holds the full output contract
+        ``cited_text`` is the verbatim passage text, and ``extras`` hold where
+        it sits in its document (:class:`~nest_integrations.attribution.SourceLocation`):
+        ``document`` (the file path or ``source`` / ``file_name`` / ``doc_id``
+        metadata), ``doc_char_start`` / ``doc_char_end`` and ``line_start`` /
+        ``line_end`` (1-based, inclusive; None when the document text is
+        unknown), and ``source_number``, the document's number in order of first
+        use (the ``[n]`` of :data:`~nest_integrations.langchain.cite`); then the
+        passage: ``source_id``, its ``metadata`` and the span's offsets in the
+        passage text (``source_char_start`` / ``source_char_end``).
+        ``response_metadata`` holds the full output contract
         (``NestOutput.to_dict()``) and ``usage_metadata`` the token counts.
 
     Stream:
@@ -117,7 +127,8 @@ class ChatNest(NestModelBase, BaseChatModel):
         return self._result(await self._anest_generate(prompt, query, stop, kwargs))
 
     def _result(self, output: "NestOutput") -> ChatResult:
-        block = _text_block(output.text, [_citation(span) for span in output.spans if span.copied])
+        numbers = DocumentNumbers()
+        block = _text_block(output.text, [_citation(span, numbers) for span in output.spans if span.copied])
         message = AIMessage(
             content=[block],  # type: ignore[list-item]
             response_metadata=self._response_metadata(output),
@@ -203,16 +214,24 @@ def _text_block(text: str, citations: list[Citation]) -> TextContentBlock:
     return block
 
 
-def _citation(span: Span) -> Citation:
-    """A LangChain citation for a copied span (offsets into the response text)."""
+def _citation(span: Span, numbers: DocumentNumbers) -> Citation:
+    """A LangChain citation for a copied span (offsets into the response text; ``extras``: see
+    :class:`ChatNest`), its document numbered by ``numbers``."""
     assert span.source is not None, "copied spans have a source"
     source = span.source
+    location = source.location
     return create_citation(
         id=f"nest-{span.start}-{span.end}",
-        title=source.title or None,
+        title=source.title or location.document,
         cited_text=span.text,
         start_index=span.start,
         end_index=span.end,
+        source_number=numbers.number(location),
+        document=location.document,
+        doc_char_start=location.char_start,
+        doc_char_end=location.char_end,
+        line_start=location.line_start,
+        line_end=location.line_end,
         source_id=source.id,
         metadata=source.metadata,
         source_char_start=source.char_start,
@@ -239,8 +258,9 @@ class _CitationStream:
 
     def __init__(self) -> None:
         self._open: Optional[Span] = None
+        self._numbers = DocumentNumbers()
 
     def feed(self, piece: "StreamChunk") -> list[Citation]:
         spans = merge_spans(([self._open] if self._open is not None else []) + list(piece.spans))
         self._open = spans.pop() if spans and piece.output is None else None
-        return [_citation(span) for span in spans if span.copied]
+        return [_citation(span, self._numbers) for span in spans if span.copied]

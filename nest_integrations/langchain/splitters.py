@@ -17,6 +17,7 @@ from typing import Any, Callable
 from langchain_core.documents import Document
 from langchain_text_splitters import TextSplitter
 
+from ..attribution import START_LINE_FIELD
 from ..corpus import TextChunk, section_chunks
 
 
@@ -25,7 +26,9 @@ class MarkdownSectionSplitter(TextSplitter):
     :func:`~nest_integrations.corpus.section_chunks`).
 
     Each chunk is the document's exact text from ``metadata["start_index"]``
-    on, with ``metadata["heading_path"]``, the headings it sits under. Chunks
+    on, with ``metadata["heading_path"]``, the headings it sits under, and
+    ``metadata["start_line"]``, the 1-based line it starts on (citations give
+    line ranges from it when the document's file cannot be read). Chunks
     do not overlap: a section boundary is a natural seam, and NEST continues a
     copy into the next chunk of the same document when both are retrieved.
 
@@ -35,8 +38,9 @@ class MarkdownSectionSplitter(TextSplitter):
             more precisely; larger ones give the token datastore more context.
         length_function: ``str -> int``; e.g. a tokenizer's token count
             (:meth:`TextSplitter.from_huggingface_tokenizer` works too).
-        add_start_index: write ``start_index`` (on by default: NEST chains
-            chunks of one document by it).
+        add_start_index: write ``start_index`` and ``start_line`` (on by
+            default: NEST chains chunks of one document by the first, and
+            citations name lines by the second).
     """
 
     def __init__(
@@ -60,7 +64,8 @@ class MarkdownSectionSplitter(TextSplitter):
         return [text[c.start : c.end] for c in self._chunks(text)]
 
     def create_documents(self, texts: list[str], metadatas: list[dict[Any, Any]] | None = None) -> list[Document]:
-        """One Document per chunk of each text, with ``heading_path`` and (when on) the exact ``start_index``."""
+        """One Document per chunk of each text, with ``heading_path`` and (when on) the exact
+        ``start_index`` and ``start_line``."""
         if metadatas is not None and len(metadatas) != len(texts):
             raise ValueError(f"metadatas has {len(metadatas)} entries for {len(texts)} texts")
         documents = []
@@ -70,5 +75,6 @@ class MarkdownSectionSplitter(TextSplitter):
                 metadata["heading_path"] = list(chunk.heading_path)
                 if self._add_start_index:
                     metadata["start_index"] = chunk.start
+                    metadata[START_LINE_FIELD] = text.count("\n", 0, chunk.start) + 1
                 documents.append(Document(page_content=text[chunk.start : chunk.end], metadata=metadata))
         return documents

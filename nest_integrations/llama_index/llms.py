@@ -9,10 +9,17 @@ Every response carries the output contract (design.md) in ``additional_kwargs``:
   :func:`~nest_integrations.attribution.merge_spans` gives the final spans).
 
 Chat messages hold the answer as one ``TextBlock`` followed by one
-``CitationBlock`` per copied span: ``source`` is the node id, ``cited_content``
-the copied text, and ``additional_location_info`` its character range in the
-node text (``start_char_index`` / ``end_char_index``) and in the answer
-(``answer_start_char_index`` / ``answer_end_char_index``).
+``CitationBlock`` per copied span (:func:`citation_blocks`): ``source`` is the
+document (the ``file_path`` / ``file_name`` / ``source`` / ``doc_id`` metadata,
+else the node's document id), ``title`` the node's title (else the document),
+``cited_content`` the copied text, and ``additional_location_info`` (integers
+only, as LlamaIndex types it) where the text sits: ``source_number`` (the
+document's number in order of first use), ``start_char_index`` /
+``end_char_index`` in the document and ``start_line`` / ``end_line`` (1-based,
+inclusive; left out when unknown, see
+:func:`~nest_integrations.attribution.locate`), ``node_start_char_index`` /
+``node_end_char_index`` in the node text and ``answer_start_char_index`` /
+``answer_end_char_index`` in the answer.
 
 Call keyword arguments: ``query`` (the first-stage query; default the prompt,
 or for chat the conversation's retrieval query: the last user message, preceded
@@ -56,7 +63,7 @@ from llama_index.core.indices.vector_store.base import VectorStoreIndex
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
-from ..attribution import NestOutput, Span, merge_spans
+from ..attribution import DocumentNumbers, NestOutput, Span, merge_spans
 from ..config import NestConfig, fold_config_fields
 from ..corpus import Passage
 from ..datastore import PassageEncoder, TokenDatastore
@@ -82,21 +89,32 @@ def _message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
 
 def citation_blocks(spans: Sequence[Span]) -> list[CitationBlock]:
     """One ``CitationBlock`` per copied span (see the module docstring for its fields)."""
-    return [
-        CitationBlock(
-            cited_content=TextBlock(text=span.text),
-            source=span.source.id,
-            title=span.source.title,
-            additional_location_info={
-                "start_char_index": span.source.char_start,
-                "end_char_index": span.source.char_end,
-                "answer_start_char_index": span.start,
-                "answer_end_char_index": span.end,
-            },
+    numbers = DocumentNumbers()
+    blocks = []
+    for span in spans:
+        if not span.copied or span.source is None:
+            continue
+        location = span.source.location
+        where = {
+            "source_number": numbers.number(location),
+            "start_char_index": location.char_start,
+            "end_char_index": location.char_end,
+            "start_line": location.line_start,
+            "end_line": location.line_end,
+            "node_start_char_index": span.source.char_start,
+            "node_end_char_index": span.source.char_end,
+            "answer_start_char_index": span.start,
+            "answer_end_char_index": span.end,
+        }
+        blocks.append(
+            CitationBlock(
+                cited_content=TextBlock(text=span.text),
+                source=location.document,
+                title=span.source.title or location.document,
+                additional_location_info={key: value for key, value in where.items() if value is not None},
+            )
         )
-        for span in spans
-        if span.copied and span.source is not None
-    ]
+    return blocks
 
 
 def _assistant_message(text: str, spans: Sequence[Span]) -> ChatMessage:

@@ -19,6 +19,7 @@ from llama_index.core.node_parser.node_utils import build_nodes_from_splits
 from llama_index.core.schema import BaseNode, Document, MetadataMode
 from llama_index.core.utils import get_tqdm_iterable
 
+from ..attribution import START_LINE_FIELD
 from ..corpus import section_chunks
 
 
@@ -27,7 +28,10 @@ class MarkdownSectionNodeParser(NodeParser):
 
     A node's ``start_char_idx`` / ``end_char_idx`` delimit its exact text in
     the source document (offsets of an input node cut from a document add
-    up); ``metadata["heading_path"]`` lists the headings it sits under.
+    up); ``metadata["heading_path"]`` lists the headings it sits under and
+    ``metadata["start_line"]`` is the 1-based line of the input node's text it
+    starts on (citations give line ranges from it when the document's file
+    cannot be read; kept out of the embedded and LLM texts).
     """
 
     chunk_size: int = Field(
@@ -51,11 +55,19 @@ class MarkdownSectionNodeParser(NodeParser):
         for node in get_tqdm_iterable(nodes, show_progress, "Parsing nodes"):
             text = node.get_content(metadata_mode=MetadataMode.NONE)
             base = getattr(node, "start_char_idx", None) or 0
+            # The input's first line: 1 for a whole document; unknown for a piece cut without one.
+            first_line = node.metadata.get(START_LINE_FIELD, 1 if base == 0 else None)
             chunks = section_chunks(text, max_tokens=self.chunk_size, tokenizer=self.length_function)
             built = build_nodes_from_splits([text[c.start : c.end] for c in chunks], node, id_func=self.id_func)
             for child, chunk in zip(built, chunks):
                 child.start_char_idx, child.end_char_idx = base + chunk.start, base + chunk.end
                 child.metadata["heading_path"] = list(chunk.heading_path)
+                if first_line is None:
+                    continue
+                child.metadata[START_LINE_FIELD] = first_line + text.count("\n", 0, chunk.start)
+                # New lists: the children may share their parent's.
+                child.excluded_embed_metadata_keys = list(dict.fromkeys([*child.excluded_embed_metadata_keys, START_LINE_FIELD]))
+                child.excluded_llm_metadata_keys = list(dict.fromkeys([*child.excluded_llm_metadata_keys, START_LINE_FIELD]))
             parsed.extend(built)
         return parsed
 

@@ -5,9 +5,17 @@ from (with their retrieval scores, in order of first use), and
 ``Response.metadata`` holds:
 
 * ``"citations"``: one dict per copied span: ``answer_start`` / ``answer_end``
-  (character range in the answer), ``node_id``, ``ref_doc_id``,
+  (character range in the answer), ``source_number`` (its document's number in
+  order of first use), ``document`` (the file path or ``file_path`` /
+  ``file_name`` / ``source`` / ``doc_id`` metadata), ``doc_char_start`` /
+  ``doc_char_end`` and ``line_start`` / ``line_end`` (where it sits in the
+  document: 1-based inclusive lines, None when unknown; see
+  :func:`~nest_integrations.attribution.locate`), ``node_id``, ``ref_doc_id``,
   ``node_char_start`` / ``node_char_end`` (range in the node text) and
   ``text`` (the cited text, verbatim both in the answer and in the node);
+* ``"sources"``: the cited documents, once each in order of first use
+  (:class:`~nest_integrations.attribution.CitedDocument` dicts: ``number``,
+  ``document``, ``title`` and the cited ``locations``);
 * ``"nest"``: the full output contract (``NestOutput.to_dict()``).
 
 With ``streaming=True`` a query returns a ``StreamingResponse`` (an
@@ -35,7 +43,7 @@ from llama_index.core.indices.base import BaseIndex
 from llama_index.core.query_engine.custom import CustomQueryEngine
 from llama_index.core.schema import NodeWithScore
 
-from ..attribution import NestOutput
+from ..attribution import DocumentNumbers, NestOutput, cited_documents
 from .llms import NestLLM
 
 logger = logging.getLogger(__name__)
@@ -44,10 +52,17 @@ logger = logging.getLogger(__name__)
 def span_citations(output: NestOutput, nodes: Sequence[NodeWithScore]) -> list[dict[str, Any]]:
     """The citation records of ``output``'s copied spans (see the module docstring)."""
     ref_doc = {hit.node.node_id: hit.node.ref_doc_id for hit in nodes}
+    numbers = DocumentNumbers()
     return [
         {
             "answer_start": span.start,
             "answer_end": span.end,
+            "source_number": numbers.number(span.source.location),
+            "document": span.source.location.document,
+            "doc_char_start": span.source.location.char_start,
+            "doc_char_end": span.source.location.char_end,
+            "line_start": span.source.location.line_start,
+            "line_end": span.source.location.line_end,
             "node_id": span.source.id,
             "ref_doc_id": ref_doc.get(span.source.id),
             "node_char_start": span.source.char_start,
@@ -133,7 +148,11 @@ def _cited_nodes(output: NestOutput, nodes: Sequence[NodeWithScore]) -> list[Nod
 
 
 def _metadata(output: NestOutput, nodes: Sequence[NodeWithScore]) -> dict[str, Any]:
-    return {"citations": span_citations(output, nodes), "nest": output.to_dict()}
+    return {
+        "citations": span_citations(output, nodes),
+        "sources": [document.model_dump(mode="json") for document in cited_documents(output.spans)],
+        "nest": output.to_dict(),
+    }
 
 
 def _finish(
