@@ -17,7 +17,7 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
         "nest_integrations.langchain needs langchain-core: pip install nest-integrations[langchain]"
     ) from err
 
-from ._common import default_embeddings, document_to_passage
+from .documents import default_embeddings, document_to_passage
 from .chains import attributed_chain, cite, cite_text, format_docs, history_aware_retriever, nest_output_of, rag_chain
 from .chat_models import ChatNest
 from .llms import NestLLM

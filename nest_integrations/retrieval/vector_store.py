@@ -11,7 +11,7 @@ their order.
 
 Mapping a store's documents to :class:`~nest_integrations.corpus.Passage`:
 
-* LangChain (:func:`~nest_integrations.langchain._common.document_to_passage`):
+* LangChain (:func:`~nest_integrations.langchain.documents.document_to_passage`):
   id = the document's id (Qdrant: the point id), text = ``page_content``,
   title = ``metadata["title"]``, and ``metadata["source"]`` with
   ``metadata["start_index"]`` (what a text splitter with ``add_start_index``
@@ -221,7 +221,7 @@ def write_qdrant(
     from langchain_qdrant import QdrantVectorStore
     from qdrant_client import models
 
-    from ..langchain._common import default_embeddings
+    from ..langchain.documents import default_embeddings
 
     passages = list(passages)
     if not passages:
@@ -274,7 +274,7 @@ def open_qdrant(path: str | Path, collection: str, embeddings: Optional["Embeddi
     from langchain_qdrant import QdrantVectorStore
     from langchain_qdrant.qdrant import QdrantVectorStoreError
 
-    from ..langchain._common import default_embeddings
+    from ..langchain.documents import default_embeddings
 
     if not Path(path).is_dir():
         raise ValueError(f"{path} is not a local Qdrant folder")
