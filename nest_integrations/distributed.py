@@ -183,10 +183,10 @@ def ray_cluster(
 
 def _lm_source(lm: "LoadedLM") -> tuple[str, str]:
     """(name or path, dtype) to load ``lm`` again on a worker with :func:`~nest_integrations.lm.load_lm`."""
-    from .lm import DEFAULT_MODEL, is_default_lm
+    from .lm import embedded_model
 
-    name = DEFAULT_MODEL if is_default_lm(lm.name) else lm.name
-    if not is_default_lm(lm.name) and not Path(name).exists() and "/" not in name:
+    name = lm.name
+    if embedded_model(name) is None and not Path(name).exists() and "/" not in name:
         raise ValueError(
             f"workers load the LM by name or path, and {lm.name!r} is neither a folder nor a hub id; "
             "load it with load_lm(PATH) first"

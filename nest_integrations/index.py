@@ -306,7 +306,7 @@ class NestIndex:
                 newer manifest, inconsistent keys, another LM or tokenizer, or an
                 untrusted model path.
         """
-        from .lm import DEFAULT_MODEL, fingerprints_match, is_default_lm, load_lm
+        from .lm import embedded_model, fingerprints_match, load_lm
         from .retrieval import DenseRetriever
 
         folder = Path(path)
@@ -321,12 +321,12 @@ class NestIndex:
             needed += [f"keys/codec/{name}.npy" for name in saved_array_names(manifest.key_codec)]
         verify_files(folder, manifest.checksums, needed, hash_files=verify_checksums)
         if lm is None:
-            if not is_default_lm(manifest.lm.name) and not trust_paths:
+            if embedded_model(manifest.lm.name) is None and not trust_paths:
                 raise ValueError(
                     f"{folder} names the LM {manifest.lm.name!r}; pass lm=load_lm(...) (CLI: --model) "
                     "or trust_paths=True to load a model named in a saved folder"
                 )
-            lm = load_lm(DEFAULT_MODEL if is_default_lm(manifest.lm.name) else manifest.lm.name)
+            lm = load_lm(manifest.lm.name)
         if not fingerprints_match(manifest.lm.fingerprint, lm.fingerprint()):
             raise ValueError(
                 f"{folder} was built with LM {manifest.lm.name!r} (fingerprint {manifest.lm.fingerprint}); "

