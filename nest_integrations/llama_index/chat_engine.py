@@ -29,8 +29,8 @@ from llama_index.core.memory import BaseMemory, ChatMemoryBuffer
 
 from ..attribution import NestOutput
 from ..conversation import retrieval_query
-from .llms import NestLLM, _assistant_message, _message_dicts
-from .query_engine import _cited_nodes, _metadata
+from .llms import NestLLM, assistant_message, message_dicts
+from .query_engine import cited_nodes, response_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -85,13 +85,13 @@ class NestChatEngine(BaseChatEngine):
         if chat_history is not None:
             self._memory.set(chat_history)
         self._memory.put(ChatMessage(role=MessageRole.USER, content=message))
-        query = retrieval_query(_message_dicts(self._memory.get_all())) or message
+        query = retrieval_query(message_dicts(self._memory.get_all())) or message
         return self._memory.get(), self.retriever.retrieve(query), query
 
     def _answer(self, output: NestOutput, nodes: Any) -> AgentChatResponse:
-        self._memory.put(_assistant_message(output.text, output.spans))
+        self._memory.put(assistant_message(output.text, output.spans))
         return AgentChatResponse(
-            response=output.text, source_nodes=_cited_nodes(output, nodes), metadata=_metadata(output, nodes)
+            response=output.text, source_nodes=cited_nodes(output, nodes), metadata=response_metadata(output, nodes)
         )
 
     def chat(self, message: str, chat_history: Optional[List[ChatMessage]] = None) -> AgentChatResponse:

@@ -82,7 +82,7 @@ _ROLES = {MessageRole.DEVELOPER: "system", MessageRole.CHATBOT: "assistant", Mes
 RetrieverSource = Union[BaseRetriever, BaseIndex]
 
 
-def _message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
     """LlamaIndex messages as the ``{"role", "content"}`` dicts the chat template takes."""
     return [{"role": _ROLES.get(m.role, m.role.value), "content": m.content or ""} for m in messages]
 
@@ -117,7 +117,9 @@ def citation_blocks(spans: Sequence[Span]) -> list[CitationBlock]:
     return blocks
 
 
-def _assistant_message(text: str, spans: Sequence[Span]) -> ChatMessage:
+def assistant_message(text: str, spans: Sequence[Span]) -> ChatMessage:
+    """The assistant's ``ChatMessage``: ``text``, then one ``CitationBlock`` per copied span
+    (:func:`citation_blocks`); what a chat response and a chat engine's memory hold."""
     return ChatMessage(role=MessageRole.ASSISTANT, blocks=[TextBlock(text=text), *citation_blocks(spans)])
 
 
@@ -310,13 +312,13 @@ class NestLLM(CustomLLM):
         Args:
             kwargs: ``query``, ``nodes`` and NestConfig overrides (module docstring).
         """
-        prompt_like = prompt if isinstance(prompt, str) else _message_dicts(prompt)
+        prompt_like = prompt if isinstance(prompt, str) else message_dicts(prompt)
         return self._decoder().generate(prompt_like, **self._decoder_kwargs(kwargs))
 
     async def agenerate(self, prompt: Union[str, Sequence[ChatMessage]], **kwargs: Any) -> NestOutput:
         """:meth:`generate` for asyncio: concurrent calls decode together in shared
         forward passes (:mod:`nest_integrations.serving`); the event loop stays free."""
-        prompt_like = prompt if isinstance(prompt, str) else _message_dicts(prompt)
+        prompt_like = prompt if isinstance(prompt, str) else message_dicts(prompt)
         return await self._decoder().agenerate(prompt_like, **self._decoder_kwargs(kwargs))
 
     def _stream(
@@ -351,19 +353,19 @@ class NestLLM(CustomLLM):
     @staticmethod
     def _chat_response(output: NestOutput) -> ChatResponse:
         return ChatResponse(
-            message=_assistant_message(output.text, output.spans), additional_kwargs={"nest": output.to_dict()}
+            message=assistant_message(output.text, output.spans), additional_kwargs={"nest": output.to_dict()}
         )
 
     @staticmethod
     def _chat_delta(text: str, spans: list[Span], chunk: StreamChunk) -> ChatResponse:
-        return ChatResponse(message=_assistant_message(text, spans), delta=chunk.text, additional_kwargs=_chunk_kwargs(chunk))
+        return ChatResponse(message=assistant_message(text, spans), delta=chunk.text, additional_kwargs=_chunk_kwargs(chunk))
 
     def _stream_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponseGen:
         for so_far in self._stream(prompt, self._completion_kwargs(formatted, kwargs)):
             yield self._completion_delta(*so_far)
 
     def _stream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseGen:
-        for so_far in self._stream(_message_dicts(messages), kwargs):
+        for so_far in self._stream(message_dicts(messages), kwargs):
             yield self._chat_delta(*so_far)
 
     async def _astream_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponseAsyncGen:
@@ -371,7 +373,7 @@ class NestLLM(CustomLLM):
             yield self._completion_delta(*so_far)
 
     async def _astream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseAsyncGen:
-        async for so_far in self._astream(_message_dicts(messages), kwargs):
+        async for so_far in self._astream(message_dicts(messages), kwargs):
             yield self._chat_delta(*so_far)
 
     # ------------------------------------------------------------------ LLM interface

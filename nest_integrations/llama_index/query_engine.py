@@ -114,7 +114,7 @@ class NestQueryEngine(CustomQueryEngine):
         return "NestQueryEngine"
 
     def _response(self, output: NestOutput, nodes: Sequence[NodeWithScore]) -> Response:
-        return Response(response=output.text, source_nodes=_cited_nodes(output, nodes), metadata=_metadata(output, nodes))
+        return Response(response=output.text, source_nodes=cited_nodes(output, nodes), metadata=response_metadata(output, nodes))
 
     def custom_query(self, query_str: str) -> Union[Response, StreamingResponse]:
         """Retrieve for ``query_str`` and answer it with NEST (streamed when ``streaming``)."""
@@ -139,7 +139,7 @@ class NestQueryEngine(CustomQueryEngine):
         return AsyncStreamingResponse(_atexts(stream, nodes, cited, metadata), source_nodes=cited, metadata=metadata)
 
 
-def _cited_nodes(output: NestOutput, nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
+def cited_nodes(output: NestOutput, nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
     """The retrieved nodes ``output`` copied from, in order of first use."""
     by_id = {hit.node.node_id: hit for hit in nodes}
     cited = [by_id[source.id] for source in output.sources if source.id in by_id]
@@ -147,7 +147,9 @@ def _cited_nodes(output: NestOutput, nodes: Sequence[NodeWithScore]) -> list[Nod
     return cited
 
 
-def _metadata(output: NestOutput, nodes: Sequence[NodeWithScore]) -> dict[str, Any]:
+def response_metadata(output: NestOutput, nodes: Sequence[NodeWithScore]) -> dict[str, Any]:
+    """A ``Response``'s ``metadata``: the span citations against ``nodes``
+    (:func:`span_citations`), the cited documents, and the output contract under ``"nest"``."""
     return {
         "citations": span_citations(output, nodes),
         "sources": [document.model_dump(mode="json") for document in cited_documents(output.spans)],
@@ -162,8 +164,8 @@ def _finish(
     the last one, carries the output contract."""
     if "nest" in completion.additional_kwargs:
         output = NestOutput.model_validate(completion.additional_kwargs["nest"])
-        cited[:] = _cited_nodes(output, nodes)
-        metadata.update(_metadata(output, nodes))
+        cited[:] = cited_nodes(output, nodes)
+        metadata.update(response_metadata(output, nodes))
 
 
 def _texts(
