@@ -538,36 +538,31 @@ def _line_offsets(text: str) -> list[int]:
 
 
 def _chars(offsets: list[int], line_map: Sequence[int]) -> tuple[int, int]:
+    """The character range ``[a, b)`` of a token's line map (see :func:`_line_offsets`)."""
     last = len(offsets) - 1
     return offsets[min(line_map[0], last)], offsets[min(line_map[1], last)]
 
 
-def _runaway_fence(text: str, tokens: Sequence["Token"], offsets: list[int]) -> Optional[tuple[int, str]]:
-    """``(offset of its opening line, the indentation and fence that close it)`` of the first
-    fenced code block that runs to the end of ``text`` without a closing fence (it would swallow
-    everything after it), or None."""
-    for token in tokens:
-        if token.type != "fence" or token.map is None:
-            continue
-        lo, hi = _chars(offsets, token.map)
-        lines = text[lo:hi].split("\n")
-        body = [line for line in lines[1:] if line.strip()]
-        closer = _BARE_FENCE.match(body[-1]) if body else None
-        closed = closer is not None and closer.group(1)[0] == token.markup[0] and len(closer.group(1)) >= len(token.markup)
-        if not closed and hi >= len(text.rstrip()):
-            opener = lines[0]
-            return lo, opener[: opener.index(token.markup)] + token.markup
-    return None
+def _closing_fence(text: str, token: "Token", lo: int, hi: int) -> Optional[str]:
+    """None when the fence ``token`` (characters ``[lo, hi)`` of ``text``) ends with a closing
+    fence line; else the line that would close it: its opener's indentation (and block-quote
+    marks) and fence."""
+    lines = text[lo:hi].split("\n")
+    body = [line for line in lines[1:] if line.strip()]
+    closer = _BARE_FENCE.match(body[-1]) if body else None
+    if closer is not None and closer.group(1)[0] == token.markup[0] and len(closer.group(1)) >= len(token.markup):
+        return None
+    return lines[0][: lines[0].index(token.markup)] + token.markup
 
 
 def _code_regions(
     text: str, tokens: Sequence["Token"], offsets: list[int]
 ) -> tuple[list[tuple[int, int, str]], list[tuple[int, int]]]:
     """Where a marker would be shown as code: the code blocks of ``text`` as ``(a, b, prefix)``
-    (characters ``[a, b)``; ``prefix``: the indentation and block-quote marks a line needs to stay
-    in the block's container) and its inline code spans as ``(a, b)``. A code span pairs a
-    backtick run with the next run of the same length in the same block (CommonMark's rule; a run
-    without a partner is literal text)."""
+    (characters ``[a, b)``; ``prefix``: the indentation and block-quote marks a line after the
+    block needs to stay in the block's container) and its inline code spans as ``(a, b)``. A code
+    span pairs a backtick run with the next run of the same length in the same block
+    (CommonMark's rule; a run without a partner is literal text)."""
     blocks, spans = [], []
     for token in tokens:
         if token.map is None:
@@ -591,30 +586,34 @@ def _code_regions(
     return blocks, spans
 
 
-def _close_runaway_fences(text: str, cited: list[tuple[int, int, str]]) -> tuple[str, list[tuple[int, int, str]]]:
-    """``text`` with every fence that would run to its end closed, and ``cited`` moved along.
+def _close_open_fences(text: str, cited: list[tuple[int, int, str]]) -> tuple[str, list[tuple[int, int, str]]]:
+    """``text`` with every fenced code block closed by a fence line, and ``cited`` moved along.
 
-    A fence opened inside a cited span is closed after the line that span ends
-    on, so what follows reads as Markdown again (were it code, it now reads as
-    text: shown, not swallowed); another one at the end of the text. ``cited``: ``(start, end, marker)`` of each cited span.
+    A fence a cited span opens is closed after the line that span ends on, so
+    what follows reads as Markdown again (were it code, it now reads as text:
+    shown, not swallowed); another one where its block ends (the end of the
+    text, or of the list item or quote holding it). ``cited``: ``(start, end,
+    marker)`` of each cited span.
     """
     parser = _markdown_parser()
-    closed: set[int] = set()
-    while (runaway := _runaway_fence(text, parser.parse(text), _line_offsets(text))) is not None:
-        opened, fence = runaway
-        if opened in closed:  # a closing fence that did not take (a container we misread): stop
-            break
-        closed.add(opened)
-        at = len(text)
+    tried: set[int] = set()
+    while True:
+        offsets = _line_offsets(text)
+        tokens = [t for t in parser.parse(text) if t.type == "fence" and t.map is not None]
+        unclosed = [(lo, hi, fence) for t in tokens for lo, hi in [_chars(offsets, t.map)] if (fence := _closing_fence(text, t, lo, hi))]
+        pending = [entry for entry in unclosed if entry[0] not in tried]
+        if not pending:
+            return text, cited
+        opened, at, fence = pending[0]
+        tried.add(opened)  # a closing line that does not take (a container misread) is not retried
         for start, end, _marker in cited:
             if start <= opened < end:
                 newline = text.find("\n", end - 1)
-                at = len(text) if newline < 0 else newline + 1
+                at = min(at, len(text) if newline < 0 else newline + 1)
                 break
         closing = ("" if at == 0 or text[at - 1] == "\n" else "\n") + fence + "\n"
         text = text[:at] + closing + text[at:]
         cited = [(a + len(closing) * (a >= at), b + len(closing) * (b >= at), m) for a, b, m in cited]
-    return text, cited
 
 
 def _emphasis_allowed(text: str, a: int, b: int, code: Iterable[tuple[int, int]]) -> bool:
@@ -639,10 +638,10 @@ def place_markers(pieces: Sequence[tuple[str, Optional[str]]], emphasize: bool =
     after the code span, one inside a code block on its own line after the
     block (indented like the block's fence). A fence a cited piece opens and
     nothing closes is closed after that piece's last line, so it cannot
-    swallow the rest of the answer; a fence left open elsewhere is closed at
-    the end. With ``emphasize`` the marked pieces are also bold where that is
-    safe (:func:`_emphasis_allowed`). Whitespace at a piece's end stays after
-    its marker.
+    swallow the rest of the answer; a fence left open elsewhere is closed
+    where its block ends (:func:`_close_open_fences`). With ``emphasize`` the
+    marked pieces are also bold where that is safe (:func:`_emphasis_allowed`).
+    Whitespace at a piece's end stays after its marker.
     """
     text, cited, at = "", [], 0
     for piece, marker in pieces:
@@ -650,15 +649,16 @@ def place_markers(pieces: Sequence[tuple[str, Optional[str]]], emphasize: bool =
         if marker is not None:
             cited.append((at, at + len(piece), marker))
         at += len(piece)
-    text, cited = _close_runaway_fences(text, cited)
+    text, cited = _close_open_fences(text, cited)
     offsets = _line_offsets(text)
     blocks, code_spans = _code_regions(text, _markdown_parser().parse(text), offsets)
+    code = [*((lo, hi) for lo, hi, _ in blocks), *code_spans]
     # Insertions by offset; at one offset: closing **, inline markers, marker lines, opening **.
     inserts: dict[int, list[tuple[int, str]]] = {}
+    line_prefix: dict[int, str] = {}  # offset of a marker line -> the indentation it needs
     for start, end, marker in cited:
         core_end = start + len(text[start:end].rstrip())
         core_start = core_end - len(text[start:core_end].strip())
-        code = [*((lo, hi) for lo, hi, _ in blocks), *code_spans]
         if emphasize and _emphasis_allowed(text, core_start, core_end, code):
             inserts.setdefault(core_start, []).append((3, "**"))
             inserts.setdefault(core_end, []).append((0, "**"))
@@ -668,7 +668,8 @@ def place_markers(pieces: Sequence[tuple[str, Optional[str]]], emphasize: bool =
                 where = hi
         for lo, hi, prefix in blocks:
             if lo < where <= hi:  # in the block, or right after its last character (a fence line ending the text)
-                where, entry = hi, (2, prefix + marker)
+                where, entry = hi, (2, marker)
+                line_prefix[where] = prefix
         inserts.setdefault(where, []).append(entry)
     out, last = [], 0
     for where in sorted(inserts):
@@ -679,8 +680,11 @@ def place_markers(pieces: Sequence[tuple[str, Optional[str]]], emphasize: bool =
         out.extend(inline)
         if lines:
             before = "" if where == 0 or text[where - 1] == "\n" else "\n"
-            after = "\n" if where < len(text) else ""
-            out.append(before + "".join(lines) + after)
+            prefix = line_prefix[where]
+            # A marker line at the top level stands apart; one in a list item or quote keeps it going.
+            apart = not prefix and not text.startswith("\n", where)
+            after = "" if where == len(text) else "\n\n" if apart else "\n"
+            out.append(before + prefix + "".join(lines) + after)
         out.extend(opening)
         last = where
     out.append(text[last:])
