@@ -151,8 +151,10 @@ class NestDecoder:
         key_layer = datastore.encoder.key_layer if datastore is not None else "ffn_input"
         self.reader = KeyReader(lm.model, key_layer)
         self.cache_arg = cache_argument(lm.model)
+        """The keyword under which the model's forward takes its KV cache (:func:`~nest_integrations.lm.cache_argument`)."""
         self.vocab_size = int(lm.model.get_output_embeddings().weight.shape[0])
-        self._eos_ids = self._find_eos_ids()
+        self.eos_ids = self._find_eos_ids()
+        """Token ids that end a generation: the tokenizer's EOS and the model's ``generation_config`` ones."""
         self._score_head_ok: Optional[bool] = None  # see _head_reproduces_logits
         self._supports_batching: Optional[bool] = None  # see _batches
 
@@ -359,7 +361,7 @@ class NestDecoder:
         started = time.perf_counter()
         gen = Generation(config=config)
         context = self._prepare(gen, prompt, query, passages)
-        prompt_ids = self._prompt_ids(self.format_prompt(prompt, config, context), config, gen.stats)
+        prompt_ids = self.encode_prompt(self.format_prompt(prompt, config, context), config, gen.stats)
         generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
         return Row(self, gen, prompt_ids, generator, submitted=started)
 
@@ -418,7 +420,7 @@ class NestDecoder:
         config = self.config.updated(**overrides) if overrides else self.config
         gen = Generation(config=config)
         context = self._prepare(gen, prompt, query, passages)
-        prompt_ids = self._prompt_ids(self.format_prompt(prompt, config, context), config, gen.stats, strict=False)
+        prompt_ids = self.encode_prompt(self.format_prompt(prompt, config, context), config, gen.stats, strict=False)
         target = self.lm.tokenizer(continuation, add_special_tokens=False)["input_ids"]
         if not target:
             raise ValueError("continuation is empty")
@@ -537,7 +539,7 @@ class NestDecoder:
     this many tokens (or its whole length when shorter): a ``max_new_tokens`` that leaves
     less room is an error, not a generation that has lost its prompt."""
 
-    def _prompt_ids(self, text: str, config: NestConfig, stats: GenerationStats, *, strict: bool = True) -> list[int]:
+    def encode_prompt(self, text: str, config: NestConfig, stats: GenerationStats, *, strict: bool = True) -> list[int]:
         """Token ids of the formatted prompt ``text``, cut so the generation fits the context.
 
         A prompt longer than ``config.max_prompt_tokens`` or than the context leaves
@@ -556,7 +558,7 @@ class NestDecoder:
         ]
         if not ids:  # empty plain-text prompt: start from BOS (or EOS when there is none)
             start = self.lm.tokenizer.bos_token_id
-            ids = [start if start is not None else next(iter(self._eos_ids), 0)]
+            ids = [start if start is not None else next(iter(self.eos_ids), 0)]
         context = self.lm.context_length
         room = context - config.max_new_tokens
         needed = min(len(ids), self.MIN_PROMPT_TOKENS)
@@ -861,7 +863,7 @@ class NestDecoder:
         """Append accepted tokens; stop at EOS, a stop string, max_new_tokens or the end of the source."""
         tokenizer = self.lm.tokenizer
         for record in records:
-            if record.token_id in self._eos_ids:
+            if record.token_id in self.eos_ids:
                 gen.finish("eos")
                 return
             gen.records.append(record)

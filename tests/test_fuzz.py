@@ -162,7 +162,7 @@ def test_max_new_tokens_either_fits_the_context_or_is_refused(decoder, max_new_t
     config = NestConfig(max_new_tokens=max_new_tokens, use_chat_template=False)
     stats = NestOutput(text="", mode="base").stats
     try:
-        ids = decoder._prompt_ids(decoder.format_prompt(prompt, config), config, stats)
+        ids = decoder.encode_prompt(decoder.format_prompt(prompt, config), config, stats)
     except ValueError as err:
         assert "max_new_tokens" in str(err) and max_new_tokens > context - NestDecoder.MIN_PROMPT_TOKENS
         return

@@ -121,7 +121,7 @@ def test_max_new_tokens_beyond_the_context_is_an_error(decoder, tiny_lm):
         with pytest.raises(ValueError, match=rf"max_new_tokens={too_many} does not fit the model's context of {context}"):
             decoder.generate(LONG, mode="base", use_chat_template=False, max_new_tokens=too_many)
     # a 1-token prompt may take everything else
-    ok = decoder._prompt_ids("", NestConfig(max_new_tokens=context - 1), decoder.generate("", **BASE).stats)
+    ok = decoder.encode_prompt("", NestConfig(max_new_tokens=context - 1), decoder.generate("", **BASE).stats)
     assert len(ok) == 1
 
 

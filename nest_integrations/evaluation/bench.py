@@ -277,7 +277,7 @@ def prompt_ids(decoder: NestDecoder, prompt: str, mode: str = "base", context: S
     """The token ids the decoder feeds for ``prompt`` in ``mode`` (chat template applied),
     with ``context`` passages in the prompt as the rag modes put them."""
     config = decoder.config.updated(mode=mode)
-    return decoder._prompt_ids(decoder.format_prompt(prompt, config, context), config, GenerationStats())
+    return decoder.encode_prompt(decoder.format_prompt(prompt, config, context), config, GenerationStats())
 
 
 def _time_prompt(

@@ -197,10 +197,10 @@ def check_modes(modes: Iterable[str]) -> tuple[str, ...]:
     Raises:
         ValueError: if ``modes`` is empty, repeats a mode, or names an unknown one.
     """
-    return _checked_choices(modes, MODES, "mode")
+    return checked_choices(modes, MODES, "mode")
 
 
-def _checked_choices(values: Iterable[str], allowed: Sequence[str], what: str) -> tuple[str, ...]:
+def checked_choices(values: Iterable[str], allowed: Sequence[str], what: str) -> tuple[str, ...]:
     """``values`` as a tuple: non-empty, without repeats, each one of ``allowed`` (else ValueError)."""
     values = tuple(values)
     if not values:
@@ -224,7 +224,7 @@ def _check_conditions(
     """
     if conditions is None:
         conditions = CONDITIONS if task == "bio" else ("present",)
-    conditions = _checked_choices(conditions, CONDITIONS, "condition")
+    conditions = checked_choices(conditions, CONDITIONS, "condition")
     sourceless = [item for item in items if "passage_id" not in item.meta and not item.meta.get("unanswerable")]
     if "absent" in conditions and sourceless:
         raise ValueError(f"the absent condition needs items with a source passage; {task!r} items have none")

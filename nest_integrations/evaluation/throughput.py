@@ -89,7 +89,7 @@ from nest_integrations.decoding import NestDecoder
 from nest_integrations.evaluation.bench import hf_generate, peak_rss_mib, precomputed_datastore, prompt_ids
 from nest_integrations.evaluation.metrics import aggregate, answer_recall, rouge_scores
 from nest_integrations.evaluation.runner import (
-    _checked_choices,
+    checked_choices,
     decoder_over,
     format_cell,
     markdown_table,
@@ -181,7 +181,7 @@ def throughput_items(
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    kinds = _checked_choices(kinds, PROMPT_KINDS, "prompt kind")
+    kinds = checked_choices(kinds, PROMPT_KINDS, "prompt kind")
     shares = [_kind_items(index, kind, count, seed) for kind, count in zip(kinds, _split(n, len(kinds)))]
     return [share[i] for i in range(len(shares[0])) for share in shares if i < len(share)]
 
@@ -280,7 +280,7 @@ def _peer_configs(
     for item in items:
         context = [p for p, _ in index.retrieve(item.query, config.passage_k)[: config.rag_passages]]
         rag[item.id] = prompt_ids(decoder, item.prompt, "rag", context)
-    tokenizer, stop_ids = decoder.lm.tokenizer, decoder._eos_ids
+    tokenizer, stop_ids = decoder.lm.tokenizer, decoder.eos_ids
 
     def generate(ids: Mapping[str, list[int]], b: int, **kwargs: Any) -> Callable[[Sequence[EvalItem], int], list[_Generated]]:
         def run(batch_items: Sequence[EvalItem], max_new: int) -> list[_Generated]:
@@ -575,7 +575,7 @@ def run_throughput(
     """
     began = time.perf_counter()
     sizes = _check_widths(batch_sizes, concurrency, prompt_lookup_tokens)
-    kinds = _checked_choices(kinds, PROMPT_KINDS, "prompt kind")
+    kinds = checked_choices(kinds, PROMPT_KINDS, "prompt kind")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     config = run_config(config_overrides, max_new_tokens)
