@@ -79,7 +79,8 @@ class ChatSession:
     def run(self, read_line: Callable[[], str]) -> None:
         """Read and handle lines until ``/quit`` or the end of input (``read_line`` raises
         EOFError: Ctrl-D). A KeyboardInterrupt while reading drops the line; while
-        answering, it abandons the answer and the conversation stays as it was."""
+        answering, it abandons the answer and the conversation stays as it was, as
+        it does when the decoder refuses the question (ValueError, shown)."""
         self.console.print("Ask a question; /help lists the commands, Ctrl-D ends.", style="dim", highlight=False)
         while True:
             try:
@@ -93,6 +94,8 @@ class ChatSession:
                     break
             except KeyboardInterrupt:
                 self.console.print("(answer abandoned)", style="yellow", highlight=False)
+            except ValueError as err:  # a question the decoder refuses (e.g. text that is not valid Unicode)
+                self.console.print(f"error: {err}", style="red", highlight=False, markup=False)
         self.console.print("Bye.", style="dim", highlight=False)
 
     def handle(self, line: str) -> bool:

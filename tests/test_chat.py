@@ -47,6 +47,19 @@ def printed(session):
     return session.console.file.getvalue()
 
 
+def reader(lines):
+    """A line reader typing ``lines`` one by one, then Ctrl-D (EOFError)."""
+    pending = iter(lines)
+
+    def read():
+        try:
+            return next(pending)
+        except StopIteration:
+            raise EOFError from None
+
+    return read
+
+
 def test_a_follow_up_is_retrieved_and_answered_with_the_conversation(session):
     first = session.ask(FIRST)
     session.ask(FOLLOW_UP)
@@ -59,15 +72,7 @@ def test_a_follow_up_is_retrieved_and_answered_with_the_conversation(session):
 
 
 def test_answers_show_their_copied_spans_and_sources_and_commands_answer(session, tmp_path):
-    lines = iter([FIRST, "/sources", "/mode", "/mode fast", "/mode rag", FOLLOW_UP, "/nope", "/help", f"/save {tmp_path / 't.jsonl'}"])
-
-    def read():
-        try:
-            return next(lines)
-        except StopIteration:
-            raise EOFError from None
-
-    session.run(read)
+    session.run(reader([FIRST, "/sources", "/mode", "/mode fast", "/mode rag", FOLLOW_UP, "/nope", "/help", f"/save {tmp_path / 't.jsonl'}"]))
     out = printed(session)
     copied = [s for s in session.turns[0]["spans"] if s["copied"]]
     assert copied, "the tiny LM with these settings copies"
@@ -78,6 +83,12 @@ def test_answers_show_their_copied_spans_and_sources_and_commands_answer(session
     saved = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text(encoding="utf-8").splitlines()]
     assert len(saved) == 2 and all(CONTRACT <= set(turn) for turn in saved)
     assert saved[1]["question"] == FOLLOW_UP and saved[1]["messages"][0]["content"] == FIRST
+
+
+def test_a_refused_question_is_shown_and_the_session_goes_on(session):
+    session.run(reader(["bad \ud800 text", FIRST]))
+    assert "error: " in printed(session) and "lone surrogate" in printed(session)
+    assert [t["question"] for t in session.turns] == [FIRST] and session.messages[0]["content"] == FIRST
 
 
 def test_sources_and_save_before_any_answer(session, tmp_path):
