@@ -486,11 +486,20 @@ class CitedDocument(BaseModel):
         default_factory=list, description="The cited ranges in order of use; adjacent ones joined, repeats left out."
     )
 
+    @property
+    def extra_title(self) -> str:
+        """The title when it says something the document's name does not, else ``""``."""
+        return self.title if self.title and self.title not in self.document else ""
+
+    def ranges(self) -> str:
+        """The cited ranges in words: ``lines 12-14, chars 340-420; line 20, chars 600-640``."""
+        return "; ".join(location.describe() for location in self.locations)
+
     def describe(self) -> str:
-        """``docs/os.md: lines 12-14, chars 340-420; line 20, chars 600-640``, with the title in
-        parentheses after the name when it says something the name does not."""
-        name = f"{self.document} ({self.title})" if self.title and self.title not in self.document else self.document
-        return f"{name}: " + "; ".join(location.describe() for location in self.locations)
+        """``docs/os.md: lines 12-14, chars 340-420; ...``, with :attr:`extra_title` in
+        parentheses after the name."""
+        name = f"{self.document} ({self.extra_title})" if self.extra_title else self.document
+        return f"{name}: {self.ranges()}"
 
 
 def cited_documents(spans: Iterable[Span]) -> list[CitedDocument]:
@@ -707,6 +716,11 @@ def marked_spans(output: NestOutput, marker: Callable[[int], str]) -> list[tuple
     ]
 
 
+def _markdown_text(text: str) -> str:
+    """``text`` with the characters Markdown or HTML would read as markup backslash-escaped."""
+    return re.sub(r"([\\`*_\[\]<>#|!&])", r"\\\1", text)
+
+
 def _markdown_code(text: str) -> str:
     """``text`` as Markdown inline code (fenced with more backticks than it holds)."""
     longest = max((len(run) for run in re.findall("`+", text)), default=0)
@@ -730,8 +744,8 @@ def render_markdown(output: NestOutput) -> str:
         return body
     items = []
     for doc in documents:
-        name = _markdown_code(doc.document) + (f" ({html.escape(doc.title)})" if doc.title and doc.title not in doc.document else "")
-        items.append(f"- \\[{doc.number}\\] {name}: " + "; ".join(loc.describe() for loc in doc.locations))
+        name = _markdown_code(doc.document) + (f" ({_markdown_text(doc.extra_title)})" if doc.extra_title else "")
+        items.append(f"- \\[{doc.number}\\] {name}: {doc.ranges()}")
     return body.rstrip() + "\n\nSources:\n\n" + "\n".join(items) + "\n"
 
 
