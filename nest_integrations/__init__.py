@@ -28,8 +28,10 @@ that only needs a submodule pays nothing for the rest.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False
+"""Type checkers read it as True (the typing spec's idiom); importing ``typing`` for it would
+double the cost of ``import nest_integrations``."""
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see; at run time __getattr__ imports
     from .attribution import GenerationStats, NestOutput, Span, render_html, render_markdown, render_terminal
     from .config import NestConfig
@@ -62,7 +64,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     """Import a public name's submodule on first access and cache the name here."""
     module = _EXPORTS.get(name)
     if module is None:
