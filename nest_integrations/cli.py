@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,12 +33,22 @@ DEMO_INDEX_NAME = "wiki-people-default"
 DEMO_TOPIC = "People"
 
 
-def default_index_path() -> Path:
+def default_index_path(model: Optional[str] = None) -> Path:
     """Where ``nest demo`` / ``nest eval`` keep the default index: the 1,828 Wikipedia
-    summaries of the topic People (the biography task's corpus)."""
+    summaries of the topic People (the biography task's corpus), one folder per LM."""
     from .lm import cache_dir
 
-    return cache_dir() / "indexes" / DEMO_INDEX_NAME
+    return cache_dir() / "indexes" / f"{DEMO_INDEX_NAME}{_model_tag(model)}"
+
+
+def _model_tag(model: Optional[str]) -> str:
+    """Suffix of the cached index folders built for ``model``: none for the default LM."""
+    from .lm import embedded_model, is_default_lm
+
+    if model is None or is_default_lm(model):
+        return ""
+    embedded = embedded_model(model)
+    return "-" + (embedded.cache_name if embedded else re.sub(r"[^A-Za-z0-9_.-]+", "_", model))
 
 
 def _fail(message: str) -> NoReturn:
@@ -98,22 +109,22 @@ def _load_index(path: Optional[Path], model: Optional[str] = None) -> Any:
     from .index import NestIndex
     from .lm import load_lm
 
-    folder = path or default_index_path()
+    folder = path or default_index_path(model)
     if path is None and not (folder / "manifest.json").exists():
-        _build_default_index(folder)
+        _build_default_index(folder, model)
     try:
         return NestIndex.load(folder, load_lm(model) if model else None)
     except ValueError as err:
         _fail(str(err))
 
 
-def _build_default_index(folder: Path) -> None:
+def _build_default_index(folder: Path, model: Optional[str] = None) -> None:
     from .corpus import load_wikipedia_summaries
     from .index import NestIndex
     from .lm import load_lm
 
     console.print(f"Building the default index over the Wikipedia summaries about people in {folder} (once)...")
-    index = NestIndex.build(load_wikipedia_summaries(topic=DEMO_TOPIC), load_lm())
+    index = NestIndex.build(load_wikipedia_summaries(topic=DEMO_TOPIC), load_lm(model or "default"))
     index.save(folder)
 
 
@@ -433,7 +444,10 @@ def _generate_items(
         else:
             decoder = _load_index(folder, model).decoder()
             decoder.config = decoder.config.updated(**overrides)
-            settings = job_settings(index=identity, lm_fingerprint=decoder.lm.fingerprint(), config=decoder.config)
+            decoder.ensure_calibration(decoder.config)
+            # The calibrated alpha/tau decide the outputs too: a resume after `nest calibrate` is refused.
+            alpha, tau = decoder.rrc_parameters(decoder.config)
+            settings = job_settings(index=identity, lm_fingerprint=decoder.lm.fingerprint(), config=decoder.config.updated(alpha=alpha, tau=tau))
             runner, tally = _tallied(in_process_runner(decoder))
             started = time.perf_counter()
             generated = run_job(items, output_path, runner, settings=settings, chunk_size=batch_size, restart=restart)
@@ -541,7 +555,7 @@ def demo(
 
 
 # --------------------------------------------------------------------------- evaluation
-def _docs_index(task: str, chunking: str) -> Path:
+def _docs_index(task: str, chunking: str, model: Optional[str] = None) -> Path:
     """The folder of a documentation task's default index, built into the cache once per
     version of its passages (docs: standard-library docstrings; markdown-docs: Fastify's docs)."""
     from .evaluation.runner import docs_domain_passages, passages_fingerprint
@@ -549,10 +563,10 @@ def _docs_index(task: str, chunking: str) -> Path:
     from .lm import cache_dir, load_lm
 
     passages = docs_domain_passages(task, chunking)
-    folder = cache_dir() / "indexes" / f"{task}-{chunking}-{passages_fingerprint(passages)}"
+    folder = cache_dir() / "indexes" / f"{task}-{chunking}-{passages_fingerprint(passages)}{_model_tag(model)}"
     if not (folder / "manifest.json").exists():
         console.print(f"Building the {task} index ({len(passages)} passages, {chunking}) in {folder} (once)...")
-        NestIndex.build(passages, load_lm()).save(folder)
+        NestIndex.build(passages, load_lm(model or "default")).save(folder)
     return folder
 
 
@@ -579,6 +593,10 @@ def evaluate(
         "trained first on --codec-sample random passages (an index built with --key-compression uses its own).",
     ),
     codec_sample: int = typer.Option(384, min=1, help="Passages encoded to train --key-compression."),
+    model: Optional[str] = typer.Option(
+        None, help="LM: 'default', another embedded model ('gemma-3-270m'), a local folder or a hub id available "
+        "offline; without -d its default indexes are built for it once."
+    ),
 ) -> None:
     """Compare the modes on the same items in one run.
 
@@ -606,8 +624,8 @@ def evaluate(
     if docs_chunking not in chunkings:
         _fail(f"unknown --docs-chunking {docs_chunking!r} for {task}; choose from {', '.join(chunkings)}")
     if task in DOCS_DOMAIN_CHUNKINGS and datastore is None:
-        datastore = _docs_index(task, docs_chunking)
-    index = _load_index(datastore)
+        datastore = _docs_index(task, docs_chunking, model)
+    index = _load_index(datastore, model)
     try:
         if key_compression is not None:
             codec = index.datastore.train_codec(key_compression, sample_passages=codec_sample, seed=seed)
@@ -792,15 +810,22 @@ def bench_gate(
 @app.command()
 def calibrate(
     datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
-    n: int = typer.Option(20, min=1, help="Biographies to measure on."),
-    max_new_tokens: int = typer.Option(48, min=1, help="Tokens per generation."),
+    model: Optional[str] = typer.Option(None, help="LM to calibrate (default: the one the index was built with)."),
+    n: int = typer.Option(16, min=1, help="Passages of the index's corpus to teacher-force."),
+    seed: int = typer.Option(0, help="Seed drawing the passages and their cuts."),
 ) -> None:
-    """Fit alpha/tau from the distance ratios where the corpus knows the next token vs where it does not."""
-    from .calibration import calibrate_rrc
+    """Fit alpha/tau for an LM on an index's own passages and save them with the index.
 
-    index = _load_index(datastore)
-    result = calibrate_rrc(index, n=n, max_new_tokens=max_new_tokens)
-    console.print_json(json.dumps(result))
+    Runs by itself the first time an index meets an LM without a calibration; this reruns it.
+    """
+    index = _load_index(datastore, model)
+    try:
+        result = index.calibrate(n=n, seed=seed)
+    except ValueError as err:
+        _fail(str(err))
+    console.print_json(result.model_dump_json())
+    if index.folder is not None:
+        console.print(f"Saved in {index.folder / 'calibration.json'} for {result.lm_name}.")
 
 
 def main() -> None:  # pragma: no cover

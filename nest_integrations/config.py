@@ -12,6 +12,14 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Mode = Literal["base", "rag", "knnlm", "nest", "ra_nest"]
+
+DEFAULT_ALPHA = 0.3
+"""RRC offset used without a calibration (the paper's value; the default LM's calibrated
+value on the Wikipedia summaries is close to it, see nest_integrations.calibration)."""
+
+DEFAULT_TAU = 0.1
+"""RRC temperature used without a calibration (the paper's value)."""
+
 MODES: tuple[str, ...] = ("base", "rag", "knnlm", "nest", "ra_nest")
 
 
@@ -53,15 +61,18 @@ class NestConfig(BaseModel):
         "that is a bare name instead needs the passage to open with that name).",
     )
     # --- mixture ---------------------------------------------------------
-    alpha: float = Field(
-        0.3,
+    alpha: Optional[float] = Field(
+        None,
         allow_inf_nan=False,
-        description="RRC offset: lambda = sigmoid((d_min/d_max - alpha) / tau) (paper: 0.3). `nest calibrate` fits "
-        "the value that best separates steps where the corpus holds the next token from steps where it does not "
-        "(SmolLM2 on the Wikipedia summaries: 0.043, balanced accuracy 0.88); with the relevance gate deciding "
-        "whether to copy at all, the paper's 0.3 copies far more of the right passage (docs/calibration.md).",
+        description="RRC offset: lambda = sigmoid((d_min/d_max - alpha) / tau) (paper: 0.3). None: the value "
+        "calibrated for this LM on the index's or store's own corpus (nest_integrations.calibration, `nest "
+        "calibrate`; run automatically the first time they meet an LM), else DEFAULT_ALPHA. The ratio's scale "
+        "differs between models: a fixed value that makes one model copy leaves another writing alone.",
     )
-    tau: float = Field(0.1, gt=0, allow_inf_nan=False, description="RRC temperature (paper: 0.1); `nest calibrate` fits it with alpha.")
+    tau: Optional[float] = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="RRC temperature (paper: 0.1). None: calibrated with alpha, else DEFAULT_TAU.",
+    )
     knn_temperature: float = Field(
         0.1, gt=0,
         description="Temperature of p_kNN over distances relative to the nearest neighbour; the paper's "

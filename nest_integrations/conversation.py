@@ -85,3 +85,31 @@ def retrieval_query(messages: Sequence[Mapping[str, str]]) -> str:
         if not is_follow_up(earlier):
             break  # a self-contained question: the topic starts here
     return "\n".join([*history, last])
+
+
+PLAIN_ROLES = {"system": "", "user": "User", "assistant": "Assistant"}
+"""Speaker labels of :func:`plain_transcript`; the system turn goes first, unlabelled."""
+
+
+def plain_transcript(messages: Sequence[Mapping[str, str]], system_prompt: str | None = None) -> str:
+    """A conversation as plain text, for a model without a chat template (a base model).
+
+    Each turn is ``"User: ..."`` / ``"Assistant: ..."`` on its own line, the
+    system prompt (or a system message) first, and the text ends with an open
+    ``"Assistant:"`` line, so the model's continuation is the answer. The
+    answer's first token is then the one after the colon: no template token
+    marks it, and nothing in decoding looks for one.
+
+        >>> plain_transcript([{"role": "user", "content": "Tell me a bio of Ada Lovelace."}])
+        'User: Tell me a bio of Ada Lovelace.\\nAssistant:'
+    """
+    lines: list[str] = []
+    if system_prompt and not any(m.get("role") == "system" for m in messages):
+        lines.append(system_prompt.strip())
+    for message in messages:
+        role = str(message.get("role") or "user")
+        content = str(message.get("content") or "").strip()
+        label = PLAIN_ROLES.get(role, role.capitalize())
+        lines.append(f"{label}: {content}" if label else content)
+    lines.append("Assistant:")
+    return "\n".join(line for line in lines if line)

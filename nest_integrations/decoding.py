@@ -47,10 +47,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -63,8 +64,8 @@ from .attribution import (
     build_spans,
     summarize,
 )
-from .config import MODES, NestConfig
-from .conversation import retrieval_query
+from .config import DEFAULT_ALPHA, DEFAULT_TAU, MODES, NestConfig
+from .conversation import plain_transcript, retrieval_query
 from .copy_policy import acceptable_start, continues, focus_window, sentence_starts, wants_focus
 from .corpus import Passage
 from .datastore import CandidateSet, EncodedPassage, EncodeStats, TokenDatastore
@@ -77,6 +78,7 @@ from .repetition import repeat_free_length, repeating_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     from .batching import Row
+    from .calibration import Calibration
     from .lm import LoadedLM
     from .retrieval.base import PassageRetriever
 
@@ -139,12 +141,19 @@ class NestDecoder:
         config: Optional[NestConfig] = None,
         *,
         relevance: Optional[Any] = None,
+        calibration: Optional["Calibration"] = None,
+        calibrator: Optional[Callable[[], Optional["Calibration"]]] = None,
     ):
         self.lm = lm
         self.datastore = datastore
         self.retriever = retriever
         self.config = config or NestConfig()
         self.relevance = relevance
+        self.calibration = calibration
+        """alpha/tau fitted for this LM on the corpus (:mod:`~nest_integrations.calibration`), used where
+        the config leaves them None; None: :data:`~nest_integrations.config.DEFAULT_ALPHA` / ``DEFAULT_TAU``."""
+        self._calibrator = calibrator
+        self._calibration_lock = threading.Lock()
         if datastore is not None and datastore.encoder.lm is not lm:
             if datastore.encoder.lm.fingerprint() != lm.fingerprint():
                 raise ValueError("the datastore was built with another LM than the decoder's")
@@ -508,6 +517,26 @@ class NestDecoder:
                 ids.update(int(i) for i in source)
         return ids
 
+    def ensure_calibration(self, config: NestConfig) -> None:
+        """Fit the calibration now if ``config`` needs one (nest or ra_nest, alpha or tau left None),
+        the decoder has none and was given a ``calibrator``: once, before the first such generation,
+        so base and rag generations never pay for it."""
+        if self.calibration is not None or self._calibrator is None or config.mode not in ("nest", "ra_nest"):
+            return
+        if config.alpha is not None and config.tau is not None:
+            return
+        with self._calibration_lock:
+            if self.calibration is None and self._calibrator is not None:
+                self.calibration = self._calibrator()
+                self._calibrator = None
+
+    def rrc_parameters(self, config: NestConfig) -> tuple[float, float]:
+        """(alpha, tau) of the RRC mixture weight: the config's, else the calibration's, else the defaults."""
+        fitted = self.calibration
+        alpha = config.alpha if config.alpha is not None else (fitted.alpha if fitted else DEFAULT_ALPHA)
+        tau = config.tau if config.tau is not None else (fitted.tau if fitted else DEFAULT_TAU)
+        return alpha, tau
+
     def format_prompt(self, prompt: PromptLike, config: NestConfig, context: Sequence[Passage] = ()) -> str:
         """The prompt text fed to the LM: the chat template (when used) around the
         messages, with ``context`` passages put before the request (rag modes).
@@ -528,11 +557,13 @@ class NestDecoder:
                 "content": f"Use these passages:\n{block}\n\n{messages[last_user]['content']}",
             }
         tokenizer = self.lm.tokenizer
-        if config.use_chat_template and getattr(tokenizer, "chat_template", None):
-            if config.system_prompt is not None and messages[0].get("role") != "system":
-                messages.insert(0, {"role": "system", "content": config.system_prompt})
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return "\n\n".join(m["content"] for m in messages)
+        if not self._is_chat(prompt, config):
+            return "\n\n".join(m["content"] for m in messages)
+        if not getattr(tokenizer, "chat_template", None):  # a base model: the conversation as plain text
+            return plain_transcript(messages, config.system_prompt)
+        if config.system_prompt is not None and messages[0].get("role") != "system":
+            messages.insert(0, {"role": "system", "content": config.system_prompt})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     MIN_PROMPT_TOKENS = 16
     """A prompt is cut to fit the context (its last tokens are kept), but never to fewer than
@@ -585,8 +616,11 @@ class NestDecoder:
             return prompt
         return retrieval_query(prompt) or (str(prompt[-1].get("content") or "") if prompt else "")
 
-    def _is_chat(self, prompt: PromptLike, config: NestConfig) -> bool:
-        return not isinstance(prompt, str) or (config.use_chat_template and bool(getattr(self.lm.tokenizer, "chat_template", None)))
+    @staticmethod
+    def _is_chat(prompt: PromptLike, config: NestConfig) -> bool:
+        """Whether the prompt is a conversation (messages, or a string with ``use_chat_template``) rather
+        than text to continue; a model without a chat template reads it as a plain transcript."""
+        return not isinstance(prompt, str) or config.use_chat_template
 
     # ------------------------------------------------------------------ retrieval
     def _retrieve(self, query: str, passages: Optional[ScoredPassages], config: NestConfig) -> list[tuple[Passage, float]]:
@@ -625,6 +659,7 @@ class NestDecoder:
             context = [p for p, _ in hits[: config.rag_passages]]
         if not config.uses_datastore:
             return context
+        self.ensure_calibration(config)
         decision = self._gate(q, hits, config)
         gated = decision.kept
         stats.retrieval_s = time.perf_counter() - t0
@@ -735,7 +770,7 @@ class NestDecoder:
         if config.mode == "knnlm":
             lam = torch.full((t,), config.knnlm_lambda)
         else:
-            lam = rrc_lambda(nb.scores, config.alpha, config.tau)
+            lam = rrc_lambda(nb.scores, *self.rrc_parameters(config))
         has = torch.isfinite(nb.scores).any(-1)
         lam = torch.where(has, lam, torch.ones_like(lam))
         values = nb.values.masked_fill(~torch.isfinite(nb.scores), -1)

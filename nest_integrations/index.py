@@ -31,6 +31,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 from typing_extensions import Annotated
 
+from .calibration import Calibration, CalibrationFile
 from .corpus import Passage, load_passages_jsonl, save_passages_jsonl
 from .datastore import PassageEncoder, PrecomputedKeys, TokenDatastore
 from .key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, codec_from_arrays, parse_spec, resolve_codec, saved_array_names
@@ -93,6 +94,10 @@ class NestIndex:
         self.precompute_rate: Optional[float] = None
         """Tokens per second of the last key precomputation (None when keys are lazy)."""
         self._vector_cache: dict[tuple[str, str], np.ndarray] = {}
+        self.folder: Optional[Path] = None
+        """Where the index was saved or loaded from (calibrations are written there); None in memory."""
+        self.calibrations: dict[str, Calibration] = {}
+        """Calibrations of this corpus by LM fingerprint (:mod:`~nest_integrations.calibration`)."""
         self.datastore = TokenDatastore(self.passages, PassageEncoder(lm, key_layer, encoding_prefix), cache_mb=cache_mb)
 
     # ------------------------------------------------------------------ building
@@ -177,10 +182,47 @@ class NestIndex:
         return [(p, s) for p, s in hits if p.id not in excluded][:k]
 
     def decoder(self, config: Optional["NestConfig"] = None) -> "NestDecoder":
-        """A :class:`NestDecoder` over this index (retrieval, relevance gate, datastore)."""
+        """A :class:`NestDecoder` over this index (retrieval, relevance gate, datastore).
+
+        Where the config leaves alpha or tau to calibration (the default), the
+        decoder uses this index's calibration for its LM; when there is none, its
+        first nest or ra_nest generation fits one (:meth:`calibration`).
+        """
         from .decoding import NestDecoder
 
-        return NestDecoder(self.lm, self.datastore, self.retriever, config, relevance=self.relevance)
+        return NestDecoder(
+            self.lm, self.datastore, self.retriever, config, relevance=self.relevance,
+            calibration=self.calibrations.get(self.lm.fingerprint()), calibrator=self.calibration,
+        )
+
+    def calibration(self, *, show_progress: bool = True) -> Optional[Calibration]:
+        """alpha/tau for this index's LM on its corpus: the saved one, else fitted now (and saved).
+
+        The first call for an LM without one runs :meth:`calibrate` (a progress
+        bar; 1-2 minutes on 2 CPU cores for the default LM). Returns None, with a
+        warning, for a corpus too short to calibrate on (the defaults apply).
+        """
+        found = self.calibrations.get(self.lm.fingerprint())
+        if found is not None:
+            return found
+        try:
+            return self.calibrate(show_progress=show_progress)
+        except ValueError as err:
+            logger.warning("not calibrated (%s); using the default alpha/tau", err)
+            return None
+
+    def calibrate(self, *, n: int = 16, seed: int = 0, show_progress: bool = True) -> Calibration:
+        """Fit alpha/tau for this index's LM on ``n`` of its passages (:func:`~nest_integrations.calibration.calibrate`),
+        keep the result, and add it to the saved folder's calibrations when the index has one."""
+        from .calibration import calibrate
+
+        fitted = calibrate(self, n=n, seed=seed, show_progress=show_progress)
+        self.calibrations[fitted.lm_fingerprint] = fitted
+        if self.folder is not None:
+            saved = CalibrationFile.read(self.folder)
+            saved.calibrations[fitted.lm_fingerprint] = fitted
+            saved.write(self.folder)
+        return fitted
 
     def info(self) -> dict[str, Any]:
         pre = self.datastore.precomputed
@@ -218,6 +260,9 @@ class NestIndex:
         target = Path(path)
         with atomic_folder(target, kind=FORMAT, overwrite=overwrite) as tmp:
             self.write_into(tmp)
+            if self.calibrations:
+                CalibrationFile(calibrations=self.calibrations).write(tmp)
+        self.folder = target
         return target
 
     def write_into(self, folder: Path) -> None:
@@ -352,6 +397,8 @@ class NestIndex:
             raise ValueError(f"{folder}: keys are {manifest.hidden_size}-d, the LM's hidden size is {index.datastore.hidden_size}")
         if manifest.precomputed_keys:
             index.datastore.attach_precomputed(_load_keys(folder, manifest, passages, vocab_size=len(lm.tokenizer)))
+        index.folder = folder
+        index.calibrations = dict(CalibrationFile.read(folder).calibrations)
         return index
 
 

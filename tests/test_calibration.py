@@ -1,9 +1,41 @@
-"""RRC calibration: fitting alpha/tau from ratio distributions."""
+"""RRC calibration: fitting alpha/tau from ratio distributions, on any corpus, saved with the index."""
+
+import json
 
 import numpy as np
 import pytest
 
-from nest_integrations.calibration import best_threshold, fit_alpha_tau
+from nest_integrations.calibration import (
+    CALIBRATION_FILE,
+    REFERENCE_UNKNOWN_SHARE,
+    best_threshold,
+    continuation_cuts,
+    fit_alpha_tau,
+)
+from nest_integrations.config import NestConfig
+from nest_integrations.corpus import Passage
+from nest_integrations.index import NestIndex
+
+# A corpus with no people in it: how-to documentation, as a user's own would be.
+DOCS = [
+    Passage(id=f"doc{i}", title=title, text=text)
+    for i, (title, text) in enumerate(
+        [
+            ("Routes", "Routes map a method and a URL to a handler. A route is declared with app.get or app.post. "
+             "The handler receives the request and a reply object. Returning a value sends it as the response."),
+            ("Hooks", "Hooks run at fixed points of a request's life. The onRequest hook runs first, before parsing. "
+             "A hook that throws ends the request with an error. Hooks are registered with app.addHook."),
+            ("Logging", "Logging is off by default. Pass logger: true to turn it on. Each request gets a child logger "
+             "with its own id. The level can be set per route with the logLevel option."),
+            ("Plugins", "Plugins add routes, decorators and hooks. A plugin is an async function taking the instance "
+             "and options. Plugins are loaded in order with app.register. Each plugin gets its own scope."),
+            ("Validation", "Routes can validate their input with JSON schemas. The body, querystring and params each "
+             "take a schema. Invalid input is answered with status 400. Schemas are compiled once at start-up."),
+            ("Errors", "Errors thrown in a handler are sent as JSON with their status code. A custom error handler is "
+             "set with setErrorHandler. Not found routes use setNotFoundHandler. Errors are logged at level error."),
+        ]
+    )
+]
 
 
 def test_threshold_separates_known_from_unknown_ratios():
@@ -13,8 +45,20 @@ def test_threshold_separates_known_from_unknown_ratios():
     alpha, accuracy = best_threshold(known, unknown)
     assert 0.05 <= alpha <= 0.1 and accuracy == 1.0
     fitted = fit_alpha_tau(known, unknown)
-    assert fitted["alpha"] == pytest.approx(alpha, abs=1e-4) and fitted["tau"] > 0
+    assert fitted["separating_alpha"] == pytest.approx(alpha, abs=1e-4) and fitted["balanced_accuracy"] == 1.0
     assert fitted["known_ratio_quantiles"]["0.5"] < fitted["unknown_ratio_quantiles"]["0.5"]
+
+
+def test_alpha_follows_the_models_ratio_scale():
+    """Two models whose ratios differ only in scale get alphas on their own scales, at the
+    same quantile: a fixed alpha would leave the second one's LM weight near 1 everywhere."""
+    rng = np.random.default_rng(2)
+    known, unknown = rng.uniform(0.0, 0.2, 400), rng.uniform(0.1, 0.6, 400)
+    low = fit_alpha_tau(known, unknown)
+    high = fit_alpha_tau(0.5 + 0.5 * known, 0.5 + 0.5 * unknown)
+    assert high["alpha"] == pytest.approx(0.5 + 0.5 * low["alpha"], abs=2e-3)
+    assert high["tau"] == pytest.approx(0.5 * low["tau"], abs=2e-3)
+    assert np.mean(unknown < low["alpha"]) == pytest.approx(REFERENCE_UNKNOWN_SHARE, abs=0.01)
 
 
 def test_overlapping_ratios_give_a_lower_accuracy_and_no_ratios_an_error():
@@ -23,3 +67,45 @@ def test_overlapping_ratios_give_a_lower_accuracy_and_no_ratios_an_error():
     assert 0.5 < accuracy < 1.0
     with pytest.raises(ValueError):
         best_threshold(np.array([]), np.array([]))
+    with pytest.raises(ValueError, match="no ratios"):
+        fit_alpha_tau(np.array([]), np.array([0.2]))
+
+
+def test_cuts_fall_on_sentence_starts_anywhere_in_a_passage():
+    cuts = continuation_cuts(DOCS, 6, seed=0)
+    assert len(cuts) == 6
+    for passage, cut in cuts:
+        assert cut > 0 and passage.text[cut - 2 : cut] == ". "
+    assert len({cut for _, cut in cuts}) > 1
+    assert continuation_cuts([Passage(id="x", text="One short sentence only.")], 4) == []
+
+
+@pytest.fixture(scope="module")
+def docs_index(tiny_lm, tmp_path_factory):
+    """A saved index over DOCS with no calibration yet."""
+    return NestIndex.build(DOCS, tiny_lm, show_progress=False).save(tmp_path_factory.mktemp("calibration") / "index")
+
+
+def test_an_index_meeting_an_lm_without_calibration_fits_one_on_its_own_corpus_and_saves_it(tiny_lm, docs_index):
+    folder = docs_index
+    assert not (folder / CALIBRATION_FILE).exists()
+    index = NestIndex.load(folder, tiny_lm)
+    decoder = index.decoder()
+    decoder.generate("How are routes declared?", mode="base", max_new_tokens=2)
+    decoder.generate("How are routes declared?", mode="nest", alpha=0.3, tau=0.1, max_new_tokens=2)
+    assert decoder.calibration is None  # the LM alone, or explicit values: nothing to fit
+    decoder.generate("How are routes declared?", mode="nest", max_new_tokens=2)
+    fitted = decoder.calibration  # the default config leaves alpha/tau to calibration
+    assert fitted is not None and fitted.passages == len(DOCS) and fitted.tokens > 0 and fitted.tau > 0
+    assert fitted.lm_fingerprint == tiny_lm.fingerprint()
+    assert 0.0 <= fitted.alpha <= 1.0 and 0.5 <= fitted.balanced_accuracy <= 1.0
+    saved = json.loads((folder / CALIBRATION_FILE).read_text())
+    assert saved["calibrations"][tiny_lm.fingerprint()]["alpha"] == fitted.alpha
+
+    again = NestIndex.load(folder, tiny_lm).decoder()  # the saved calibration is used: nothing is fitted again
+    assert again.calibration == fitted
+    assert again.rrc_parameters(again.config) == (fitted.alpha, fitted.tau)
+    assert again.rrc_parameters(NestConfig(alpha=0.3, tau=0.1)) == (0.3, 0.1)
+
+    (folder / CALIBRATION_FILE).write_text("{not json")  # a broken cache is refitted, never trusted
+    assert NestIndex.load(folder, tiny_lm).calibrations == {}

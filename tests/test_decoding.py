@@ -214,3 +214,28 @@ def test_a_copy_continues_past_the_overlap_into_the_next_chunk(tiny_lm):
     assert pidx == 1 and second.text[span[0]:].startswith(" Their keeper"), "the repeated words are skipped"
     out = dec.generate("Quixotic zebras", max_new_tokens=40, use_chat_template=False, **COPY)
     assert "beneath Harrogate. Their keeper" in out.text and out.text.count("Harrogate") == 1
+
+
+def test_a_model_without_chat_template_reads_a_conversation_as_a_plain_transcript(tiny_lm):
+    """A base model gets the conversation as 'User: ... / Assistant:' text and answers after the
+    open 'Assistant:' line; text to continue (use_chat_template=False) stays as it is."""
+    import copy
+
+    from nest_integrations.config import NestConfig
+    from nest_integrations.decoding import NestDecoder
+
+    base = copy.copy(tiny_lm)
+    base.tokenizer = copy.deepcopy(tiny_lm.tokenizer)
+    base.tokenizer.chat_template = None
+    decoder = NestDecoder(base)
+    messages = [
+        {"role": "user", "content": "What is a route?"},
+        {"role": "assistant", "content": "A URL and a handler."},
+        {"role": "user", "content": "And a hook?"},
+    ]
+    text = decoder.format_prompt(messages, NestConfig(system_prompt="Answer briefly."))
+    assert text == "Answer briefly.\nUser: What is a route?\nAssistant: A URL and a handler.\nUser: And a hook?\nAssistant:"
+    assert decoder.format_prompt("Tell me a bio of Ada Lovelace.", NestConfig()) == "User: Tell me a bio of Ada Lovelace.\nAssistant:"
+    assert decoder.format_prompt("Once upon a time", NestConfig(use_chat_template=False)) == "Once upon a time"
+    out = decoder.generate("Tell me a bio of Ada Lovelace.", mode="base", max_new_tokens=3)
+    assert out.stats.prompt_tokens == len(base.tokenizer("User: Tell me a bio of Ada Lovelace.\nAssistant:")["input_ids"])

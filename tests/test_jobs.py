@@ -157,7 +157,7 @@ def test_nest_generate_resumed_over_another_index_is_refused_naming_it(monkeypat
     written = output.read_bytes()
     refused = CliRunner().invoke(app, [*run, "-d", str(second)])
     message = " ".join(refused.output.split())
-    assert refused.exit_code == 2 and "other settings (index: " in message and "--restart" in message
+    assert refused.exit_code == 2 and "other settings (" in message and "index: " in message and "--restart" in message
     assert output.read_bytes() == written
     again = CliRunner().invoke(app, [*run, "-d", str(first)])  # same settings: nothing to redo
     assert again.exit_code == 0 and "2 kept from an earlier run" in " ".join(again.output.split())

@@ -158,6 +158,9 @@ def run_key_bench(
     per_codec: dict[str, dict[str, list[Any]]] = {spec: {"search_s": [], "build_s": [], "entries": []} for spec in all_codecs}
     agreement: dict[tuple[str, str], dict[str, list[Any]]] = {(mode, spec): {} for mode in query_modes for spec in all_codecs}
     queries_total = dict.fromkeys(query_modes, 0)
+    first = next(iter(decoders.values()))
+    first.ensure_calibration(config.updated(mode="nest"))  # the alpha/tau nest decodes with
+    alpha, tau = first.rrc_parameters(config)
     for item in items:
         passages = [p for p, _ in index.retrieve(item.query, config.passage_k)]
         indices = [index.datastore.add(p) for p in passages]
@@ -183,7 +186,7 @@ def run_key_bench(
             reference = sets["float16"].search(mode_queries, config.token_k)
             for spec, candidates in sets.items():
                 found = candidates.search(mode_queries, config.token_k)
-                for name, values in _compare(reference, found, OVERLAP_K, config.alpha, config.tau).items():
+                for name, values in _compare(reference, found, OVERLAP_K, alpha, tau).items():
                     agreement[(mode, spec)].setdefault(name, []).extend(values.tolist())
         for t in range(len(queries)):  # codecs alternate query by query
             for spec, candidates in sets.items():

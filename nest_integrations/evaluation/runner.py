@@ -376,8 +376,9 @@ def fresh_lazy_datastore(index: NestIndex) -> TokenDatastore:
 
 
 def decoder_over(index: NestIndex, datastore: TokenDatastore, config: NestConfig) -> NestDecoder:
-    """A decoder with the index's LM, retriever and relevance gate over ``datastore``."""
-    return NestDecoder(index.lm, datastore, index.retriever, config, relevance=index.relevance)
+    """A decoder with the index's LM, retriever, relevance gate and calibration over ``datastore``."""
+    calibrated = index.calibration() if config.alpha is None or config.tau is None else None
+    return NestDecoder(index.lm, datastore, index.retriever, config, relevance=index.relevance, calibration=calibrated)
 
 
 def eval_decoder(index: NestIndex, config: NestConfig) -> NestDecoder:
@@ -650,6 +651,7 @@ def run_metadata(index: NestIndex, config: NestConfig) -> dict[str, Any]:
         "model": index.lm.name,
         "index": index.info(),
         "config": config.model_dump(mode="json", exclude={"mode"}),
+        "rrc": dict(zip(("alpha", "tau"), decoder_over(index, index.datastore, config).rrc_parameters(config))),
     }
 
 
@@ -686,7 +688,11 @@ def _summary_markdown(summary: Mapping[str, Any]) -> str:
     headers = ["mode", "condition", "n"] + [header for _, header in columns]
     rows = [[r["mode"], r["condition"], r["count"]] + [r.get(key) for key, _ in columns] for r in summary["results"]]
     config = summary["config"]
-    knobs = ", ".join(f"{k}={config[k]}" for k in ("passage_k", "token_k", "alpha", "delta", "gamma", "ra_gamma"))
+    rrc = summary.get("rrc") or {}
+    knobs = ", ".join(
+        f"{k}={rrc.get(k) if config.get(k) is None else config[k]}"
+        for k in ("passage_k", "token_k", "alpha", "tau", "delta", "gamma", "ra_gamma")
+    )
     return "\n".join(
         [
             f"# NEST evaluation: {summary['task']}",
