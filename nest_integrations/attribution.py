@@ -552,6 +552,12 @@ def _chars(offsets: list[int], line_map: Sequence[int]) -> tuple[int, int]:
     return offsets[min(line_map[0], last)], offsets[min(line_map[1], last)]
 
 
+def _container_indent(prefix: str) -> str:
+    """What a line needs before it to stay in the list items and quotes a line starting with
+    ``prefix`` sits in: the quote marks kept, list markers turned into spaces."""
+    return re.sub(r"[^\s>]", " ", prefix)
+
+
 def _closing_fence(text: str, token: "Token", lo: int, hi: int) -> Optional[str]:
     """None when the fence ``token`` (characters ``[lo, hi)`` of ``text``) ends with a closing
     fence line; else the line that would close it: its opener's indentation (and block-quote
@@ -561,13 +567,14 @@ def _closing_fence(text: str, token: "Token", lo: int, hi: int) -> Optional[str]
     closer = _BARE_FENCE.match(body[-1]) if body else None
     if closer is not None and closer.group(1)[0] == token.markup[0] and len(closer.group(1)) >= len(token.markup):
         return None
-    return lines[0][: lines[0].index(token.markup)] + token.markup
+    return _container_indent(lines[0][: lines[0].index(token.markup)]) + token.markup
 
 
 def _code_regions(
     text: str, tokens: Sequence["Token"], offsets: list[int]
 ) -> tuple[list[tuple[int, int, str]], list[tuple[int, int]]]:
-    """Where a marker would be shown as code: the code blocks of ``text`` as ``(a, b, prefix)``
+    """Where a marker would be shown as code (or raw HTML): the code and HTML blocks of ``text``
+    as ``(a, b, prefix)``
     (characters ``[a, b)``; ``prefix``: the indentation and block-quote marks a line after the
     block needs to stay in the block's container) and its inline code spans as ``(a, b)``. A code
     span pairs a backtick run with the next run of the same length in the same block
@@ -576,23 +583,57 @@ def _code_regions(
     for token in tokens:
         if token.map is None:
             continue
-        if token.type in ("fence", "code_block"):
+        if token.type in ("fence", "code_block", "html_block"):
             lo, hi = _chars(offsets, token.map)
-            lead = text[lo : lo + len(text[lo:hi]) - len(text[lo:hi].lstrip(" \t>"))]
-            blocks.append((lo, hi, lead[:-4] if token.type == "code_block" else lead))
+            first = text[lo:hi].split("\n", 1)[0]
+            if token.level == 0:  # at the top level a line needs nothing before it
+                lead = ""
+            elif token.type == "fence":
+                lead = _container_indent(first[: first.index(token.markup)])
+            elif token.type == "html_block":
+                lead = _container_indent(first[: len(first) - len(first.lstrip(" \t>"))])
+            else:  # an indented code block: its indentation less the four spaces that make it code
+                lead = _container_indent(first[: len(first) - len(first.lstrip(" \t>"))])[:-4]
+            blocks.append((lo, hi, lead))
         elif token.type == "inline":
-            lo, hi = _chars(offsets, token.map)
-            runs = [(lo + m.start(), lo + m.end()) for m in re.finditer("`+", text[lo:hi])]
-            i = 0
-            while i < len(runs):
-                width = runs[i][1] - runs[i][0]
-                partner = next((j for j in range(i + 1, len(runs)) if runs[j][1] - runs[j][0] == width), None)
-                if partner is None:
-                    i += 1
-                    continue
-                spans.append((runs[i][0], runs[partner][1]))
-                i = partner + 1
+            spans.extend(_code_spans(text, *_chars(offsets, token.map)))
     return blocks, spans
+
+
+def _code_spans(text: str, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The inline code spans of the block ``text[lo:hi]`` as ``(a, b)``, paired as CommonMark
+    pairs backtick runs: an opening run (without a first backtick escaped by a backslash) takes
+    the next run of the same length (backslashes are literal inside code); a run without a
+    partner is literal text."""
+    runs = [(lo + m.start(), lo + m.end()) for m in re.finditer("`+", text[lo:hi])]
+    spans = []
+    i = 0
+    while i < len(runs):
+        start, end = runs[i]
+        start += (start - lo - len(text[lo:start].rstrip("\\"))) % 2  # an escaped first backtick
+        partner = next((j for j in range(i + 1, len(runs)) if runs[j][1] - runs[j][0] == end - start), None)
+        if start == end or partner is None:
+            i += 1
+            continue
+        spans.append((start, runs[partner][1]))
+        i = partner + 1
+    return spans
+
+
+def _marker_offset(text: str, where: int, code_spans: Sequence[tuple[int, int]]) -> int:
+    """``where``, moved past the inline code span it is inside and past the backtick run it
+    would split (two runs either side of a marker could pair into a code span around it); before
+    a backslash that escapes what follows it (after it, the marker would take the escape)."""
+    if (where - len(text[:where].rstrip("\\"))) % 2:
+        where -= 1
+    while True:
+        inside = [hi for lo, hi in code_spans if lo < where < hi]
+        if inside:
+            where = inside[0]
+        elif 0 < where < len(text) and text[where - 1] == "`" == text[where]:
+            where += len(text[where:]) - len(text[where:].lstrip("`"))
+        else:
+            return where
 
 
 def _close_open_fences(text: str, cited: list[tuple[int, int, str]]) -> tuple[str, list[tuple[int, int, str]]]:
@@ -606,15 +647,18 @@ def _close_open_fences(text: str, cited: list[tuple[int, int, str]]) -> tuple[st
     """
     parser = _markdown_parser()
     tried: set[int] = set()
-    while True:
+    # Each fence of the text needs one closing line; a closing line a container misreads as an
+    # opener is not chased further than the text's own lines.
+    for _ in range(text.count("\n") + 1):
         offsets = _line_offsets(text)
         tokens = [t for t in parser.parse(text) if t.type == "fence" and t.map is not None]
         unclosed = [(lo, hi, fence) for t in tokens for lo, hi in [_chars(offsets, t.map)] if (fence := _closing_fence(text, t, lo, hi))]
         pending = [entry for entry in unclosed if entry[0] not in tried]
         if not pending:
             return text, cited
-        opened, at, fence = pending[0]
-        tried.add(opened)  # a closing line that does not take (a container misread) is not retried
+        line, at, fence = pending[0]
+        tried.add(line)  # a closing line that does not take (a container misread) is not retried
+        opened = text.index(fence.lstrip(" \t>"), line)  # the opening fence itself
         for start, end, _marker in cited:
             if start <= opened < end:
                 newline = text.find("\n", end - 1)
@@ -623,14 +667,15 @@ def _close_open_fences(text: str, cited: list[tuple[int, int, str]]) -> tuple[st
         closing = ("" if at == 0 or text[at - 1] == "\n" else "\n") + fence + "\n"
         text = text[:at] + closing + text[at:]
         cited = [(a + len(closing) * (a >= at), b + len(closing) * (b >= at), m) for a, b, m in cited]
+    return text, cited
 
 
 def _emphasis_allowed(text: str, a: int, b: int, code: Iterable[tuple[int, int]]) -> bool:
     """Whether ``**`` around ``text[a:b]`` renders as bold and changes nothing else: one line of
-    plain text outside code, not opening a line (where it could be a list or heading marker), and
+    plain text (no backslash to escape a star) outside code, not opening a line (where it could be a list or heading marker), and
     with edges that CommonMark lets open and close emphasis."""
     piece = text[a:b]
-    if not piece or any(ch in piece for ch in "\n`*_") or any(lo < b and a < hi for lo, hi in code):
+    if not piece or any(ch in piece for ch in "\n`*_\\") or any(lo < b and a < hi for lo, hi in code):
         return False
     line_start = text.rfind("\n", 0, a) + 1
     if not text[line_start:a].strip() and not piece[0].isalnum():
@@ -664,21 +709,21 @@ def place_markers(pieces: Sequence[tuple[str, Optional[str]]], emphasize: bool =
     code = [*((lo, hi) for lo, hi, _ in blocks), *code_spans]
     # Insertions by offset; at one offset: closing **, inline markers, marker lines, opening **.
     inserts: dict[int, list[tuple[int, str]]] = {}
-    line_prefix: dict[int, str] = {}  # offset of a marker line -> the indentation it needs
+    line_prefix: dict[int, tuple[str, bool]] = {}  # offset of a marker line -> (its indentation, blank line before)
     for start, end, marker in cited:
         core_end = start + len(text[start:end].rstrip())
         core_start = core_end - len(text[start:core_end].strip())
+        if core_start == core_end:  # copied whitespace: nothing to mark
+            continue
         if emphasize and _emphasis_allowed(text, core_start, core_end, code):
             inserts.setdefault(core_start, []).append((3, "**"))
             inserts.setdefault(core_end, []).append((0, "**"))
-        where, entry = core_end, (1, marker)
-        for lo, hi in code_spans:
-            if lo < where < hi:
-                where = hi
+        where, entry = _marker_offset(text, core_end, code_spans), (1, marker)
         for lo, hi, prefix in blocks:
             if lo < where <= hi:  # in the block, or right after its last character (a fence line ending the text)
                 where, entry = hi, (2, marker)
-                line_prefix[where] = prefix
+                # An HTML block runs to a blank line: the marker needs one before it.
+                line_prefix[where] = (prefix, text[lo:hi].lstrip(" \t>").startswith("<"))
         inserts.setdefault(where, []).append(entry)
     out, last = [], 0
     for where in sorted(inserts):
@@ -688,8 +733,9 @@ def place_markers(pieces: Sequence[tuple[str, Optional[str]]], emphasize: bool =
         opening = [s for k, s in inserts[where] if k == 3]
         out.extend(inline)
         if lines:
-            before = "" if where == 0 or text[where - 1] == "\n" else "\n"
-            prefix = line_prefix[where]
+            prefix, blank = line_prefix[where]
+            ending = len(text[:where]) - len(text[:where].rstrip("\n"))  # newlines already before it
+            before = "" if where == 0 else "\n" * max((2 if blank else 1) - ending, 0)
             # A marker line at the top level stands apart; one in a list item or quote keeps it going.
             apart = not prefix and not text.startswith("\n", where)
             after = "" if where == len(text) else "\n\n" if apart else "\n"
