@@ -572,13 +572,12 @@ def _closing_fence(text: str, token: "Token", lo: int, hi: int) -> Optional[str]
 
 def _code_regions(
     text: str, tokens: Sequence["Token"], offsets: list[int]
-) -> tuple[list[tuple[int, int, str]], list[tuple[int, int]]]:
+) -> tuple[list[tuple[int, int, str, bool]], list[tuple[int, int]]]:
     """Where a marker would be shown as code (or raw HTML): the code and HTML blocks of ``text``
-    as ``(a, b, prefix)``
-    (characters ``[a, b)``; ``prefix``: the indentation and block-quote marks a line after the
-    block needs to stay in the block's container) and its inline code spans as ``(a, b)``. A code
-    span pairs a backtick run with the next run of the same length in the same block
-    (CommonMark's rule; a run without a partner is literal text)."""
+    as ``(a, b, prefix, blank)`` (characters ``[a, b)``; ``prefix``: the indentation and
+    block-quote marks a line after the block needs to stay in the block's container; ``blank``:
+    whether that line needs a blank line before it, as after an HTML block, which runs to one)
+    and its inline code spans as ``(a, b)`` (:func:`_code_spans`)."""
     blocks, spans = [], []
     for token in tokens:
         if token.map is None:
@@ -594,7 +593,7 @@ def _code_regions(
                 lead = _container_indent(first[: len(first) - len(first.lstrip(" \t>"))])
             else:  # an indented code block: its indentation less the four spaces that make it code
                 lead = _container_indent(first[: len(first) - len(first.lstrip(" \t>"))])[:-4]
-            blocks.append((lo, hi, lead))
+            blocks.append((lo, hi, lead, token.type == "html_block"))
         elif token.type == "inline":
             spans.extend(_code_spans(text, *_chars(offsets, token.map)))
     return blocks, spans
@@ -704,43 +703,50 @@ def place_markers(pieces: Sequence[tuple[str, Optional[str]]], emphasize: bool =
             cited.append((at, at + len(piece), marker))
         at += len(piece)
     text, cited = _close_open_fences(text, cited)
-    offsets = _line_offsets(text)
-    blocks, code_spans = _code_regions(text, _markdown_parser().parse(text), offsets)
-    code = [*((lo, hi) for lo, hi, _ in blocks), *code_spans]
-    # Insertions by offset; at one offset: closing **, inline markers, marker lines, opening **.
-    inserts: dict[int, list[tuple[int, str]]] = {}
-    line_prefix: dict[int, tuple[str, bool]] = {}  # offset of a marker line -> (its indentation, blank line before)
+    return _insert(text, _insertions(text, cited, emphasize))
+
+
+def _insertions(text: str, cited: list[tuple[int, int, str]], emphasize: bool) -> dict[int, list[tuple[str, Any]]]:
+    """Where each cited span's marker (and bold) goes in ``text``: ``offset -> [(kind, value)]``,
+    kind ``"close"`` / ``"open"`` (``**``), ``"inline"`` (a marker) or ``"line"`` (``(marker,
+    indentation, blank line before)``: a marker on its own line after a block)."""
+    blocks, code_spans = _code_regions(text, _markdown_parser().parse(text), _line_offsets(text))
+    code = [*((lo, hi) for lo, hi, _, _ in blocks), *code_spans]
+    inserts: dict[int, list[tuple[str, Any]]] = {}
     for start, end, marker in cited:
         core_end = start + len(text[start:end].rstrip())
         core_start = core_end - len(text[start:core_end].strip())
         if core_start == core_end:  # copied whitespace: nothing to mark
             continue
         if emphasize and _emphasis_allowed(text, core_start, core_end, code):
-            inserts.setdefault(core_start, []).append((3, "**"))
-            inserts.setdefault(core_end, []).append((0, "**"))
-        where, entry = _marker_offset(text, core_end, code_spans), (1, marker)
-        for lo, hi, prefix in blocks:
+            inserts.setdefault(core_start, []).append(("open", "**"))
+            inserts.setdefault(core_end, []).append(("close", "**"))
+        where = _marker_offset(text, core_end, code_spans)
+        entry: tuple[str, Any] = ("inline", marker)
+        for lo, hi, prefix, blank in blocks:
             if lo < where <= hi:  # in the block, or right after its last character (a fence line ending the text)
-                where, entry = hi, (2, marker)
-                # An HTML block runs to a blank line: the marker needs one before it.
-                line_prefix[where] = (prefix, text[lo:hi].lstrip(" \t>").startswith("<"))
+                where, entry = hi, ("line", (marker, prefix, blank))
         inserts.setdefault(where, []).append(entry)
+    return inserts
+
+
+def _insert(text: str, inserts: dict[int, list[tuple[str, Any]]]) -> str:
+    """``text`` with the :func:`_insertions` made; at one offset: closing ``**``, inline markers,
+    the marker line, opening ``**``. A marker repeated at one offset is written once."""
     out, last = [], 0
     for where in sorted(inserts):
         out.append(text[last:where])
-        inline = _unique([s for k, s in sorted(inserts[where], key=lambda e: e[0]) if k in (0, 1)])
-        lines = _unique([s for k, s in inserts[where] if k == 2])
-        opening = [s for k, s in inserts[where] if k == 3]
-        out.extend(inline)
-        if lines:
-            prefix, blank = line_prefix[where]
+        kinds = {kind: [value for k, value in inserts[where] if k == kind] for kind in ("close", "inline", "line", "open")}
+        out.extend(kinds["close"] + _unique(kinds["inline"]))
+        if kinds["line"]:
+            _, prefix, blank = kinds["line"][0]
             ending = len(text[:where]) - len(text[:where].rstrip("\n"))  # newlines already before it
             before = "" if where == 0 else "\n" * max((2 if blank else 1) - ending, 0)
             # A marker line at the top level stands apart; one in a list item or quote keeps it going.
             apart = not prefix and not text.startswith("\n", where)
             after = "" if where == len(text) else "\n\n" if apart else "\n"
-            out.append(before + prefix + "".join(lines) + after)
-        out.extend(opening)
+            out.append(before + prefix + "".join(_unique([marker for marker, _, _ in kinds["line"]])) + after)
+        out.extend(kinds["open"])
         last = where
     out.append(text[last:])
     return "".join(out)
