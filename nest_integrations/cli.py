@@ -807,6 +807,39 @@ def bench_gate(
     console.print((out / "gate.md").read_text())
 
 
+@app.command("bench-device")
+def bench_device(
+    models: str = typer.Option("default,gemma-3-270m", help="Comma-separated LMs: embedded names, local folders or hub ids available offline."),
+    device: str = typer.Option("cuda", help="Where to run: cuda, cuda:<i>, mps or cpu."),
+    dtypes: str = typer.Option("float16,bfloat16", help="Comma-separated dtypes: float32, float16, bfloat16."),
+    n: int = typer.Option(8, min=1, help="Timed biography prompts per model and dtype (one more runs untimed first)."),
+    max_new_tokens: int = typer.Option(96, min=1, help="Tokens per generation."),
+    passages: int = typer.Option(300, min=1, help="Wikipedia summaries about people to index (keys precomputed on the device)."),
+    out: Path = typer.Option(Path("runs/device-bench"), help="Output folder (device_bench.json, device_bench.md)."),
+) -> None:
+    """NEST (base and nest modes) against the LM's own greedy generate, per model and dtype, on a device."""
+    from .evaluation.device_bench import check_device, check_dtypes, run_device_bench
+
+    if not _comma_list(models):
+        _fail("--models is empty")
+    try:
+        check_dtypes(_comma_list(dtypes))
+    except ValueError as err:
+        _fail(f"--dtypes: {err}")
+    try:
+        check_device(device)
+    except ValueError as err:
+        _fail(f"--device: {err}")
+    try:
+        run_device_bench(
+            models=_comma_list(models), device=device, dtypes=_comma_list(dtypes), n=n,
+            max_new_tokens=max_new_tokens, passages=passages, out_dir=out,
+        )
+    except ValueError as err:
+        _fail(str(err))
+    console.print((out / "device_bench.md").read_text())
+
+
 @app.command()
 def calibrate(
     datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
