@@ -68,7 +68,7 @@ WALL_RATIO_GOAL = 0.5
 _TASK = "markdown-docs"
 """Metric set of :func:`~.runner.score_item` for documentation questions (answer recall)."""
 _SUFFIXES = {".txt", ".md"}
-_NEST_TIME_KEYS = ("retrieval_s", "encode_s", "decode_s", "outside_decoder_s")
+_NEST_TIME_KEYS = ("retrieval_s", "encode_s", "decode_s", "other_decoder_s", "outside_decoder_s")
 _SUMMARY_KEYS = (
     "wall_s", "answer_recall", "new_tokens", "attribution_ratio", "span_integrity", "markup_copied",
     "repetitive", "cited_unanswerable", "forward_passes", "encoded_passages", *_NEST_TIME_KEYS,
@@ -97,6 +97,12 @@ def _keys_memory_mapped(datastore: Any) -> bool:
     if keys is None:
         return False
     return all(isinstance(segment.keys, np.memmap) for segment in getattr(keys, "segments", [keys]))
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the working directory when inside it (results name no machine's folders), else absolute."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(Path.cwd())) if resolved.is_relative_to(Path.cwd()) else str(resolved)
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -270,8 +276,10 @@ def _ask(
     Returns:
         ``{"id", "kind", "question", "answers", "nest": {...}, "rag": {...}, "wall_ratio"}``:
         NEST's :func:`~.runner.score_item` metrics with ``wall_s`` the measured
-        call, ``decoder_wall_s`` the decoder's own and ``outside_decoder_s`` the
-        difference (first-stage retrieval of the engines, message conversion);
+        call, ``decoder_wall_s`` the decoder's own, ``other_decoder_s`` the part of
+        it outside retrieval, key fetching and decoding (planning the answer's
+        opening, prompt formatting) and ``outside_decoder_s`` the rest of the
+        call (first-stage retrieval of the engines, message conversion);
         RAG's ``wall_s``, text, ``answer_recall`` and ``new_tokens`` (the LM's
         tokens of its answer).
     """
@@ -283,6 +291,7 @@ def _ask(
         "text": output["text"],
         "decoder_wall_s": metrics["wall_s"],
         "wall_s": nest_wall,
+        "other_decoder_s": max(metrics["wall_s"] - metrics["retrieval_s"] - metrics["encode_s"] - metrics["decode_s"], 0.0),
         "outside_decoder_s": max(nest_wall - metrics["wall_s"], 0.0),
         "encoded_passages": output["stats"].get("encoded_passages", 0),
         "fallback_reason": output["stats"].get("fallback_reason"),
@@ -363,7 +372,10 @@ _SUMMARY_COLUMNS: tuple[str, ...] = (
     "NEST wall s", "RAG wall s", "NEST / RAG wall", f"<= {WALL_RATIO_GOAL}", "NEST recall", "RAG recall",
     "NEST tokens", "RAG tokens", "NEST attribution",
 )
-_SPLIT_COLUMNS: tuple[str, ...] = ("integration", "NEST wall s", "retrieval + gate s", "key fetch/encode s", "decode s", "outside decoder s", "forwards")
+_SPLIT_COLUMNS: tuple[str, ...] = (
+    "integration", "NEST wall s", "retrieval + gate s", "key fetch/encode s", "decode s", "other in decoder s",
+    "outside decoder s", "forwards",
+)
 _QUESTION_COLUMNS: tuple[str, ...] = ("question", "kind", "NEST s", "RAG s", "ratio", "NEST recall", "RAG recall", "NEST tokens", "RAG tokens", "NEST forwards")
 
 
@@ -502,7 +514,7 @@ def run_store_bench(
         "command": shlex.join(sys.argv),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": lm.name,
-        "docs_dir": str(docs_dir),
+        "docs_dir": _shown_path(docs_dir),
         "chunk_size": chunk_size,
         "n_items": len(items),
         "seed": seed,
