@@ -65,6 +65,14 @@ PROMPT_TOKENS = 64
 FORCED_TOKENS = 32
 """Tokens after the cut teacher-forced per passage."""
 
+DATASTORE_PASSAGES = 4
+"""Passages in the token datastore per forced text: the passage and the 3 the first stage
+retrieves beside it (*known*), or the 4 it retrieves without it (*unknown*). The relevance
+gate keeps 1 to 4 passages for most questions, and each one costs its key encoding."""
+
+MIN_PASSAGES = 4
+"""Passages measured before a time budget may end a calibration."""
+
 
 class CalibrationCorpus(Protocol):
     """What calibration needs of an index or a store: its LM, its passages, a first stage
@@ -196,9 +204,11 @@ def continuation_cuts(
 
 
 def measure_ratios(
-    index: CalibrationCorpus, cuts: Sequence[tuple[Passage, int]], *, on_item: Optional[Callable[[], None]] = None
+    index: CalibrationCorpus, cuts: Sequence[tuple[Passage, int]], *, on_item: Optional[Callable[[], bool]] = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Distance ratios (known, unknown), float (tokens,) each, over the forced text of every cut.
+    """Distance ratios (known, unknown), float (tokens,) each, over the forced text of the cuts.
+
+    ``on_item`` is called after each cut; returning False stops the measurement there.
 
     The prompt is the last ``PROMPT_TOKENS`` tokens before the cut, as plain
     text (no chat template, so base and chat models are measured alike); the
@@ -207,7 +217,7 @@ def measure_ratios(
     # The ratios do not depend on alpha/tau; fixing them keeps the decoder from asking for a calibration.
     decoder = index.decoder(NestConfig(alpha=DEFAULT_ALPHA, tau=DEFAULT_TAU))
     tokenizer = index.lm.tokenizer
-    k = decoder.config.passage_k
+    k = DATASTORE_PASSAGES
     known: list[float] = []
     unknown: list[float] = []
     for passage, cut in cuts:
@@ -223,17 +233,22 @@ def measure_ratios(
                 prompt, forced, query=query, passages=hits, mode="nest", min_passage_relevance=-1.0, use_chat_template=False
             )
             sink.extend(scored.ratio.tolist())
-        if on_item is not None:
-            on_item()
+        if on_item is not None and not on_item():
+            break
     return np.asarray(known, dtype=np.float64), np.asarray(unknown, dtype=np.float64)
 
 
-def calibrate(index: CalibrationCorpus, *, n: int = 16, seed: int = 0, show_progress: bool = True) -> Calibration:
-    """Fit alpha/tau for ``index.lm`` on ``n`` passages of the index's own corpus.
+def calibrate(
+    index: CalibrationCorpus, *, n: int = 12, seed: int = 0, budget_s: Optional[float] = 90.0, show_progress: bool = True
+) -> Calibration:
+    """Fit alpha/tau for ``index.lm`` on up to ``n`` passages of the index's own corpus.
 
-    Cost: ``n`` short teacher-forced forwards and the key encoding of about
-    ``n * passage_k`` passages (1-2 minutes on 2 CPU cores for the default
-    LM and ``n=16``). More passages give steadier quantiles for the time.
+    Cost: per passage, one short teacher-forced forward per condition and the
+    key encoding of up to ``DATASTORE_PASSAGES + 1`` passages (none when keys
+    are precomputed). ``budget_s`` bounds the wall time: after it, the
+    calibration ends with the passages measured so far (at least
+    ``MIN_PASSAGES``); None measures all ``n``. More passages give steadier
+    quantiles for the time; ``Calibration.passages`` says how many were used.
 
     Raises:
         ValueError: the corpus has no passage of two sentences to cut.
@@ -244,12 +259,21 @@ def calibrate(index: CalibrationCorpus, *, n: int = 16, seed: int = 0, show_prog
     if not cuts:
         raise ValueError("calibration needs passages of at least two sentences; the corpus has none")
     t0 = time.perf_counter()
-    with tqdm(total=len(cuts), desc=f"Calibrating {index.lm.name} on {len(cuts)} passages", unit="passage", disable=not show_progress) as bar:
-        known, unknown = measure_ratios(index, cuts, on_item=lambda: bar.update(1))
+    done = 0
+    desc = f"Calibrating {index.lm.name} on up to {len(cuts)} passages" + (f" (at most {budget_s:.0f} s)" if budget_s else "")
+    with tqdm(total=len(cuts), desc=desc, unit="passage", disable=not show_progress) as bar:
+
+        def measured() -> bool:
+            nonlocal done
+            done += 1
+            bar.update(1)
+            return budget_s is None or done < MIN_PASSAGES or time.perf_counter() - t0 < budget_s
+
+        known, unknown = measure_ratios(index, cuts, on_item=measured)
     fitted = fit_alpha_tau(known, unknown)
     result = Calibration(
-        lm_name=index.lm.name, lm_fingerprint=index.lm.fingerprint(), passages=len(cuts),
+        lm_name=index.lm.name, lm_fingerprint=index.lm.fingerprint(), passages=done,
         tokens=int(min(len(known), len(unknown))), seconds=round(time.perf_counter() - t0, 2), **fitted,
     )
-    logger.info("calibrated %s: alpha %.4f tau %.4f (balanced accuracy %.2f)", result.lm_name, result.alpha, result.tau, result.balanced_accuracy)
+    logger.info("calibrated %s on %d passages: alpha %.4f tau %.4f (balanced accuracy %.2f)", result.lm_name, done, result.alpha, result.tau, result.balanced_accuracy)
     return result

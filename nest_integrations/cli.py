@@ -844,8 +844,9 @@ def bench_device(
 def calibrate(
     datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
     model: Optional[str] = typer.Option(None, help="LM to calibrate (default: the one the index was built with)."),
-    n: int = typer.Option(16, min=1, help="Passages of the index's corpus to teacher-force."),
+    n: int = typer.Option(12, min=1, help="Passages of the index's corpus to teacher-force, at most."),
     seed: int = typer.Option(0, help="Seed drawing the passages and their cuts."),
+    budget_s: float = typer.Option(90.0, min=0, help="Wall-time bound in seconds (0: measure all --n passages)."),
 ) -> None:
     """Fit alpha/tau for an LM on an index's own passages and save them with the index.
 
@@ -853,7 +854,7 @@ def calibrate(
     """
     index = _load_index(datastore, model)
     try:
-        result = index.calibrate(n=n, seed=seed)
+        result = index.calibrate(n=n, seed=seed, budget_s=budget_s or None)
     except ValueError as err:
         _fail(str(err))
     console.print_json(result.model_dump_json())

@@ -90,6 +90,9 @@ def retrieval_query(messages: Sequence[Mapping[str, str]]) -> str:
 PLAIN_ROLES = {"system": "", "user": "User", "assistant": "Assistant"}
 """Speaker labels of :func:`plain_transcript`; the system turn goes first, unlabelled."""
 
+TRANSCRIPT_STOP = "\nUser:"
+"""Where an answer to a plain transcript ends: a base model goes on to write the user's next turn."""
+
 
 def plain_transcript(messages: Sequence[Mapping[str, str]], system_prompt: str | None = None) -> str:
     """A conversation as plain text, for a model without a chat template (a base model).

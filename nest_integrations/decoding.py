@@ -65,7 +65,7 @@ from .attribution import (
     summarize,
 )
 from .config import DEFAULT_ALPHA, DEFAULT_TAU, MODES, NestConfig
-from .conversation import plain_transcript, retrieval_query
+from .conversation import TRANSCRIPT_STOP, plain_transcript, retrieval_query
 from .copy_policy import acceptable_start, continues, focus_window, sentence_starts, wants_focus
 from .corpus import Passage
 from .datastore import CandidateSet, EncodedPassage, EncodeStats, TokenDatastore
@@ -368,7 +368,7 @@ class NestDecoder:
         from .batching import Row
 
         started = time.perf_counter()
-        gen = Generation(config=config)
+        gen = Generation(config=self._with_transcript_stop(prompt, config))
         context = self._prepare(gen, prompt, query, passages)
         prompt_ids = self.encode_prompt(self.format_prompt(prompt, config, context), config, gen.stats)
         generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
@@ -615,6 +615,14 @@ class NestDecoder:
         if isinstance(prompt, str):
             return prompt
         return retrieval_query(prompt) or (str(prompt[-1].get("content") or "") if prompt else "")
+
+    def _with_transcript_stop(self, prompt: PromptLike, config: NestConfig) -> NestConfig:
+        """``config``, plus the stop string :data:`~nest_integrations.conversation.TRANSCRIPT_STOP` when
+        the prompt is read as a plain transcript: a base model writes the user's next turn itself."""
+        if self._is_chat(prompt, config) and not getattr(self.lm.tokenizer, "chat_template", None):
+            if TRANSCRIPT_STOP not in config.stop:
+                return config.updated(stop=[*config.stop, TRANSCRIPT_STOP])
+        return config
 
     @staticmethod
     def _is_chat(prompt: PromptLike, config: NestConfig) -> bool:

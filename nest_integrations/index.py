@@ -199,7 +199,7 @@ class NestIndex:
         """alpha/tau for this index's LM on its corpus: the saved one, else fitted now (and saved).
 
         The first call for an LM without one runs :meth:`calibrate` (a progress
-        bar; 1-2 minutes on 2 CPU cores for the default LM). Returns None, with a
+        bar; at most ``budget_s``, 90 s by default). Returns None, with a
         warning, for a corpus too short to calibrate on (the defaults apply).
         """
         found = self.calibrations.get(self.lm.fingerprint())
@@ -211,12 +211,12 @@ class NestIndex:
             logger.warning("not calibrated (%s); using the default alpha/tau", err)
             return None
 
-    def calibrate(self, *, n: int = 16, seed: int = 0, show_progress: bool = True) -> Calibration:
+    def calibrate(self, *, n: int = 12, seed: int = 0, budget_s: Optional[float] = 90.0, show_progress: bool = True) -> Calibration:
         """Fit alpha/tau for this index's LM on ``n`` of its passages (:func:`~nest_integrations.calibration.calibrate`),
         keep the result, and add it to the saved folder's calibrations when the index has one."""
         from .calibration import calibrate
 
-        fitted = calibrate(self, n=n, seed=seed, show_progress=show_progress)
+        fitted = calibrate(self, n=n, seed=seed, budget_s=budget_s, show_progress=show_progress)
         self.calibrations[fitted.lm_fingerprint] = fitted
         if self.folder is not None:
             saved = CalibrationFile.read(self.folder)

@@ -239,3 +239,6 @@ def test_a_model_without_chat_template_reads_a_conversation_as_a_plain_transcrip
     assert decoder.format_prompt("Once upon a time", NestConfig(use_chat_template=False)) == "Once upon a time"
     out = decoder.generate("Tell me a bio of Ada Lovelace.", mode="base", max_new_tokens=3)
     assert out.stats.prompt_tokens == len(base.tokenizer("User: Tell me a bio of Ada Lovelace.\nAssistant:")["input_ids"])
+    # A base model that goes on to write the user's next turn stops before it; text to continue does not.
+    assert decoder.prepare_row("Tell me a bio of Ada Lovelace.", None, None, NestConfig(mode="base")).gen.config.stop == ["\nUser:"]
+    assert decoder.prepare_row("Once", None, None, NestConfig(mode="base", use_chat_template=False)).gen.config.stop == []
