@@ -788,6 +788,35 @@ def bench_keys(
     console.print((out / "key_bench.md").read_text())
 
 
+@app.command("bench-store")
+def bench_store(
+    out: Path = typer.Option(Path("runs/store-bench"), help="Output folder (store_bench.json, table.md)."),
+    n: int = typer.Option(12, min=1, help="Questions of the markdown-docs domain (stratified by kind)."),
+    seed: int = typer.Option(0, help="Sampling seed of the questions."),
+    integrations: str = typer.Option("langchain,llama_index", help="Comma-separated: langchain, llama_index."),
+    chunk_size: Optional[int] = typer.Option(None, min=1, help="Splitter chunk size (default: the README quick start's)."),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="NEST's token budget (default: the README's)."),
+    rag_max_new_tokens: Optional[int] = typer.Option(None, min=1, help="RAG's token budget (default: NEST's)."),
+    store_dir: Optional[Path] = typer.Option(None, help="Keep the saved stores here (default: a temporary folder)."),
+    reuse_stores: bool = typer.Option(False, help="Load the stores already saved in --store-dir."),
+) -> None:
+    """NEST against in-context RAG through the README's LangChain and LlamaIndex quick starts, on stores
+    with precomputed keys, saved and loaded memory-mapped (wall time per question, recall)."""
+    from .evaluation.store_bench import INTEGRATIONS, README_CHUNK_SIZE, README_MAX_NEW_TOKENS, run_store_bench
+
+    chosen = _comma_list(integrations)
+    if not chosen or set(chosen) - set(INTEGRATIONS):
+        _fail(f"--integrations takes some of {', '.join(INTEGRATIONS)}, got {integrations!r}")
+    if reuse_stores and store_dir is None:
+        _fail("--reuse-stores needs --store-dir")
+    run_store_bench(
+        out_dir=out, n=n, seed=seed, integrations=chosen, chunk_size=chunk_size or README_CHUNK_SIZE,
+        max_new_tokens=max_new_tokens or README_MAX_NEW_TOKENS, rag_max_new_tokens=rag_max_new_tokens,
+        store_dir=store_dir, reuse_stores=reuse_stores,
+    )
+    console.print((out / "table.md").read_text())
+
+
 @app.command("bench-gate")
 def bench_gate(
     datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder of the people summaries (default: the demo index)."),
