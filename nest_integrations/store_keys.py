@@ -238,6 +238,11 @@ class StoreKeys:
     def lm(self) -> Optional["LoadedLM"]:
         return self._lm
 
+    def passages(self) -> list[Passage]:
+        """The store's documents as passages, in the store's order (a snapshot, taken under the store's lock)."""
+        with self._lock:
+            return self._live()
+
     @property
     def bound(self) -> bool:
         """Whether the token datastore exists (an LM has been bound)."""

@@ -238,12 +238,23 @@ class NestModelBase(BaseModel):
         lm = self.lm
         if self.retriever is None:
             return NestDecoder(lm, None, None, self.nest_config)
-        return NestDecoder(lm, self._token_datastore(lm), None, self.nest_config, relevance=relevance_function(self.retriever))
+        relevance = relevance_function(self.retriever)
+        store = self._nest_store()
+        if store is None:
+            return NestDecoder(lm, self._token_datastore(lm), None, self.nest_config, relevance=relevance)
+        # alpha/tau left to calibration: the store's for this LM, else fitted on its documents at the first nest call.
+        return NestDecoder(
+            lm, store.token_datastore(lm), None, self.nest_config, relevance=relevance,
+            calibration=store.saved_calibration(lm), calibrator=lambda: store.calibration(lm),
+        )
+
+    def _nest_store(self) -> Optional[NestVectorStore]:
+        """The :class:`NestVectorStore` the retriever searches, if it is one (directly or as its retriever)."""
+        store = self.retriever.vectorstore if isinstance(self.retriever, VectorStoreRetriever) else self.retriever
+        return store if isinstance(store, NestVectorStore) else None
 
     def _token_datastore(self, lm: "LoadedLM") -> "TokenDatastore":
-        store = self.retriever.vectorstore if isinstance(self.retriever, VectorStoreRetriever) else self.retriever
-        if isinstance(store, NestVectorStore):
-            return store.token_datastore(lm)
+        """The model's own datastore, for a retriever other than a :class:`NestVectorStore`."""
         with self._lock:
             if self._datastore is None:
                 from ..datastore import PassageEncoder, TokenDatastore

@@ -42,10 +42,12 @@ from ..corpus import Passage
 from ..jsonsafe import json_safe
 from ..safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
 from ..shards import KEY_ARRAYS, read_arrays
+from ..store_calibration import StoreCalibrations, local_calibrations_file
 from ..store_keys import SavedKeysInfo, StoreKeys
 from .documents import cosine_to, default_embeddings, document_to_passage
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..calibration import Calibration
     from ..datastore import TokenDatastore
     from ..lm import LoadedLM
 
@@ -57,6 +59,9 @@ FORMAT_VERSION = 2
 _DOCUMENTS_FILE = "documents.json"
 _VECTORS_FILE = "vectors.npy"
 _KEYS_FOLDER = "keys"
+_CALIBRATION_FILE = "calibration.json"
+"""alpha/tau fitted on the store's documents, by LM fingerprint: a cache, so outside the checksums
+(an unreadable one is fitted again, see :mod:`nest_integrations.store_calibration`)."""
 
 MetadataFilter = Union[Callable[[Document], bool], dict[str, Any]]
 """A document predicate, or metadata values that must all match exactly."""
@@ -170,6 +175,7 @@ class NestVectorStore(VectorStore):
             self._passages, self._lock, lm=lm, key_layer=key_layer, encoding_prefix=encoding_prefix,
             cache_mb=cache_mb, precompute=precompute_keys, show_progress=show_progress, owner="NestVectorStore",
         )
+        self._calibrations = StoreCalibrations(self._keys)
 
     # ------------------------------------------------------------------ basics
     @property
@@ -393,6 +399,51 @@ class NestVectorStore(VectorStore):
         self._keys.bind(lm)
         return self._keys.encode_missing(show_progress=show_progress)
 
+    @property
+    def calibrations(self) -> dict[str, "Calibration"]:
+        """alpha/tau fitted on the store's documents, by LM fingerprint (saved with the store)."""
+        return self._calibrations.calibrations
+
+    def saved_calibration(self, lm: "LoadedLM") -> Optional["Calibration"]:
+        """The store's calibration for ``lm``, without fitting one (None: none yet)."""
+        return self._calibrations.saved(lm)
+
+    def calibration(self, lm: Optional["LoadedLM"] = None, *, show_progress: Optional[bool] = None) -> Optional["Calibration"]:
+        """alpha/tau for ``lm`` (default the store's) on the store's documents: the store's, else fitted now
+        (:meth:`calibrate`). What a :class:`NestLLM` / :class:`ChatNest` over the store runs before its first
+        nest generation that leaves alpha or tau to calibration. None, with a warning, when no document
+        has two sentences to fit on (the defaults apply).
+
+        Args:
+            show_progress: None: the store's setting.
+        """
+        return self._calibrations.calibration(lm, self._scored_passages, show_progress=show_progress)
+
+    def calibrate(
+        self,
+        lm: Optional["LoadedLM"] = None,
+        *,
+        n: int = 12,
+        seed: int = 0,
+        budget_s: Optional[float] = 90.0,
+        show_progress: Optional[bool] = None,
+    ) -> "Calibration":
+        """Fit alpha/tau for ``lm`` (default the store's) on ``n`` of the store's documents, at most
+        ``budget_s`` seconds (:func:`~nest_integrations.calibration.calibrate`); keep it, and add it
+        to the saved store's ``calibration.json`` when the store was saved or loaded.
+
+        Raises:
+            ValueError: no document of two sentences to fit on; no LM.
+        """
+        return self._calibrations.calibrate(
+            lm, self._scored_passages, n=n, seed=seed, budget_s=budget_s, show_progress=show_progress
+        )
+
+    def _scored_passages(self, query: str, k: int) -> list[tuple[Passage, float]]:
+        """The store's similarity search as (passage, cosine) pairs, best first (the calibration's first
+        stage: searched directly, so the public search methods serve the models' first stage alone)."""
+        return [(document_to_passage(doc), score) for doc, score, _ in self._search(self.embedding.embed_query(query), k, None)]
+
     # ------------------------------------------------------------------ persistence
     def save_local(self, folder: Union[str, os.PathLike[str]], *, overwrite: bool = False) -> Path:
         """Write the documents, vectors and token keys to ``folder`` atomically (see :mod:`nest_integrations.safe_io`).
@@ -445,8 +496,12 @@ class NestVectorStore(VectorStore):
                     np.save(tmp / _KEYS_FOLDER / f"{name}.npy", np.ascontiguousarray(getattr(keys, name)), allow_pickle=False)
                 files += _key_files()
                 manifest["keys"] = info.model_dump()
+            calibrations = self._calibrations.to_save()
+            if calibrations is not None:
+                (tmp / _CALIBRATION_FILE).write_bytes(calibrations)  # fsynced with the folder
             manifest["checksums"] = {name: sha256_file(tmp / name) for name in files}
             (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
+        self._calibrations.saved_to(local_calibrations_file(target / _CALIBRATION_FILE))
         return target
 
     @classmethod
@@ -498,6 +553,7 @@ class NestVectorStore(VectorStore):
                 assert manifest.keys is not None
                 arrays = read_arrays(base / _KEYS_FOLDER, KEY_ARRAYS)
                 store._keys.attach_saved(store._passages(), arrays, manifest.keys, str(base))
+        store._calibrations.load(local_calibrations_file(base / _CALIBRATION_FILE))
         store._keys.after_add()
         return store
 

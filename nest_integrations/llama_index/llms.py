@@ -265,8 +265,7 @@ class NestLLM(CustomLLM):
         )
 
     def _token_datastore(self, lm: LoadedLM) -> TokenDatastore:
-        if self._store is not None:
-            return self._store.token_datastore(lm)
+        """The LLM's own datastore, for a retriever other than a :class:`NestVectorStore` index."""
         with self._lock:
             if self._datastore is None:
                 encoder = PassageEncoder(lm, self.key_layer, self.encoding_prefix)
@@ -295,7 +294,14 @@ class NestLLM(CustomLLM):
         from ..decoding import NestDecoder
 
         lm = self.lm
-        return NestDecoder(lm, self._token_datastore(lm), self._retriever, self.config, relevance=self._relevance)
+        store = self._store
+        if store is None:
+            return NestDecoder(lm, self._token_datastore(lm), self._retriever, self.config, relevance=self._relevance)
+        # alpha/tau left to calibration: the store's for this LM, else fitted on its nodes at the first nest call.
+        return NestDecoder(
+            lm, store.token_datastore(lm), self._retriever, self.config, relevance=self._relevance,
+            calibration=store.saved_calibration(lm), calibrator=lambda: store.calibration(lm, self.embed_model),
+        )
 
     def _decoder_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Decoder keyword arguments from call kwargs (``nodes`` become ``passages``)."""

@@ -14,6 +14,9 @@ Persisted layout (``persist_path`` is the manifest, as LlamaIndex's
                                                    (token_ids, char_spans, keys, valid, offsets) in node
                                                    order, memory-mapped on load from a local disk; the
                                                    manifest's ``keys`` names the LM that encoded them
+    default__vector_store.calibration.json         alpha/tau fitted on the nodes, by LM fingerprint
+                                                   (:mod:`nest_integrations.store_calibration`): a cache,
+                                                   outside the checksums (an unreadable one is fitted again)
 
 Data files are named by their content, so replacing a store is one rename of
 the manifest (see :meth:`NestVectorStore.persist`). Loading never executes code
@@ -62,10 +65,14 @@ from ..datastore import TokenDatastore
 from ..lm import parse_key_layer
 from ..safe_io import ArtefactManifest, locked_folder, parse_manifest, sha256_file, write_file_atomic
 from ..shards import KEY_ARRAYS
+from ..store_calibration import CalibrationsFile, Search, StoreCalibrations
 from ..store_keys import SavedKeysInfo, StoreKeys
 from ._common import node_to_passage, unit_rows
 
 if TYPE_CHECKING:  # pragma: no cover
+    from llama_index.core.base.embeddings.base import BaseEmbedding
+
+    from ..calibration import Calibration
     from ..lm import LoadedLM
 
 logger = logging.getLogger(__name__)
@@ -90,6 +97,24 @@ def _sha256(data: bytes) -> str:
 def _stem(persist_path: str) -> str:
     name = posixpath.basename(persist_path)
     return name[: -len(".json")] if name.endswith(".json") else name
+
+
+def _calibration_path(persist_path: str) -> str:
+    """The calibrations file beside the manifest at ``persist_path``: one per namespace, as its nodes are."""
+    return posixpath.join(posixpath.dirname(persist_path), f"{_stem(persist_path)}.calibration.json")
+
+
+def _calibrations_file(fs: fsspec.AbstractFileSystem, persist_path: str) -> CalibrationsFile:
+    """The store's calibrations file on ``fs`` (see :func:`_calibration_path`)."""
+    path = _calibration_path(persist_path)
+
+    def read() -> Optional[bytes]:
+        if not fs.exists(path):
+            return None
+        with fs.open(path, "rb") as handle:
+            return handle.read()
+
+    return CalibrationsFile(path, read, lambda data: _write_file(fs, path, data))
 
 
 def _data_names(persist_path: str, data: dict[str, bytes]) -> dict[str, str]:
@@ -308,6 +333,7 @@ class NestVectorStore(BasePydanticVectorStore):
     _table: Optional[tuple[list[str], np.ndarray]] = PrivateAttr(default=None)
     _lock: threading.RLock = PrivateAttr(default_factory=threading.RLock)
     _keys: StoreKeys = PrivateAttr()
+    _calibrations: StoreCalibrations = PrivateAttr()
 
     def __init__(self, lm: Optional[LoadedLM] = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -315,6 +341,7 @@ class NestVectorStore(BasePydanticVectorStore):
             self._passages, self._lock, lm=lm, key_layer=self.key_layer, encoding_prefix=self.encoding_prefix,
             cache_mb=self.cache_mb, precompute=self.precompute_keys, show_progress=self.show_progress, owner="NestVectorStore",
         )
+        self._calibrations = StoreCalibrations(self._keys)
 
     @field_validator("key_layer")
     @classmethod
@@ -364,6 +391,60 @@ class NestVectorStore(BasePydanticVectorStore):
         """
         self._keys.bind(lm)
         return self._keys.encode_missing(show_progress=show_progress)
+
+    # ------------------------------------------------------------------ calibration
+    @property
+    def calibrations(self) -> dict[str, "Calibration"]:
+        """alpha/tau fitted on the store's nodes, by LM fingerprint (persisted with the store)."""
+        return self._calibrations.calibrations
+
+    def saved_calibration(self, lm: LoadedLM) -> Optional["Calibration"]:
+        """The store's calibration for ``lm``, without fitting one (None: none yet)."""
+        return self._calibrations.saved(lm)
+
+    def calibration(
+        self, lm: Optional[LoadedLM], embed_model: "BaseEmbedding", *, show_progress: Optional[bool] = None
+    ) -> Optional["Calibration"]:
+        """alpha/tau for ``lm`` (None: the store's) on the store's nodes: the store's, else fitted now
+        (:meth:`calibrate`). What a :class:`~nest_integrations.llama_index.NestLLM` over the store runs
+        before its first nest generation that leaves alpha or tau to calibration. None, with a warning,
+        when no node has two sentences to fit on (the defaults apply).
+
+        Args:
+            embed_model: embeds the first-stage queries of the fit (the one the nodes were embedded with).
+            show_progress: None: the store's setting.
+        """
+        return self._calibrations.calibration(lm, self._search_with(embed_model), show_progress=show_progress)
+
+    def calibrate(
+        self,
+        lm: Optional[LoadedLM],
+        embed_model: "BaseEmbedding",
+        *,
+        n: int = 12,
+        seed: int = 0,
+        budget_s: Optional[float] = 90.0,
+        show_progress: Optional[bool] = None,
+    ) -> "Calibration":
+        """Fit alpha/tau for ``lm`` (None: the store's) on ``n`` of the store's nodes, at most ``budget_s``
+        seconds (:func:`~nest_integrations.calibration.calibrate`); keep it, and add it to the persisted
+        store's calibrations file when the store was persisted or loaded.
+
+        Raises:
+            ValueError: no node of two sentences to fit on; no LM; an ``embed_model`` of another dimension.
+        """
+        return self._calibrations.calibrate(
+            lm, self._search_with(embed_model), n=n, seed=seed, budget_s=budget_s, show_progress=show_progress
+        )
+
+    def _search_with(self, embed_model: "BaseEmbedding") -> Search:
+        """The store's similarity search for text queries embedded by ``embed_model``: (passage, cosine), best first."""
+
+        def search(query: str, k: int) -> list[tuple[Passage, float]]:
+            result = self.query(VectorStoreQuery(query_embedding=embed_model.get_query_embedding(query), similarity_top_k=k))
+            return [(node_to_passage(node), float(score)) for node, score in zip(result.nodes or [], result.similarities or [])]
+
+        return search
 
     # ------------------------------------------------------------------ writes
     def add(self, nodes: Sequence[BaseNode], **add_kwargs: Any) -> List[str]:
@@ -565,6 +646,12 @@ class NestVectorStore(BasePydanticVectorStore):
                 _write_file(fs, posixpath.join(folder, names[key]), payload)
             _write_file(fs, persist_path, json.dumps(manifest, indent=2).encode())
             _remove_stale(fs, persist_path, keep=set(names.values()))
+            calibrations, calibration_path = self._calibrations.to_save(), _calibration_path(persist_path)
+            if calibrations is not None:
+                _write_file(fs, calibration_path, calibrations)
+            elif fs.exists(calibration_path):
+                fs.rm(calibration_path)  # a store persisted in place of another: not its calibrations
+        self._calibrations.saved_to(_calibrations_file(fs, persist_path))
         logger.info("persisted %d node(s) to %s", len(ids), persist_path)
 
     @classmethod
@@ -635,6 +722,7 @@ class NestVectorStore(BasePydanticVectorStore):
                     for name in KEY_ARRAYS
                 }
                 store._keys.attach_saved(store._passages(), arrays, manifest.keys, persist_path)
+        store._calibrations.load(_calibrations_file(fs, persist_path))
         store._keys.after_add()
         with _persist_lock(fs, posixpath.dirname(persist_path), blocking=False) as acquired:
             if acquired:

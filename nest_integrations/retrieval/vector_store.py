@@ -166,6 +166,12 @@ def store_decoder(
     the first generation over new passages pays their encoding (about 0.3 s
     per 8 passages of ~100 tokens on 2 CPU cores for the default LM).
     The relevance gate uses ``retriever.relevance`` when it has one.
+
+    No calibration: a foreign store cannot list its documents to fit alpha/tau
+    on, so a config that leaves them None gets the defaults (0.3 / 0.1, chosen
+    on SmolLM2-135M-Instruct). For another LM, fit them on a
+    :class:`~nest_integrations.index.NestIndex` or a ``NestVectorStore`` over a
+    sample of the corpus (``calibrate()``) and pass ``alpha`` / ``tau`` in ``config``.
     """
     from ..datastore import PassageEncoder, TokenDatastore
     from ..decoding import NestDecoder

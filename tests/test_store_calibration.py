@@ -1,0 +1,186 @@
+"""alpha/tau of the LangChain and LlamaIndex vector stores: fitted on the store's own documents at the
+first nest generation that leaves them to calibration, kept, saved with the store, read back on load."""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+
+import pytest
+from langchain_core.embeddings import DeterministicFakeEmbedding
+from llama_index.core import Document as LlamaDocument
+from llama_index.core import StorageContext, VectorStoreIndex
+from llama_index.core.base.embeddings.base import BaseEmbedding
+
+import nest_integrations.store_calibration as store_calibration
+from nest_integrations.decoding import NestDecoder
+from nest_integrations.langchain import NestLLM as LangChainLLM
+from nest_integrations.langchain import NestVectorStore as LangChainStore
+from nest_integrations.llama_index import NestLLM as LlamaIndexLLM
+from nest_integrations.llama_index import NestVectorStore as LlamaIndexStore
+
+# Six short how-to documents of several sentences each: every one can be cut at a sentence start.
+TEXTS = {
+    "routes": "Routes map a method and a URL to a handler. A route is declared with app.get or app.post. "
+    "The handler receives the request and a reply object. Returning a value sends it as the response.",
+    "hooks": "Hooks run at fixed points of a request's life. The onRequest hook runs first, before parsing. "
+    "A hook that throws ends the request with an error. Hooks are registered with app.addHook.",
+    "logging": "Logging is off by default. Pass logger: true to turn it on. Each request gets a child logger "
+    "with its own id. The level can be set per route with the logLevel option.",
+    "plugins": "Plugins add routes, decorators and hooks. A plugin is an async function taking the instance "
+    "and options. Plugins are loaded in order with app.register. Each plugin gets its own scope.",
+    "validation": "Routes can validate their input with JSON schemas. The body, querystring and params each "
+    "take a schema. Invalid input is answered with status 400. Schemas are compiled once at start-up.",
+    "errors": "Errors thrown in a handler are sent as JSON with their status code. A custom error handler is "
+    "set with setErrorHandler. Not found routes use setNotFoundHandler. Errors are logged at level error.",
+}
+QUESTION = "How are routes declared?"
+SHORT = {"max_new_tokens": 2}
+
+
+class HashEmbedding(BaseEmbedding):
+    """Deterministic offline embedding: hashed counts of lower-cased words."""
+
+    dim: int = 32
+
+    def _vector(self, text: str) -> list[float]:
+        vector = [0.0] * self.dim
+        for word in re.findall(r"\w+", text.lower()):
+            vector[zlib.crc32(word.encode()) % self.dim] += 1.0
+        return vector
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return self._vector(query)
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return self._vector(query)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self._vector(text)
+
+
+class Spy:
+    """The calibrations stores fit, and the (alpha, tau) every nest generation decodes with."""
+
+    def __init__(self) -> None:
+        self.fits: list = []
+        self.used: list = []
+        self.fitting = False
+
+
+@pytest.fixture
+def spy(monkeypatch) -> Spy:
+    seen = Spy()
+    fit, ensure = store_calibration.calibrate, NestDecoder.ensure_calibration
+
+    def counted(*args, **kwargs):
+        seen.fitting = True  # the fit's own scoring passes are not generations of the model
+        try:
+            seen.fits.append(fit(*args, **kwargs))
+        finally:
+            seen.fitting = False
+        return seen.fits[-1]
+
+    def recorded(self, config):
+        ensure(self, config)
+        if not seen.fitting:
+            seen.used.append(self.rrc_parameters(config))
+
+    monkeypatch.setattr(store_calibration, "calibrate", counted)
+    monkeypatch.setattr(NestDecoder, "ensure_calibration", recorded)
+    return seen
+
+
+def check_fitted(fitted, lm) -> None:
+    assert fitted.lm_fingerprint == lm.fingerprint() and fitted.passages == len(TEXTS) and fitted.tokens > 0
+    assert 0.0 <= fitted.alpha <= 1.0 and fitted.tau > 0
+
+
+# --------------------------------------------------------------------------- LangChain
+def langchain_store(lm) -> LangChainStore:
+    return LangChainStore.from_texts(
+        list(TEXTS.values()), DeterministicFakeEmbedding(size=16), ids=list(TEXTS), lm=lm, show_progress=False
+    )
+
+
+def test_a_langchain_store_fits_at_the_first_nest_call_keeps_and_saves_it(tiny_lm, tmp_path, spy):
+    store = langchain_store(tiny_lm)
+    folder = store.save_local(tmp_path / "store")
+    llm = LangChainLLM.from_lm(tiny_lm, retriever=store, **SHORT)
+    llm.invoke(QUESTION, mode="base")
+    llm.invoke(QUESTION, alpha=0.3, tau=0.1)
+    assert spy.fits == [] and store.calibrations == {}  # the LM alone, or explicit values: nothing to fit
+    assert spy.used == [(0.3, 0.1)]
+
+    llm.invoke(QUESTION)  # the default config leaves alpha/tau to calibration
+    llm.invoke(QUESTION)
+    assert len(spy.fits) == 1, "a store fits once per LM; later calls use what it kept"
+    fitted = spy.fits[0]
+    check_fitted(fitted, tiny_lm)
+    assert store.calibrations == {tiny_lm.fingerprint(): fitted}
+    assert spy.used[1:] == [(fitted.alpha, fitted.tau)] * 2
+    saved = json.loads((folder / "calibration.json").read_text())  # the saved store got it at once
+    assert saved["calibrations"][tiny_lm.fingerprint()]["alpha"] == fitted.alpha
+
+    again = LangChainStore.load_local(folder, DeterministicFakeEmbedding(size=16), lm=tiny_lm, show_progress=False)
+    assert again.calibrations == {tiny_lm.fingerprint(): fitted}
+    LangChainLLM.from_lm(tiny_lm, retriever=again.as_retriever(), **SHORT).invoke(QUESTION)
+    assert len(spy.fits) == 1 and spy.used[-1] == (fitted.alpha, fitted.tau)  # read back, not fitted again
+
+
+def test_a_langchain_calibration_fitted_in_memory_is_saved_with_the_store(tiny_lm, tmp_path, spy):
+    store = langchain_store(tiny_lm)
+    fitted = store.calibrate(n=3, budget_s=None)
+    assert fitted.passages == 3
+    folder = store.save_local(tmp_path / "store")
+    again = LangChainStore.load_local(folder, DeterministicFakeEmbedding(size=16), lm=tiny_lm)
+    assert again.saved_calibration(tiny_lm) == fitted
+
+    (folder / "calibration.json").write_text("{not json")  # a broken cache is fitted again, never trusted
+    assert LangChainStore.load_local(folder, DeterministicFakeEmbedding(size=16), lm=tiny_lm).calibrations == {}
+
+
+def test_a_store_too_short_to_fit_on_keeps_the_defaults_and_warns_once(tiny_lm, caplog, spy):
+    store = LangChainStore.from_texts(["One sentence only."], DeterministicFakeEmbedding(size=16), lm=tiny_lm, show_progress=False)
+    llm = LangChainLLM.from_lm(tiny_lm, retriever=store, **SHORT)
+    with caplog.at_level("WARNING", logger="nest_integrations.store_calibration"):
+        llm.invoke(QUESTION)
+        llm.invoke(QUESTION)
+    assert store.calibrations == {} and spy.used == [(0.3, 0.1)] * 2
+    assert sum("not calibrated" in r.getMessage() for r in caplog.records) == 1
+
+
+# --------------------------------------------------------------------------- LlamaIndex
+def llama_index(store: LlamaIndexStore) -> VectorStoreIndex:
+    documents = [LlamaDocument(text=text, id_=name) for name, text in TEXTS.items()]
+    storage = StorageContext.from_defaults(vector_store=store)
+    return VectorStoreIndex.from_documents(documents, storage_context=storage, embed_model=HashEmbedding())
+
+
+def test_a_llama_index_store_fits_at_the_first_nest_call_keeps_and_persists_it(tiny_lm, tmp_path, spy):
+    store = LlamaIndexStore(lm=tiny_lm, show_progress=False)
+    index = llama_index(store)
+    index.storage_context.persist(str(tmp_path))
+    llm = LlamaIndexLLM(tiny_lm, retriever=index, **SHORT)
+    llm.complete(QUESTION, mode="base")
+    llm.complete(QUESTION, alpha=0.3, tau=0.1)
+    assert spy.fits == [] and store.calibrations == {}
+
+    llm.complete(QUESTION)
+    llm.complete(QUESTION)
+    assert len(spy.fits) == 1
+    fitted = spy.fits[0]
+    check_fitted(fitted, tiny_lm)
+    assert spy.used == [(0.3, 0.1)] + [(fitted.alpha, fitted.tau)] * 2
+    saved = json.loads((tmp_path / "default__vector_store.calibration.json").read_text())
+    assert saved["calibrations"][tiny_lm.fingerprint()]["tau"] == fitted.tau
+
+    again = LlamaIndexStore.from_persist_dir(str(tmp_path), lm=tiny_lm)
+    assert again.calibrations == {tiny_lm.fingerprint(): fitted}
+    reloaded = VectorStoreIndex.from_vector_store(again, embed_model=HashEmbedding())
+    LlamaIndexLLM(tiny_lm, retriever=reloaded, **SHORT).complete(QUESTION)
+    assert len(spy.fits) == 1 and spy.used[-1] == (fitted.alpha, fitted.tau)
+
+    LlamaIndexStore(lm=tiny_lm).persist(str(tmp_path / "default__vector_store.json"))  # another store in its place
+    assert not (tmp_path / "default__vector_store.calibration.json").exists()
