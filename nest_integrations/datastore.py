@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
+from .conversation import plain_transcript
 from .corpus import Passage
 from .key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, resolve_codec, sample_rows
 from .lm import KeyReader
@@ -62,25 +63,25 @@ def resolve_encoding_prefix(tokenizer: Any, prefix: str | None) -> str:
     """Turn an encoding-prefix setting into the literal text placed before each passage.
 
     Args:
-        prefix: ``"chat"`` -- an empty user turn followed by an opened assistant
-            turn of the tokenizer's chat template. Passages encoded this way sit
-            where an answer sits, so their hidden states match the decoder's
-            query states at the start of an answer (measured on SmolLM2 over the
-            Wikipedia summaries: right passage as first neighbour 15/15 versus 6/15
-            for bare passages). ``None`` or ``"auto"`` -- ``"chat"`` when the
-            tokenizer has a chat template, else bare. Any other string is used
+        prefix: ``"chat"`` -- where an answer sits: an empty user turn followed
+            by an opened assistant turn of the tokenizer's chat template, or, for
+            a model without one (a base model), the open ``"Assistant:"`` line
+            that ends the plain transcript it is prompted with
+            (:func:`~nest_integrations.conversation.plain_transcript`). Passages
+            encoded this way have hidden states that match the decoder's query
+            states at the start of an answer (measured on SmolLM2 over the
+            Wikipedia summaries: right passage as first neighbour 15/15 versus
+            6/15 for bare passages), so an answer can open with a passage's first
+            words. ``None`` or ``"auto"`` -- ``"chat"``. Any other string is used
             literally (``""`` = bare passages).
     """
-    has_template = bool(getattr(tokenizer, "chat_template", None))
     if prefix in (None, "auto"):
-        prefix = CHAT_PREFIX if has_template else ""
-    if prefix == CHAT_PREFIX:
-        if not has_template:
-            raise ValueError("encoding prefix 'chat' needs a tokenizer with a chat template")
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": ""}], tokenize=False, add_generation_prompt=True
-        )
-    return prefix
+        prefix = CHAT_PREFIX
+    if prefix != CHAT_PREFIX:
+        return prefix
+    if not getattr(tokenizer, "chat_template", None):
+        return plain_transcript([])
+    return tokenizer.apply_chat_template([{"role": "user", "content": ""}], tokenize=False, add_generation_prompt=True)
 
 
 @dataclass
