@@ -99,12 +99,17 @@ def plain_transcript(messages: Sequence[Mapping[str, str]], system_prompt: str |
 
     Each turn is ``"User: ..."`` / ``"Assistant: ..."`` on its own line, the
     system prompt (or a system message) first, and the text ends with an open
-    ``"Assistant:"`` line, so the model's continuation is the answer. The
-    answer's first token is then the one after the colon: no template token
-    marks it, and nothing in decoding looks for one.
+    ``"Assistant:"`` line and a line break, so the model's continuation is the
+    answer: no template token marks where it starts, and nothing in decoding
+    looks for one. The line break matters: after ``"Assistant:"`` a base model
+    expects a word with a leading space, which a copy of a passage's first word
+    does not have; after the break it expects the word as a passage begins
+    (Gemma-3-270M, 6 biography requests: the summary's first token has 0.0002
+    to 0.002 of the most likely token's probability after the colon, 0.06 to 1
+    after the break).
 
         >>> plain_transcript([{"role": "user", "content": "Tell me a bio of Ada Lovelace."}])
-        'User: Tell me a bio of Ada Lovelace.\\nAssistant:'
+        'User: Tell me a bio of Ada Lovelace.\\nAssistant:\\n'
     """
     lines: list[str] = []
     if system_prompt and not any(m.get("role") == "system" for m in messages):
@@ -115,4 +120,4 @@ def plain_transcript(messages: Sequence[Mapping[str, str]], system_prompt: str |
         label = PLAIN_ROLES.get(role, role.capitalize())
         lines.append(f"{label}: {content}" if label else content)
     lines.append("Assistant:")
-    return "\n".join(line for line in lines if line)
+    return "\n".join(line for line in lines if line) + "\n"

@@ -234,11 +234,11 @@ def test_a_model_without_chat_template_reads_a_conversation_as_a_plain_transcrip
         {"role": "user", "content": "And a hook?"},
     ]
     text = decoder.format_prompt(messages, NestConfig(system_prompt="Answer briefly."))
-    assert text == "Answer briefly.\nUser: What is a route?\nAssistant: A URL and a handler.\nUser: And a hook?\nAssistant:"
-    assert decoder.format_prompt("Tell me a bio of Ada Lovelace.", NestConfig()) == "User: Tell me a bio of Ada Lovelace.\nAssistant:"
+    assert text == "Answer briefly.\nUser: What is a route?\nAssistant: A URL and a handler.\nUser: And a hook?\nAssistant:\n"
+    assert decoder.format_prompt("Tell me a bio of Ada Lovelace.", NestConfig()) == "User: Tell me a bio of Ada Lovelace.\nAssistant:\n"
     assert decoder.format_prompt("Once upon a time", NestConfig(use_chat_template=False)) == "Once upon a time"
     out = decoder.generate("Tell me a bio of Ada Lovelace.", mode="base", max_new_tokens=3)
-    assert out.stats.prompt_tokens == len(base.tokenizer("User: Tell me a bio of Ada Lovelace.\nAssistant:")["input_ids"])
+    assert out.stats.prompt_tokens == len(base.tokenizer("User: Tell me a bio of Ada Lovelace.\nAssistant:\n")["input_ids"])
     # A base model that goes on to write the user's next turn stops before it; text to continue does not.
     assert decoder.prepare_row("Tell me a bio of Ada Lovelace.", None, None, NestConfig(mode="base")).gen.config.stop == ["\nUser:"]
     assert decoder.prepare_row("Once", None, None, NestConfig(mode="base", use_chat_template=False)).gen.config.stop == []
