@@ -1,9 +1,10 @@
 """Fitting the RRC offset alpha and temperature tau to a model and a corpus.
 
 The mixture weight of the LM is ``lambda = sigmoid((d_min/d_max - alpha) / tau)``
-(:func:`~nest_integrations.mixture.rrc_lambda`). The distance ratio lives on a
-scale of its own for every model and key layer, so alpha and tau must follow the
-model: values that make SmolLM2 copy leave Gemma-3 writing alone.
+(:func:`~nest_integrations.mixture.rrc_lambda`). The distance ratio's scale
+depends on the model, its key layer and the corpus (the same LM's ratios sit
+lower over Markdown documentation than over encyclopedia prose), so alpha and
+tau follow them instead of being one fixed pair.
 
 Procedure (:func:`calibrate`, ``nest calibrate``), on the user's own passages,
 no questions needed: for ``n`` passages of the corpus, cut each at a sentence
@@ -18,7 +19,7 @@ every forced token twice:
 The two ratio distributions are then mapped onto the reference scale the
 defaults were chosen on (:func:`fit_alpha_tau`): alpha is the ratio below
 which the same share of *unknown* steps fall as below the default alpha on the
-default model, and tau spreads the same share of the distribution. So the
+default model, and tau is the same multiple of their interquartile range. So the
 default model keeps its behaviour and another model's mixture trusts retrieval
 as often as the default's does, at its own scale. The best separating
 threshold and its balanced accuracy are reported beside them: they say how
