@@ -152,7 +152,7 @@ def index_build(
     ),
     key_compression: str = typer.Option(
         "none", help=f"Store precomputed keys as {CODEC_HELP}; none keeps float16 (1,152 B/token on the default LM). "
-        "A codec is trained on a sample of the first passages encoded; README: Compressed keys has the measured "
+        "A codec is trained on a sample of the first passages encoded; docs/compression.md has the measured "
         "trade-off (bytes, neighbour agreement, attribution, speed).",
     ),
     model: str = typer.Option("default", help="LM: 'default', a hub id or a local path."),
