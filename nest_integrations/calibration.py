@@ -87,6 +87,17 @@ class CalibrationCorpus(Protocol):
     def decoder(self, config: Optional[NestConfig] = None) -> Any: ...
 
 
+def retrieve_excluding(
+    search: Callable[[str, int], list[tuple[Passage, float]]], query: str, k: int, exclude_ids: Sequence[str] = ()
+) -> list[tuple[Passage, float]]:
+    """Top-k of ``search(query, ...)`` without the passages in ``exclude_ids``: asks for that
+    many more, so leaving the source out (calibration's *unknown* steps, source-absent
+    evaluation) still gives ``k`` passages."""
+    excluded = set(exclude_ids)
+    hits = search(query, k + len(excluded))
+    return [(p, s) for p, s in hits if p.id not in excluded][:k]
+
+
 class Calibration(BaseModel):
     """alpha and tau fitted for one LM on one corpus, with the evidence behind them."""
 
@@ -115,20 +126,30 @@ class CalibrationFile(BaseModel):
     calibrations: dict[str, Calibration] = Field(default_factory=dict)
 
     @classmethod
-    def read(cls, folder: Path) -> "CalibrationFile":
-        """The folder's calibrations; empty when it has none or the file is unreadable
-        (a calibration is a cache: it is redone, never trusted half-written)."""
-        path = Path(folder) / CALIBRATION_FILE
-        if not path.exists():
+    def parse(cls, raw: Optional[bytes], where: str) -> "CalibrationFile":
+        """The calibrations in a file's bytes (None: no file); empty, with a warning naming
+        ``where``, when they do not parse (a calibration is a cache: it is redone, never
+        trusted half-written)."""
+        if raw is None:
             return cls()
         try:
-            return cls.model_validate_json(path.read_bytes())
+            return cls.model_validate_json(raw)
         except ValueError as err:
-            logger.warning("ignoring unreadable %s (%s); the model will be calibrated again", path, err)
+            logger.warning("ignoring unreadable %s (%s); the model will be calibrated again", where, err)
             return cls()
 
+    def to_bytes(self) -> bytes:
+        """The file's bytes (indented JSON)."""
+        return self.model_dump_json(indent=1).encode()
+
+    @classmethod
+    def read(cls, folder: Path) -> "CalibrationFile":
+        """The calibrations saved in an index folder (:meth:`parse`)."""
+        path = Path(folder) / CALIBRATION_FILE
+        return cls.parse(path.read_bytes() if path.exists() else None, str(path))
+
     def write(self, folder: Path) -> None:
-        write_file_atomic(Path(folder) / CALIBRATION_FILE, self.model_dump_json(indent=1).encode())
+        write_file_atomic(Path(folder) / CALIBRATION_FILE, self.to_bytes())
 
 
 def best_threshold(known: np.ndarray, unknown: np.ndarray) -> tuple[float, float]:

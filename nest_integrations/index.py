@@ -31,7 +31,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 from typing_extensions import Annotated
 
-from .calibration import Calibration, CalibrationFile
+from .calibration import Calibration, CalibrationFile, retrieve_excluding
 from .corpus import Passage, load_passages_jsonl, save_passages_jsonl
 from .datastore import PassageEncoder, PrecomputedKeys, TokenDatastore
 from .key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, codec_from_arrays, parse_spec, resolve_codec, saved_array_names
@@ -177,9 +177,7 @@ class NestIndex:
 
     def retrieve(self, query: str, k: int, *, exclude_ids: Sequence[str] = ()) -> list[tuple[Passage, float]]:
         """Top-k passages for ``query``, skipping ``exclude_ids`` (for source-absent evaluation)."""
-        excluded = set(exclude_ids)
-        hits = self.retriever.retrieve(query, k + len(excluded))
-        return [(p, s) for p, s in hits if p.id not in excluded][:k]
+        return retrieve_excluding(self.retriever.retrieve, query, k, exclude_ids)
 
     def decoder(self, config: Optional["NestConfig"] = None) -> "NestDecoder":
         """A :class:`NestDecoder` over this index (retrieval, relevance gate, datastore).

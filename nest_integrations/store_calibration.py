@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-from .calibration import Calibration, CalibrationFile, calibrate
+from .calibration import Calibration, CalibrationFile, calibrate, retrieve_excluding
 from .config import NestConfig
 from .corpus import Passage
 from .safe_io import write_file_atomic
@@ -66,9 +66,7 @@ class StoreCorpus:
 
     def retrieve(self, query: str, k: int, *, exclude_ids: Sequence[str] = ()) -> list[tuple[Passage, float]]:
         """Top-k passages for ``query``, skipping ``exclude_ids`` (asks the store for that many more)."""
-        excluded = set(exclude_ids)
-        hits = self.search(query, k + len(excluded))
-        return [(p, s) for p, s in hits if p.id not in excluded][:k]
+        return retrieve_excluding(self.search, query, k, exclude_ids)
 
     def decoder(self, config: Optional[NestConfig] = None) -> "NestDecoder":
         """A decoder over the store's token datastore; calibration gives it its passages itself."""
@@ -100,13 +98,7 @@ class CalibrationsFile:
         except OSError as err:
             logger.warning("cannot read %s (%s); the model will be calibrated again", self.where, err)
             return {}
-        if raw is None:
-            return {}
-        try:
-            return dict(CalibrationFile.model_validate_json(raw).calibrations)
-        except ValueError as err:
-            logger.warning("ignoring unreadable %s (%s); the model will be calibrated again", self.where, err)
-            return {}
+        return dict(CalibrationFile.parse(raw, self.where).calibrations)
 
 
 def local_calibrations_file(path: Path) -> CalibrationsFile:
@@ -116,7 +108,7 @@ def local_calibrations_file(path: Path) -> CalibrationsFile:
 
 def calibrations_json(calibrations: dict[str, Calibration]) -> bytes:
     """``calibrations`` as the bytes of a calibration file."""
-    return CalibrationFile(calibrations=calibrations).model_dump_json(indent=1).encode()
+    return CalibrationFile(calibrations=calibrations).to_bytes()
 
 
 class StoreCalibrations:
