@@ -190,7 +190,9 @@ class NestIndex:
 
         return NestDecoder(
             self.lm, self.datastore, self.retriever, config, relevance=self.relevance,
-            calibration=self.calibrations.get(self.lm.fingerprint()), calibrator=self.calibration,
+            # No calibrations yet: no need to fingerprint the LM (about 1 s once per model) to look one up.
+            calibration=self.calibrations.get(self.lm.fingerprint()) if self.calibrations else None,
+            calibrator=self.calibration,
         )
 
     def calibration(self, *, show_progress: bool = True) -> Optional[Calibration]:
