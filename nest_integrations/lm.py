@@ -33,6 +33,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -191,6 +192,14 @@ class LoadedLM:
     forward_lock: Any = field(default_factory=threading.RLock, repr=False, compare=False)
     """Held around every forward that reads keys: key hooks are per module, so two
     threads reading keys from one model at once would see each other's states."""
+    weights_stamp: str | None = field(default=None, repr=False, compare=False)
+    """:func:`weights_stamp` of the folder the weights were read from (None: not a local
+    folder); with it :meth:`fingerprint` is read from the cache folder while the weights
+    are untouched since loading."""
+    loaded_state: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
+    """:func:`parameter_state` of the model right after loading."""
+    load_s: float | None = field(default=None, repr=False, compare=False)
+    """Seconds :func:`load_lm` took, imports of torch and transformers included (None: not loaded by it)."""
 
     @property
     def device(self) -> "torch.device":
@@ -206,8 +215,15 @@ class LoadedLM:
         return int(getattr(self.model.config, "max_position_embeddings", None) or 2048)
 
     def fingerprint(self) -> str:
-        """Digest of the model's weights and config; see :func:`model_fingerprint`."""
-        return model_fingerprint(self.model)
+        """Digest of the model's weights and config; see :func:`model_fingerprint`.
+
+        An LM loaded from a local folder (the embedded models included) whose
+        parameters are still those loaded reads it from ``cache_dir()/fingerprints``
+        (computed and written there the first time): hashing the default LM's
+        weights costs a second or more, on every command otherwise."""
+        if self.weights_stamp is None or parameter_state(self.model) != self.loaded_state:
+            return model_fingerprint(self.model)
+        return cached_fingerprint(self.model, self.weights_stamp)
 
     def tokenizer_fingerprint(self) -> str:
         return tokenizer_fingerprint(self.tokenizer)
@@ -233,6 +249,7 @@ def load_lm(
     Raises:
         ValueError: the name is neither the default, a folder, nor loadable.
     """
+    started = time.perf_counter()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -265,7 +282,11 @@ def load_lm(
     torch.set_flush_denormal(True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return LoadedLM(model=model, tokenizer=tokenizer, name=embedded.name if embedded else str(name_or_path))
+    return LoadedLM(
+        model=model, tokenizer=tokenizer, name=embedded.name if embedded else str(name_or_path),
+        weights_stamp=weights_stamp(Path(path), f"{dtype}@{torch.device(device).type}") if Path(path).is_dir() else None,
+        loaded_state=parameter_state(model), load_s=time.perf_counter() - started,
+    )
 
 
 def cache_argument(model: Any) -> str:
@@ -283,6 +304,57 @@ _FINGERPRINT_CHUNK = 1 << 22
 _fingerprint_cache: "weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], str]]" = weakref.WeakKeyDictionary()
 
 
+_FINGERPRINT_VERSION = 1
+"""Part of every :func:`weights_stamp`: bumping it when :func:`model_fingerprint` changes
+makes the fingerprints cached on disk stale."""
+_WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".json")
+
+
+def parameter_state(model: Any) -> tuple[Any, ...]:
+    """Identity of a model's parameters now: (name, storage address, version counter,
+    dtype, device) each, sorted by name. It changes when a parameter is replaced, moved
+    or modified in place, so a digest remembered with it is still the weights' while it is equal."""
+    params = sorted(model.named_parameters(), key=lambda kv: kv[0])
+    return tuple((name, p.data_ptr(), p._version, p.dtype, str(p.device)) for name, p in params)
+
+
+def weights_stamp(folder: Path, load: str) -> str:
+    """Digest naming the weights of a local model folder as loaded: the path, size,
+    modification time (ns) and inode of every weight and JSON file in it (weights,
+    config, tokenizer), ``load`` (dtype and device type; the fingerprint's casts start
+    from the loaded dtype) and the fingerprint's version. Any rewrite of a file changes it."""
+    digest = hashlib.sha256(f"v{_FINGERPRINT_VERSION}|{folder.resolve()}|{load}".encode())
+    for file in sorted(folder.iterdir()):
+        if file.suffix in _WEIGHT_FILE_SUFFIXES and file.is_file():
+            stat = file.stat()
+            digest.update(f"|{file.name}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}".encode())
+    return digest.hexdigest()[:32]
+
+
+def cached_fingerprint(model: "PreTrainedModel", stamp: str) -> str:
+    """:func:`model_fingerprint` of ``model``, whose weights were loaded from the files
+    ``stamp`` names, read from ``cache_dir()/fingerprints/<stamp>`` when there, else
+    computed and written there (atomically: a concurrent or killed writer never leaves
+    a partial file). The caller vouches that the weights are still the loaded ones."""
+    path = cache_dir() / "fingerprints" / stamp
+    try:
+        cached = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        cached = ""
+    if _parse_fingerprint(cached) is not None:
+        _fingerprint_cache[model] = (parameter_state(model), cached)
+        return cached
+    fingerprint = model_fingerprint(model)
+    from .safe_io import write_file_atomic
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file_atomic(path, fingerprint.encode("utf-8"))
+    except OSError as err:  # a read-only cache costs the hashing next time, nothing else
+        logger.debug("could not cache the LM fingerprint in %s: %s", path, err)
+    return fingerprint
+
+
 def model_fingerprint(model: "PreTrainedModel") -> str:
     """Digest of an LM's weights at three precisions, independent of device and dtype.
 
@@ -296,12 +368,13 @@ def model_fingerprint(model: "PreTrainedModel") -> str:
 
     Cost: about 1.2 s for the 135M-parameter default on 2 CPU cores (measured);
     the result is cached per model until a parameter is replaced, moved or
-    modified in place (tensor version counters).
+    modified in place (tensor version counters, :func:`parameter_state`), and
+    :meth:`LoadedLM.fingerprint` keeps it on disk across processes.
     """
     import torch
 
     params = sorted(model.named_parameters(), key=lambda kv: kv[0])
-    state = tuple((name, p.data_ptr(), p._version, p.dtype, str(p.device)) for name, p in params)
+    state = parameter_state(model)
     cached = _fingerprint_cache.get(model)
     if cached is not None and cached[0] == state:
         return cached[1]
