@@ -16,9 +16,13 @@ faster (5 tokens 90 -> 70 ms, 40 tokens 184 -> 142 ms); 1-3 tokens no faster,
 which is why fewer than :data:`MIN_PACKED_ROWS` rows keep torch's own path (so
 a token-by-token step is bit for bit what it was). Results agree with torch's
 linear to float32 rounding (~1e-6 relative); from 16 rows on they are the same
-bits. The cost is memory: the packed copies, made on a layer's first call
-with enough rows, hold about as much as the weights (measured: the default
-model's process grows from 931 to 1,448 MiB resident).
+bits. The costs: memory, since the packed copies hold about as much as the
+weights (measured: the default model's process grows from 931 to 1,448 MiB
+resident), and the packing itself, about as long as two forwards of 200
+tokens for the whole default model. So a layer packs its weight on its
+:data:`PACK_AFTER_CALLS`-th call with enough rows, not on its first: a process
+that runs a handful of forwards (one ``nest generate``) never pays for
+packing, while a server packs within its first generations.
 
 :func:`use_packed_linears` switches every float32 ``nn.Linear`` of a model to
 :class:`PackedLinear`; :func:`~nest_integrations.lm.load_lm` does so on CPU.
@@ -33,10 +37,17 @@ import weakref
 
 import torch
 
-__all__ = ["MIN_PACKED_ROWS", "PackedLinear", "packing_available", "use_packed_linears"]
+__all__ = ["MIN_PACKED_ROWS", "PACK_AFTER_CALLS", "PackedLinear", "packing_available", "use_packed_linears"]
 
 MIN_PACKED_ROWS = 4
 """Fewest input rows computed against the packed weight (measured crossover above)."""
+
+PACK_AFTER_CALLS = 8
+"""A layer's calls of :data:`MIN_PACKED_ROWS` or more rows before it packs its weight:
+packing costs about what the packed weight saves over this many forwards."""
+
+_calls: "weakref.WeakKeyDictionary[PackedLinear, int]" = weakref.WeakKeyDictionary()
+"""Module -> its calls of enough rows so far, while it is not packed yet."""
 
 _packed: "weakref.WeakKeyDictionary[PackedLinear, tuple[tuple[int, int], torch.Tensor]]" = weakref.WeakKeyDictionary()
 """Module -> ((weight data_ptr, weight version), packed weight). Outside the module so
@@ -50,11 +61,12 @@ def packing_available() -> bool:
 
 class PackedLinear(torch.nn.Linear):
     """``nn.Linear`` whose forward of :data:`MIN_PACKED_ROWS` or more rows runs
-    against an MKL pre-packed copy of its float32 weight.
+    against an MKL pre-packed copy of its float32 weight, from its
+    :data:`PACK_AFTER_CALLS`-th such forward on.
 
-    Every other call (fewer rows, another dtype or device, or autograd needing
-    the weight's gradient) is ``nn.Linear``'s own. Inputs (..., in_features),
-    outputs (..., out_features), as ``nn.Linear``.
+    Every other call (fewer rows, another dtype or device, autograd needing
+    the weight's gradient, or a layer not packed yet) is ``nn.Linear``'s own.
+    Inputs (..., in_features), outputs (..., out_features), as ``nn.Linear``.
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -68,6 +80,12 @@ class PackedLinear(torch.nn.Linear):
             or (torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad))
         ):
             return super().forward(input)
+        if self not in _packed:
+            calls = _calls.get(self, 0) + 1
+            if calls < PACK_AFTER_CALLS:
+                _calls[self] = calls
+                return super().forward(input)
+            _calls.pop(self, None)
         flat = input.reshape(rows, self.in_features)
         # The last argument is the row count the op checks the call against; the
         # packed layout itself does not depend on it (MKL packs the weight alone).

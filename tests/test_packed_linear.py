@@ -7,11 +7,18 @@ import copy
 import pytest
 import torch
 
+from nest_integrations import packed_linear
 from nest_integrations.lm import model_fingerprint
-from nest_integrations.packed_linear import MIN_PACKED_ROWS, PackedLinear, packing_available, use_packed_linears
+from nest_integrations.packed_linear import MIN_PACKED_ROWS, PACK_AFTER_CALLS, PackedLinear, packing_available, use_packed_linears
 from conftest import make_tiny_lm
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no MKL packing")
+
+
+@pytest.fixture(autouse=True)
+def pack_at_once(monkeypatch):
+    """The packed path from a layer's first call of enough rows (production waits for PACK_AFTER_CALLS)."""
+    monkeypatch.setattr(packed_linear, "PACK_AFTER_CALLS", 1)
 
 
 def _pair(in_features=48, out_features=80, bias=True):
@@ -34,6 +41,24 @@ def test_results_equal_torch_linear_to_float32_rounding(rows, bias):
     if rows < MIN_PACKED_ROWS:
         assert torch.equal(got, expected)  # torch's own path, bit for bit
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_packs_only_from_its_nth_call_of_enough_rows(monkeypatch):
+    """A process running a few forwards never pays for packing: torch's own path, bit for bit, until then."""
+    monkeypatch.setattr(packed_linear, "PACK_AFTER_CALLS", PACK_AFTER_CALLS)
+    packings = []
+    pack = PackedLinear._packed_weight
+    monkeypatch.setattr(PackedLinear, "_packed_weight", lambda self: packings.append(1) or pack(self))
+    plain, packed = _pair(in_features=64, out_features=96)
+    x, few = torch.randn(9, 64), torch.randn(2, 64)
+    with torch.inference_mode():
+        for _ in range(PACK_AFTER_CALLS - 1):
+            assert torch.equal(packed(few), plain(few))  # too few rows: not counted
+            assert torch.equal(packed(x), plain(x))
+        assert not packings
+        torch.testing.assert_close(packed(x), plain(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(packed(x), plain(x), rtol=1e-5, atol=1e-5)
+    assert len(packings) == 2  # the packed path from then on
 
 
 def test_a_changed_weight_is_packed_again():
