@@ -413,7 +413,7 @@ class SpectralPQCodec(_LookupTableCodec):
       they are). Each row stores it on a 256-level logarithmic scale
       (``energy_levels``), and :meth:`squared_norms` adds it to ``||k~||^2``.
 
-    Measured on ``nest bench-keys`` (8,462 training keys, 576-d): spq144 finds
+    Measured on ``nest bench keys`` (8,462 training keys, 576-d): spq144 finds
     the float16 nearest entry for 98.3% of the decoder's own queries and 93.0%
     of the queries of the LM's own answers, far from the corpus (there pq144
     86.2%, opq144 87.2%, spectral PQ without the weighting and the error byte

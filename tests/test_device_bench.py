@@ -66,12 +66,12 @@ def test_the_command_refuses_bad_options_before_any_work(tmp_path, tiny_loader, 
     out = tmp_path / "out"
     runner = CliRunner()
 
-    bad_dtype = runner.invoke(app, ["bench-device", "--device", "cpu", "--dtypes", "float16,float8", "--out", str(out)])
+    bad_dtype = runner.invoke(app, ["bench", "device", "--device", "cpu", "--dtypes", "float16,float8", "--out", str(out)])
     assert bad_dtype.exit_code == 2
     assert "--dtypes" in bad_dtype.output and "'float8'" in bad_dtype.output
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    no_cuda = runner.invoke(app, ["bench-device", "--device", "cuda", "--out", str(out)])
+    no_cuda = runner.invoke(app, ["bench", "device", "--device", "cuda", "--out", str(out)])
     assert no_cuda.exit_code == 2
     assert "--device" in no_cuda.output and "CUDA is not available" in no_cuda.output.replace("\n", " ")
 

@@ -1,4 +1,4 @@
-"""``nest bench-gate`` at a toy size: what the relevance gate keeps for biographies, present and absent."""
+"""``nest bench gate`` at a toy size: what the relevance gate keeps for biographies, present and absent."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``nest bench-keys`` end to end at a toy size: the tiny Llama, MiniLM first stage, two query sets."""
+"""``nest bench keys`` end to end at a toy size: the tiny Llama, MiniLM first stage, two query sets."""
 
 from __future__ import annotations
 

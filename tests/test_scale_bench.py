@@ -1,4 +1,4 @@
-"""``nest bench --scale`` end to end at a toy size: real MiniLM embeddings of 150
+"""``nest bench scale`` end to end at a toy size: real MiniLM embeddings of 150
 summaries duplicated to 400 passages, the tiny Llama decoding."""
 
 from __future__ import annotations

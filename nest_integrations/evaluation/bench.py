@@ -24,7 +24,7 @@ chat-formatted prompts (what is compared is recorded in ``bench.json``):
   the goal is a ratio >= 0.9;
 * batching: the LM alone, every prompt in one left-padded HF ``generate``
   batch vs one prompt at a time (NEST's own batched decoding, concurrent
-  callers and the lossless peers are measured by ``nest bench --batching``,
+  callers and the lossless peers are measured by ``nest bench batching``,
   :mod:`~nest_integrations.evaluation.throughput`);
 * memory: peak resident set size and bytes per stored key and per entry.
 

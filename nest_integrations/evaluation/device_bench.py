@@ -1,4 +1,4 @@
-"""NEST against the LM's own ``generate`` on an accelerator, per model and dtype (``nest bench-device``).
+"""NEST against the LM's own ``generate`` on an accelerator, per model and dtype (``nest bench device``).
 
 :func:`run_device_bench` answers, for each model and dtype in one process: how
 fast does the decoder write on this device next to plain Hugging Face greedy

@@ -1,4 +1,4 @@
-"""What the relevance gate lets through, measured without generating (``nest bench-gate``).
+"""What the relevance gate lets through, measured without generating (``nest bench gate``).
 
 For each biography item the first stage retrieves ``k`` passages twice: as usual
 (``present``) and with the person's own summary removed (``absent``, as

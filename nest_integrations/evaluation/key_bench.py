@@ -1,7 +1,7 @@
 """Compressed token keys against float16 keys, on real decoding queries.
 
 :func:`run_key_bench` measures, in one run over the same queries and the same
-candidate tokens, every codec named (``nest bench-keys``):
+candidate tokens, every codec named (``nest bench keys``):
 
 * queries: greedy answers to biography prompts drawn from the index's corpus,
   written by each of ``query_modes``: ``base``, the LM alone (text the corpus

@@ -1,4 +1,4 @@
-"""Scaling benchmark (``nest bench --scale``): memory, build time and latency against corpus size.
+"""Scaling benchmark (``nest bench scale``): memory, build time and latency against corpus size.
 
 The bundled corpus has 10,033 Wikipedia summaries; larger corpora are made
 by **duplicating** it, passages and embeddings alike. Copy 0 is the corpus

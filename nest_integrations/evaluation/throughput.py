@@ -1,12 +1,12 @@
 """Throughput benchmark: NEST one by one, batched and under concurrent callers, beside its lossless peers.
 
-``nest bench --batching`` (:func:`run_throughput`) generates for the same prompts
+``nest bench batching`` (:func:`run_throughput`) generates for the same prompts
 with the same ``max_new_tokens`` in every configuration, all in one process and
 one run, and writes ``bench.json`` and ``bench.md``. The configurations, in the
 order they run:
 
 NEST (the index's decoder with the default :class:`NestConfig`; the keys of every
-retrieved passage are precomputed before timing, as in ``nest bench``):
+retrieved passage are precomputed before timing, as in ``nest bench speed``):
 
 * ``nest``: ``decoder.generate`` for one prompt after another;
 * ``nest batch B`` (B = 1, 4, 8, 16): one ``decoder.generate_batch(prompts,

@@ -51,7 +51,7 @@ TRAIN_POINTS_PER_LIST = 39
 """IVF trains on at most this many vectors per list (FAISS's advised minimum; its own cap
 is 256). k-means costs ``points x nlist x d x iterations``: at 1M passages and 4,000 lists
 the cap of 39 and :data:`KMEANS_ITERATIONS` keep training to minutes on 2 cores instead of
-most of an hour; recall against flat (``nest bench --scale``) shows what it costs."""
+most of an hour; recall against flat (``nest bench scale``) shows what it costs."""
 KMEANS_ITERATIONS = 10
 """k-means iterations of IVF training (FAISS's default is 25)."""
 

@@ -1,0 +1,97 @@
+"""``nest eval``: the modes compared on the same items of a task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..key_codec import CODEC_HELP
+from .common import comma_list, console, fail, load_index, model_tag
+
+app = typer.Typer()
+"""The command of this module, merged into ``nest``."""
+
+def _docs_index(task: str, chunking: str, model: Optional[str] = None) -> Path:
+    """The folder of a documentation task's default index, built into the cache once per
+    version of its passages (docs: standard-library docstrings; markdown-docs: Fastify's docs)."""
+    from ..evaluation.runner import docs_domain_passages, passages_fingerprint
+    from ..index import NestIndex
+    from ..lm import cache_dir, load_lm
+
+    passages = docs_domain_passages(task, chunking)
+    folder = cache_dir() / "indexes" / f"{task}-{chunking}-{passages_fingerprint(passages)}{model_tag(model)}"
+    if not (folder / "manifest.json").exists():
+        console.print(f"Building the {task} index ({len(passages)} passages, {chunking}) in {folder} (once)...")
+        NestIndex.build(passages, load_lm(model or "default")).save(folder)
+    return folder
+
+
+@app.command("eval")
+def evaluate(
+    task: str = typer.Option("bio", help="bio, completion, qa, wiki-qa, wiki-qa-hard, docs or markdown-docs."),
+    n: Optional[int] = typer.Option(None, min=1, help="Items per condition (default: 100; every question for qa and docs)."),
+    seed: int = typer.Option(0, help="Sampling seed of the items."),
+    datastore: Optional[Path] = typer.Option(
+        None, "--datastore", "-d", help="Index folder (default: the demo index; for docs and markdown-docs their own index)."
+    ),
+    modes: str = typer.Option("base,rag,knnlm,nest,ra_nest", help="Comma-separated modes."),
+    max_new_tokens: Optional[int] = typer.Option(
+        None, min=1, help="Tokens per generation (default: 64 for qa, wiki-qa and docs, 128 otherwise)."
+    ),
+    qa_path: Optional[Path] = typer.Option(None, "--qa", help="QA JSONL (task qa)."),
+    docs_chunking: str = typer.Option(
+        "cli", help="docs and markdown-docs without -d: 'cli' (nest index build's default chunking), 'splitter' "
+        "(LangChain's default splitter) or, for markdown-docs, 'sentence' (LlamaIndex's default SentenceSplitter).",
+    ),
+    out: Path = typer.Option(Path("runs/eval"), help="Output folder (items.jsonl, summary.json, summary.md)."),
+    key_compression: Optional[str] = typer.Option(
+        None, help=f"Over an index with lazy keys: store the keys of retrieved passages as {CODEC_HELP}, the codec "
+        "trained first on --codec-sample random passages (an index built with --key-compression uses its own).",
+    ),
+    codec_sample: int = typer.Option(384, min=1, help="Passages encoded to train --key-compression."),
+    model: Optional[str] = typer.Option(
+        None, help="LM: 'default', another embedded model ('gemma-3-270m'), a local folder or a hub id available "
+        "offline; without -d its default indexes are built for it once."
+    ),
+) -> None:
+    """Compare the modes on the same items in one run.
+
+    nest eval --task bio; nest eval --task wiki-qa; nest eval --task docs [--docs-chunking splitter];
+    nest eval --task markdown-docs [--docs-chunking splitter|sentence].
+    """
+    from ..config import MODES
+    from ..evaluation.runner import DOCS_DOMAIN_CHUNKINGS, run_eval
+    from ..evaluation.tasks import TASKS
+
+    if task not in TASKS:
+        fail(f"unknown --task {task!r}; choose from {', '.join(TASKS)}")
+    if not comma_list(modes) or set(comma_list(modes)) - set(MODES):
+        fail(f"--modes takes some of {', '.join(MODES)}, got {modes!r}")
+    if task == "qa" and qa_path is None:
+        fail("--task qa needs --qa FILE (a JSONL of {\"question\", \"answers\"})")
+    if key_compression is not None:
+        from ..key_codec import parse_spec
+
+        try:
+            parse_spec(key_compression)
+        except ValueError as err:
+            fail(f"--key-compression: {err}")
+    chunkings = DOCS_DOMAIN_CHUNKINGS.get(task, DOCS_DOMAIN_CHUNKINGS["docs"])
+    if docs_chunking not in chunkings:
+        fail(f"unknown --docs-chunking {docs_chunking!r} for {task}; choose from {', '.join(chunkings)}")
+    if task in DOCS_DOMAIN_CHUNKINGS and datastore is None:
+        datastore = _docs_index(task, docs_chunking, model)
+    index = load_index(datastore, model)
+    try:
+        if key_compression is not None:
+            codec = index.datastore.train_codec(key_compression, sample_passages=codec_sample, seed=seed)
+            console.print(f"Keys stored as {codec.spec} ({codec.bytes_per_key:,} B/token)")
+        run_eval(
+            index, task, n=n, seed=seed, modes=tuple(comma_list(modes)),
+            max_new_tokens=max_new_tokens, out_dir=out, qa_path=qa_path,
+        )
+    except ValueError as err:
+        fail(str(err))
+    console.print((out / "summary.md").read_text())

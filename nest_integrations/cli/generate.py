@@ -1,0 +1,256 @@
+"""``nest generate`` (one prompt, or a resumable batch job) and ``nest demo``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from ..distributed import DEFAULT_CONNECT_TIMEOUT_S
+from .common import build_default_index, console, default_index_path, fail, given, load_index, positive, setup_logging, trace
+
+app = typer.Typer()
+"""The commands of this module, merged into ``nest``."""
+
+def _print_output(output: Any, title: str) -> None:
+    from rich.panel import Panel
+
+    from ..attribution import render_terminal
+
+    s = output.stats
+    console.print(Panel(render_terminal(output), title=title))
+    console.print(
+        f"  attribution {output.attribution_ratio:.0%} · mean copied span {output.mean_copied_span_tokens:.1f} tokens · "
+        f"{s.new_tokens} tokens in {s.forward_passes} forward passes · {s.wall_s:.2f} s "
+        f"(retrieval {s.retrieval_s:.2f}, encoding {s.encode_s:.2f}, decoding {s.decode_s:.2f})",
+        style="dim",
+    )
+    reason = getattr(s, "fallback_reason", None)
+    if reason is not None and output.mode != "base":
+        console.print(f"  NEST copied nothing and generated with the LM alone: {reason.replace('_', ' ')}", style="yellow")
+
+
+@app.command()
+def generate(
+    ctx: typer.Context,
+    prompt: Optional[str] = typer.Argument(None, help="The prompt (omit with --input)."),
+    datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
+    query: Optional[str] = typer.Option(None, help="First-stage retrieval query (default: the prompt)."),
+    mode: str = typer.Option("nest", help="base, rag, knnlm, nest or ra_nest."),
+    max_new_tokens: int = typer.Option(128, min=1, help="Tokens to generate at most."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the output contract as one compact JSON line (append answers to a .jsonl file)."
+    ),
+    pretty: bool = typer.Option(False, "--pretty", help="With --json: indent the JSON for reading instead."),
+    input_path: Optional[Path] = typer.Option(
+        None, "--input", help="JSONL of {id?, prompt, query?} or {id?, messages: [{role, content}, ...], query?} to generate for."
+    ),
+    output_path: Optional[Path] = typer.Option(
+        None, "--output", help="JSONL to write (with --input), in input order; a killed run resumes, keeping the items done."
+    ),
+    restart: bool = typer.Option(
+        False, "--restart", help="With --input: replace --output (the output of an earlier job, never another file) "
+        "instead of resuming it; a resume needs the same index, LM and decoding settings.",
+    ),
+    batch_size: int = typer.Option(8, min=1, help="With --input: items per batched-decoder call (and per Ray task)."),
+    use_ray: bool = typer.Option(False, "--ray", help="With --input: spread the items over Ray workers, each holding the index."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster HOST:PORT (implies --ray)."),
+    workers: Optional[int] = typer.Option(None, min=1, help="Ray workers (default: cluster CPUs / --cpus-per-worker)."),
+    cpus_per_worker: float = typer.Option(1.0, callback=positive, help="CPUs each Ray worker reserves."),
+    ray_timeout: float = typer.Option(
+        DEFAULT_CONNECT_TIMEOUT_S, callback=positive, help="Seconds a Ray cluster at --ray-address may take to answer before the command fails.",
+    ),
+    model: Optional[str] = typer.Option(None, help="LM to decode with (default: the one that built the index)."),
+    qdrant_path: Optional[Path] = typer.Option(
+        None, "--qdrant-path", help="First stage from a local Qdrant folder instead of an index (with --collection; "
+        "passages are encoded lazily when retrieved; nest index to-qdrant writes one).",
+    ),
+    collection: Optional[str] = typer.Option(None, help="Qdrant collection (with --qdrant-path)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Generate with attribution; one prompt, or a batch from --input to --output."""
+    trace.mark("command")
+    from ..config import MODES, NestConfig
+
+    setup_logging(verbose)
+    if mode not in MODES:
+        fail(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    try:
+        NestConfig().updated(mode=mode, max_new_tokens=max_new_tokens)
+    except ValueError as err:
+        fail(str(err))
+    if (prompt is None) == (input_path is None):
+        fail("give either a PROMPT or --input FILE")
+    if input_path is not None and output_path is None:
+        fail("--input needs --output")
+    if input_path is None and (stray := given(ctx, "output_path", "restart", "batch_size")):
+        fail(f"{', '.join(stray)} apply with --input only")
+    if pretty and not as_json:
+        fail("--pretty formats --json; add --json")
+    if input_path is not None and (stray := given(ctx, "query", "as_json", "pretty")):
+        fail(f"{', '.join(stray)} apply to one PROMPT; with --input each item has its own query, and outputs go to --output")
+    if (qdrant_path is None) != (collection is None):
+        fail("--qdrant-path and --collection go together")
+    if qdrant_path is not None and (datastore is not None or input_path is not None):
+        fail("--qdrant-path generates for one PROMPT, without --datastore or --input")
+    use_ray = use_ray or ray_address is not None
+    if use_ray and input_path is None:
+        fail("--ray needs --input")
+    if not use_ray and (stray := given(ctx, "workers", "cpus_per_worker", "ray_timeout")):
+        fail(f"{', '.join(stray)} apply with --ray only")
+    if input_path is not None:
+        assert output_path is not None
+        _generate_items(
+            input_path, output_path, datastore, model=model, overrides={"mode": mode, "max_new_tokens": max_new_tokens},
+            batch_size=batch_size, restart=restart, ray=(use_ray, ray_address, workers, cpus_per_worker, ray_timeout),
+        )
+        return
+    try:
+        decoder = _qdrant_decoder(qdrant_path, collection, model) if qdrant_path is not None else load_index(datastore, model).decoder()
+        decoder.config = decoder.config.updated(mode=mode, max_new_tokens=max_new_tokens)
+    except ValueError as err:
+        fail(str(err))
+    output = _generate_one(decoder, prompt, query)
+    if as_json:
+        sys.stdout.write(json.dumps(output.to_dict(), ensure_ascii=False, **({"indent": 2} if pretty else {"separators": (",", ":")})) + "\n")
+    else:
+        _print_output(output, f"{mode}")
+    trace.write()
+
+
+def _generate_one(decoder: Any, prompt: str, query: Optional[str]) -> Any:
+    """``decoder.generate(prompt, query=query)``; under a start-up trace, the same generation
+    streamed, to mark when its first token comes."""
+    if not trace.active:
+        return decoder.generate(prompt, query=query)
+    output = None
+    with trace.phase("generation"):
+        for chunk in decoder.stream(prompt, query=query):
+            if chunk.text:
+                trace.mark("first_token")
+            output = chunk.output
+    return output
+
+
+def _generate_items(
+    input_path: Path, output_path: Path, datastore: Optional[Path], *, model: Optional[str], overrides: dict[str, Any],
+    batch_size: int, restart: bool, ray: tuple[bool, Optional[str], Optional[int], float, float],
+) -> None:
+    """``nest generate --input``: a resumable job (:mod:`nest_integrations.jobs`), in this process or on Ray.
+
+    The input and the output file are checked before the index or the LM is loaded; the
+    settings a resume must share (index, LM, decoding) once they are."""
+    from ..config import NestConfig
+    from ..index import index_identity
+    from ..jobs import check_output, in_process_runner, job_settings, read_items, run_job
+
+    use_ray, address, workers, cpus_per_worker, timeout_s = ray
+    folder = datastore or default_index_path()
+    try:
+        items = read_items(input_path)
+        check_output(output_path)
+        if datastore is None and not (folder / "manifest.json").exists():
+            build_default_index(folder)
+        identity = index_identity(folder)
+        if use_ray:
+            from ..distributed import ray_cluster, ray_generator
+
+            with ray_cluster(address, timeout_s=timeout_s), ray_generator(
+                folder, model=model, overrides=overrides, workers=workers, cpus_per_worker=cpus_per_worker
+            ) as ray_runner:
+                settings = job_settings(index=identity, lm_fingerprint=ray_runner.lm_fingerprint, config=NestConfig().updated(**overrides))
+                runner, tally = _tallied(ray_runner)
+                started = time.perf_counter()
+                generated = run_job(items, output_path, runner, settings=settings, chunk_size=batch_size, restart=restart)
+                tally.wall_s = time.perf_counter() - started
+        else:
+            decoder = load_index(folder, model).decoder()
+            decoder.config = decoder.config.updated(**overrides)
+            decoder.ensure_calibration(decoder.config)
+            # The calibrated alpha/tau decide the outputs too: a resume after `nest calibrate` is refused.
+            alpha, tau = decoder.rrc_parameters(decoder.config)
+            settings = job_settings(index=identity, lm_fingerprint=decoder.lm.fingerprint(), config=decoder.config.updated(alpha=alpha, tau=tau))
+            runner, tally = _tallied(in_process_runner(decoder))
+            started = time.perf_counter()
+            generated = run_job(items, output_path, runner, settings=settings, chunk_size=batch_size, restart=restart)
+            tally.wall_s = time.perf_counter() - started
+    except (ValueError, ImportError) as err:
+        fail(str(err))
+    kept = len(items) - generated
+    console.print(f"Wrote {len(items)} generations to {output_path}" + (f" ({kept} kept from an earlier run)" if kept else ""))
+    if generated:
+        sys.stderr.write(tally.summary() + "\n")
+
+
+@dataclass
+class _BatchTally:
+    """What a batch job generated now: items, tokens and their own wall times (``stats.wall_s``)."""
+
+    items: int = 0
+    new_tokens: int = 0
+    item_wall_s: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    """The job's generation time (loading excluded), set once it ends."""
+
+    def add(self, outputs: list[dict[str, Any]]) -> None:
+        for out in outputs:
+            self.items += 1
+            self.new_tokens += int(out["stats"]["new_tokens"])
+            self.item_wall_s.append(float(out["stats"]["wall_s"]))
+
+    def summary(self) -> str:
+        """One line: ``batch: N items, T tokens in W s (R tokens/s); item wall mean M s, max X s``."""
+        rate = self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+        walls = self.item_wall_s or [0.0]
+        return (
+            f"batch: {self.items} items, {self.new_tokens} tokens in {self.wall_s:.2f} s ({rate:.1f} tokens/s); "
+            f"item wall mean {sum(walls) / len(walls):.2f} s, max {max(walls):.2f} s"
+        )
+
+
+def _tallied(runner: Any) -> tuple[Any, _BatchTally]:
+    """``runner`` (a :data:`~nest_integrations.jobs.ChunkRunner`) counting what it generates into a tally."""
+    tally = _BatchTally()
+
+    def run(chunks: Any) -> Any:
+        for number, outputs in runner(chunks):
+            tally.add(outputs)
+            yield number, outputs
+
+    return run, tally
+
+
+def _qdrant_decoder(path: Path, collection: Optional[str], model: Optional[str]) -> Any:
+    """A decoder whose first stage is a local Qdrant collection (lazy token datastore)."""
+    from ..lm import load_lm
+    from ..retrieval.vector_store import LangChainVectorStoreRetriever, open_qdrant, store_decoder
+
+    try:
+        retriever = LangChainVectorStoreRetriever(open_qdrant(path, str(collection)))
+    except ImportError as err:
+        fail(str(err))
+    return store_decoder(retriever, load_lm(model or "default"))
+
+
+@app.command()
+def demo(
+    prompt: str = typer.Option("Tell me a bio of Ada Lovelace.", help="The prompt."),
+    query: str = typer.Option("Ada Lovelace", help="First-stage retrieval query."),
+    max_new_tokens: int = typer.Option(96, min=1, help="Tokens to generate."),
+) -> None:
+    """Build (once) the default index over the Wikipedia summaries and compare NEST with the base LM."""
+    index = load_index(None)
+    decoder = index.decoder()
+    outputs = {mode: decoder.generate(prompt, query=query, mode=mode, max_new_tokens=max_new_tokens) for mode in ("base", "nest")}
+    console.print(f"[bold]Prompt:[/bold] {prompt}   [dim](retrieval query: {query})[/dim]")
+    for mode, output in outputs.items():
+        _print_output(output, "NEST (copied spans highlighted, sources numbered)" if mode == "nest" else "base LM")
+    base, nest = outputs["base"].stats, outputs["nest"].stats
+    if nest.wall_s > 0 and base.new_tokens and nest.new_tokens:
+        speed = (base.wall_s / base.new_tokens) / (nest.wall_s / nest.new_tokens)
+        console.print(f"NEST: {speed:.1f}x the base LM's tokens per second on this prompt, everything included.")
