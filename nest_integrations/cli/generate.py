@@ -77,7 +77,8 @@ def generate(
     trace.mark("command")
     from ..config import MODES, NestConfig
 
-    setup_logging(verbose)
+    if verbose:  # else keep what `nest -v` set
+        setup_logging(True)
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     try:

@@ -83,7 +83,8 @@ def index_build(
     from ..lm import load_lm
     from ..safe_io import check_replaceable
 
-    setup_logging(verbose)
+    if verbose:  # else keep what `nest -v` set
+        setup_logging(True)
     use_ray = use_ray or ray_address is not None
     if not use_ray and (stray := given(ctx, "workers", "cpus_per_worker", "shard_passages", "ray_timeout")):
         fail(f"{', '.join(stray)} apply with --ray only")
