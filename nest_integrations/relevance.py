@@ -22,7 +22,9 @@ A passage passes when all of these hold:
 * **named things**, for every query: a name it mentions (a capitalised word
   after a line's first, a camelCase identifier: :func:`named_words`) that
   no retrieved passage holds means the corpus does not cover the question,
-  and the gate keeps nothing (:func:`unmentioned_names`);
+  and the gate keeps nothing (:func:`unmentioned_names`); so does a scoped code
+  name ("@fastify/rate-limit", "reply.redirect") whose last part no retrieved
+  passage writes (:func:`unmentioned_identifiers`);
 * **names**, for any other query: every multi-word name it mentions
   (:func:`query_names`: "Chimamanda Ngozi Adichie") must occur in the
   passage text (:func:`mentions`): a question about a person the corpus does
@@ -320,6 +322,33 @@ def unmentioned_names(query: str, passages: Sequence[Passage]) -> list[str]:
     ]
 
 
+_PACKAGE_OR_MEMBER = re.compile(r"@?[A-Za-z_][\w-]*(?:(?:\.|/|::)[A-Za-z_][\w-]*)+|@[A-Za-z_][\w-]*")
+"""A code name written with its scope: ``@fastify/rate-limit``, ``reply.redirect``, ``os.path.join``, ``std::vector``."""
+
+
+def scoped_identifiers(query: str) -> list[str]:
+    """The last part of each scoped code name in ``query`` (:data:`_PACKAGE_OR_MEMBER`), case-folded:
+    ``"rate-limit"`` for ``@fastify/rate-limit``, ``"redirect"`` for ``reply.redirect``
+    (and ``"py"`` for a file name such as ``settings.py``)."""
+    names = []
+    for match in _PACKAGE_OR_MEMBER.finditer(query):
+        last = re.split(r"\.|/|::|@", match.group())[-1].strip("-")
+        if len(last) > 1:
+            names.append(_fold(last))
+    return names
+
+
+def unmentioned_identifiers(query: str, passages: Sequence[Passage]) -> list[str]:
+    """The :func:`scoped_identifiers` of ``query`` that occur in none of ``passages`` as written
+    (a whole word, hyphens included): a question about a package or member the corpus never
+    names ("How do I limit requests with @fastify/rate-limit?" over documentation that has no
+    "rate-limit") is not one it answers, even where every word of it appears somewhere
+    ("rate", "limit"). Only the last part must occur: docstrings say ``dumps(obj)`` where a
+    user writes ``json.dumps``."""
+    held = " ".join(_fold(p.text) for p in passages)
+    return [name for name in scoped_identifiers(query) if not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", held)]
+
+
 @dataclass(frozen=True)
 class GateDecision:
     """The passages a gate lets into the token datastore, and why none when it keeps nothing."""
@@ -390,7 +419,7 @@ class RelevanceGate:
             raise ValueError(f"{len(passages)} passages but {len(similarities)} similarities")
         if not passages:
             return GateDecision([], "nothing_relevant")
-        if unmentioned_names(query, passages):
+        if unmentioned_names(query, passages) or unmentioned_identifiers(query, passages):
             return GateDecision([], "nothing_relevant")
         best = max(similarities)
         kept = [p for p, s in zip(passages, similarities) if self.passes(query, p, float(s), float(best))]

@@ -10,7 +10,9 @@ from nest_integrations.relevance import (
     named_words,
     names_subject,
     query_names,
+    scoped_identifiers,
     subject_name,
+    unmentioned_identifiers,
     unmentioned_names,
 )
 
@@ -119,3 +121,15 @@ def test_a_question_about_something_no_retrieved_passage_names_keeps_nothing():
     gates = Passage(id="g", text="William Henry Gates III is an American businessman who co-founded Microsoft.")
     assert unmentioned_names("With whom did Bill Gates co-found Microsoft?", [gates]) == []
     assert unmentioned_names("Which valley did Malala Yousafzai grow up in?", [gates, routes]) == ["Malala", "Yousafzai"]
+
+
+def test_a_package_or_member_no_retrieved_passage_names_keeps_nothing():
+    """Every word of "@fastify/rate-limit" is in the body-limit paragraph, but the package is not."""
+    body = Passage(id="b", text="Fastify will check the maximum size (bodyLimit) of the body: requests over the limit are rejected at a fixed rate.")
+    gate = RelevanceGate()
+    assert gate("How do I limit each client to 100 requests per minute with @fastify/rate-limit?", [body], [0.6]).kept == []
+    assert scoped_identifiers("With @fastify/rate-limit and reply.redirect?") == ["rate-limit", "redirect"]
+    assert unmentioned_identifiers("What does json.dumps return?", [Passage(id="j", text="dumps(obj) serializes obj.")]) == [], (
+        "the last part is enough: docstrings name a function without its module"
+    )
+    assert gate("What is the body limit of Fastify?", [body], [0.6]).kept == [body]
