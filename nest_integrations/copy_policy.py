@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .corpus import Passage, sentence_spans
-from .markdown_structure import copy_layout, start_allowed
+from .markdown_structure import copy_layout, readable_blocks, start_allowed
 from .relevance import content_words, is_name_query, opening_words, stem, text_stems
 
 CONTINUATION_WORDS = 2
@@ -47,6 +47,10 @@ REPEAT_CHARS = 24
 
 MIN_WINDOW_WORDS = 12
 """An answer window shorter than this takes in the following sentence too."""
+
+MAX_BLOCK_WINDOW_WORDS = 120
+"""A Markdown answer window takes in the whole blocks it touches up to this many words
+(:func:`_whole_blocks`): longer paragraphs or code blocks keep the sentence window."""
 
 _WORD = re.compile(r"\w+")
 _OPENERS = {"(": ")", "[": "]", "\u201c": "\u201d", "\u2018": "\u2019"}
@@ -235,7 +239,36 @@ def focus_window(query: str, passages: Sequence[Passage], similarity: Similarity
         combined = [scores[i] / scores[ranked[0]] + float(c) for i, c in zip(ranked, cosines)]
         best = ranked[max(range(len(ranked)), key=lambda j: (combined[j], -ranked[j]))]
     passage, start, end, _ = windows[best]
+    start, end = _whole_blocks(passage.text, start, end)
     return Window(passage.id, start, end, scores[best], answers or not topical)
+
+
+def _whole_blocks(text: str, start: int, end: int) -> tuple[int, int]:
+    """``[start, end)`` widened to the Markdown blocks it touches (a paragraph, a list item, a
+    code block), unless they hold more than ``MAX_BLOCK_WINDOW_WORDS`` words; unchanged for prose.
+
+    Documentation states a fact over a paragraph: the sentence that shares the question's words
+    ("That way, both /foo and /foo/ point to the same route") often leans on the one before it
+    for the name that answers ("set this flag to true"), or the answer ends the paragraph."""
+    layout = copy_layout(text)
+    if layout is None:
+        return start, end
+    touched = [(s, e) for s, e in readable_blocks(text) if s < end and e > start]
+    if not touched:
+        return start, end
+    wide = (min(start, touched[0][0]), max(end, touched[-1][1]))
+    return wide if len(_fold_words(text[wide[0] : wide[1]])) <= MAX_BLOCK_WINDOW_WORDS else (start, end)
+
+
+def closes_answer(text: str, end: int) -> bool:
+    """Whether an answer copied up to character ``end`` of ``text`` ends a sentence or a line
+    (a list item, a code line, the text's end) with every bracket it opened closed within the
+    line: only then may it stop as answered. "... (e.g." and "as follows:" do not."""
+    line_start = text.rfind("\n", 0, end) + 1
+    line = text[line_start:end].rstrip()
+    if unclosed_brackets(line) - line.count('"') % 2 > 0 or line.endswith(":"):
+        return False
+    return not text[end:].strip(" \t") or text[end:].lstrip(" \t").startswith("\n") or ends_sentence(line)
 
 
 _YEAR = re.compile(r"\b(?:1[0-9]{3}|20[0-9]{2})\b")

@@ -66,7 +66,7 @@ from .attribution import (
 )
 from .config import DEFAULT_ALPHA, DEFAULT_TAU, MODES, NestConfig
 from .conversation import TRANSCRIPT_STOP, plain_transcript, retrieval_query
-from .copy_policy import acceptable_start, continues, focus_window, sentence_starts, wants_focus
+from .copy_policy import acceptable_start, closes_answer, continues, focus_window, sentence_starts, wants_focus
 from .corpus import Passage
 from .datastore import CandidateSet, EncodedPassage, EncodeStats, TokenDatastore
 from .generation import Generation, Step, StreamChunk, StreamCursor
@@ -718,17 +718,18 @@ class NestDecoder:
             pidx = self.datastore.index_of(window.passage_id)
             assert pidx is not None
             first, last = _token_range(candidates.passage(pidx), window.start, window.end)
+            # A window that holds none of the question's own words only says where to open, and
+            # one that ends mid-sentence ("(e.g.") would stop unfinished: the copy goes on past it.
+            stops = window.answers and closes_answer(self.datastore.passages[pidx].text, window.end)
             for other in candidates.passage_indices:
                 length = len(candidates.passage(other).token_ids)
                 if other != pidx:
                     candidates.mark_used(other, 0, length - 1)
                 else:
                     candidates.mark_used(other, 0, first - 1)
-                    if window.answers:
+                    if stops:
                         candidates.mark_used(other, last + 1, length - 1)
-            # A window that holds none of the question's own words only says where to open:
-            # the copy goes on past it (to its source's end) instead of stopping unanswered.
-            gen.opening, gen.window_end = (pidx, first), (pidx, last) if window.answers else None
+            gen.opening, gen.window_end = (pidx, first), (pidx, last) if stops else None
         elif subject_name(query) is not None:
             pidx = self.datastore.index_of(kept[0].id)
             if pidx is not None and len(candidates.passage(pidx).token_ids):

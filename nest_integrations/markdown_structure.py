@@ -380,6 +380,14 @@ def copy_layout(text: str) -> CopyLayout | None:
     )
 
 
+def readable_blocks(text: str) -> tuple[tuple[int, int], ...]:
+    """``(start, end)`` of each block of ``text`` a reader sees (paragraphs, list items, tables,
+    code), in order; empty when ``text`` does not look like Markdown."""
+    if copy_layout(text) is None:
+        return ()
+    return tuple((b.start, b.end) for b in parse_blocks(text) if b.copyable)
+
+
 def _inside(ranges: tuple[tuple[int, int], ...], pos: int) -> bool:
     return any(start <= pos < end for start, end in ranges)
 

@@ -1,7 +1,7 @@
 """Seams (where a copy may start), answer windows, and the conversation's retrieval query."""
 
 from nest_integrations.conversation import is_follow_up, retrieval_query
-from nest_integrations.copy_policy import acceptable_start, focus_window, is_question, naming_words, sentence_starts, wants_focus
+from nest_integrations.copy_policy import acceptable_start, closes_answer, focus_window, is_question, naming_words, sentence_starts, wants_focus
 from nest_integrations.corpus import Passage
 
 ADA = (
@@ -97,3 +97,28 @@ def test_a_follow_up_is_answered_by_what_it_asks_now():
     query = "How do I add a custom content type parser to Fastify?\nAnd how do I remove it?"
     window = focus_window(query, [parsers])
     assert window is not None and "removeContentTypeParser" in parsers.text[window.start : window.end]
+
+
+def test_a_markdown_window_takes_in_its_whole_paragraph():
+    """The sentence sharing the question's words leans on the one before it for the answer."""
+    doc = Passage(id="s", text=(
+        "## Routing\n\nPaths like `/foo` and `/foo/` are different. If you want to change this, set "
+        "`ignoreTrailingSlash` to `true`. That way, both `/foo` and `/foo/` will point to the same route.\n\n"
+        "Another paragraph about something else entirely.\n"
+    ))
+    window = focus_window("How do I make /foo and /foo/ point to the same route?", [doc])
+    assert window is not None
+    text = doc.text[window.start : window.end]
+    assert "ignoreTrailingSlash" in text and text.endswith("the same route.") and "Another" not in text
+    prose = Passage(id="p", text=doc.text.replace("## Routing\n\n", ""))
+    prose_window = focus_window("How do I make /foo and /foo/ point to the same route?", [prose])
+    assert "Paths like" not in prose.text[prose_window.start : prose_window.end], "prose keeps its sentence windows"
+
+
+def test_an_answer_stops_only_where_a_sentence_or_line_ends():
+    text = "Parsers handle bodies (e.g. JSON). Use a hook:\n- onSend replaces the payload\nmore"
+    assert closes_answer(text, text.index("(e.g.") + 5) is False, "an open bracket: not finished"
+    assert closes_answer(text, text.index("JSON).") + 6) is True
+    assert closes_answer(text, text.index("hook:") + 5) is False, "a colon announces what follows"
+    assert closes_answer(text, text.index("payload") + 7) is True, "a list item ends at its line's end"
+    assert closes_answer(text, len(text) - 2) is False, "mid-word"
