@@ -99,6 +99,25 @@ def test_the_bench_reports_cold_and_warm_runs(monkeypatch, tmp_path):
     assert "| cold |" in table and "| warm median |" in table and "met" in table
 
 
+def test_a_phase_no_run_had_is_a_dash(monkeypatch, tmp_path):
+    index = tmp_path / "index"
+    index.mkdir()
+    (index / "manifest.json").write_text("{}")
+
+    def fake_run(command, env, capture_output, text):
+        with open(env["TRACE"], "w") as handle:  # an index without the bundled embedder, an answer without text
+            json.dump({"phases": {"imports": 1.0, "lm": 0.5, "index": 0.2}, "marks": {"command": 0.2}}, handle)
+        return SimpleNamespace(returncode=0, stdout='{"text": ""}\n', stderr="")
+
+    monkeypatch.setattr(startup_bench.subprocess, "run", fake_run)
+    bench = startup_bench.run_startup_bench(
+        prompt="Who?", runs=1, cold=False, out_dir=tmp_path / "out", index_folder=index, trace_variables=("TRACE", "T0"),
+    )
+    assert [r["run"] for r in bench["runs"]] == ["warm 1"]
+    assert bench["warm_median"]["embedder"] is None and not bench["goal"]["met"]
+    assert "| warm median | 0.200 | 1.000 | 0.500 | – |" in (tmp_path / "out" / "startup.md").read_text()
+
+
 def test_the_bench_needs_an_index(tmp_path):
     with pytest.raises(ValueError, match="no index"):
         startup_bench.run_startup_bench(prompt="Who?", out_dir=tmp_path / "out", index_folder=tmp_path, trace_variables=("A", "B"))

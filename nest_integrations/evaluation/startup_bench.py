@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from nest_integrations.evaluation.runner import markdown_table, write_json
+from nest_integrations.evaluation.runner import format_cell, markdown_table, write_json
 
 __all__ = ["FIRST_TOKEN_GOAL_S", "run_startup_bench"]
 
@@ -65,7 +65,9 @@ def _run_once(command: Sequence[str], env: Mapping[str, str], trace_file: Path, 
 
 
 def _median_row(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    return {key: statistics.median(r[key] for r in runs if r[key] is not None) for key, _ in _COLUMNS}
+    """Median of each column over ``runs``; None for a phase no run had (e.g. no bundled embedder)."""
+    values = {key: [r[key] for r in runs if r[key] is not None] for key, _ in _COLUMNS}
+    return {key: statistics.median(found) if found else None for key, found in values.items()}
 
 
 def _markdown(bench: Mapping[str, Any]) -> str:
@@ -87,7 +89,7 @@ def _markdown(bench: Mapping[str, Any]) -> str:
         "token; total: process start to exit.",
         "",
         f"Goal: warm first token <= {goal['first_token_s']:.1f} s: {'met' if goal['met'] else 'not met'} "
-        f"({bench['warm_median']['first_token']:.2f} s). Texts equal across runs: {'yes' if bench['texts_equal'] else 'no'}.",
+        f"({format_cell(bench['warm_median']['first_token'])} s). Texts equal across runs: {'yes' if bench['texts_equal'] else 'no'}.",
         "",
     ])
 
@@ -141,7 +143,7 @@ def run_startup_bench(
         "runs": [{k: v for k, v in r.items() if k not in ("text", "stderr")} for r in results],
         "warm_median": median,
         "texts_equal": len({r["text"] for r in results}) == 1,
-        "goal": {"first_token_s": FIRST_TOKEN_GOAL_S, "met": median["first_token"] <= FIRST_TOKEN_GOAL_S},
+        "goal": {"first_token_s": FIRST_TOKEN_GOAL_S, "met": median["first_token"] is not None and median["first_token"] <= FIRST_TOKEN_GOAL_S},
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "startup.json", bench)
