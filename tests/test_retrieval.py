@@ -21,7 +21,7 @@ PEOPLE = ["Alvar Aalto", "Chinua Achebe", "Konrad Adenauer", "Ansel Adams", "Nie
 
 
 class CachingEmbedder:
-    """A plain ``encode(list[str])`` embedder (not a SentenceTransformer) that memoises MiniLM vectors."""
+    """A plain ``encode(list[str])`` embedder (not the loaded MiniLM itself) that memoises MiniLM vectors."""
 
     def __init__(self, model):
         self.model = model
@@ -30,7 +30,7 @@ class CachingEmbedder:
     def encode(self, sentences: list[str]) -> np.ndarray:
         todo = [s for s in dict.fromkeys(sentences) if s not in self.cache]
         if todo:
-            self.cache.update(zip(todo, self.model.encode(todo, show_progress_bar=False)))
+            self.cache.update(zip(todo, self.model.encode(todo)))
         return np.stack([self.cache[s] for s in sentences])
 
 

@@ -1,8 +1,11 @@
 """Dense passage retrieval: sentence embeddings in a FAISS inner-product index.
 
 Passages are embedded as ``"title: text"`` and L2-normalised, so the inner
-product FAISS returns is the cosine similarity. ``sentence_transformers`` and
-``faiss`` are imported lazily, when a retriever or embedder is first built.
+product FAISS returns is the cosine similarity. ``faiss`` and the embedder's libraries
+are imported lazily, when a retriever or embedder is first built: a plain
+sentence-transformers folder (the bundled MiniLM) through transformers alone
+(:mod:`~nest_integrations.retrieval.sentence_encoder`, for start-up), any other model
+through ``sentence_transformers``.
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ from ..corpus import Passage
 from ..safe_io import validation_message
 from .base import BatchRetrieverMixin, ScoredPassage, check_passages, index_text, with_added, without_ids
 from .faiss_index import DEFAULT_HNSW_M, IndexSpec, index_bytes, read_index, set_search_params, stores_vectors
+from .sentence_encoder import TransformerSentenceEmbedder, plain_sentence_model
 
 if TYPE_CHECKING:
     import faiss
-    from sentence_transformers import SentenceTransformer
 
 logger = logging.getLogger(__name__)
 
@@ -60,22 +63,32 @@ def default_embedder_path() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _cached_sentence_transformer(name_or_path: str, device: str) -> "SentenceTransformer":
+def _cached_embedder(name_or_path: str, device: str) -> "Embedder":
+    plain = plain_sentence_model(name_or_path)
+    logger.info("loading sentence embedder %s on %s (%s)", name_or_path, device, "transformers" if plain else "sentence-transformers")
+    if plain is not None:
+        return TransformerSentenceEmbedder(plain, device)
     from sentence_transformers import SentenceTransformer
 
-    logger.info("loading sentence embedder %s on %s", name_or_path, device)
     return SentenceTransformer(name_or_path, device=device)
 
 
-def load_embedder(name_or_path: str | Path | None = None, device: str = "cpu") -> "SentenceTransformer":
-    """Load a SentenceTransformer, cached per ``(path, device)`` for the process lifetime.
+def load_embedder(name_or_path: str | Path | None = None, device: str = "cpu") -> "Embedder":
+    """Load a sentence embedder, cached per ``(path, device)`` for the process lifetime.
+
+    A local sentence-transformers folder that is an encoder, a pooling and maybe a
+    normalisation (the bundled MiniLM) is run through transformers alone, a
+    :class:`~nest_integrations.retrieval.sentence_encoder.TransformerSentenceEmbedder`
+    (same embeddings; importing sentence-transformers would cost a command's
+    start-up more than the model); any other model is a ``SentenceTransformer``.
+    Either has ``encode(list of n strings) -> float32 (n, d)``.
 
     Args:
         name_or_path: a local model folder or a model name; None = the bundled
             MiniLM (:func:`default_embedder_path`), which needs no network.
         device: torch device string, e.g. ``"cpu"`` or ``"cuda"``.
     """
-    return _cached_sentence_transformer(str(name_or_path or default_embedder_path()), device)
+    return _cached_embedder(str(name_or_path or default_embedder_path()), device)
 
 
 def _is_sentence_transformer(obj: object) -> bool:
