@@ -26,6 +26,16 @@ def test_the_cli_imports_neither_torch_nor_transformers_until_a_command_needs_th
     assert done.stdout.strip() == "[]"
 
 
+def test_a_command_leaves_its_objects_to_the_os_at_exit_after_the_other_atexit_handlers():
+    code = (
+        "import atexit, gc; from typer.testing import CliRunner; from nest_integrations.cli import app; "
+        "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 0)); "
+        "print('frozen before:', gc.get_freeze_count() > 0); CliRunner().invoke(app, ['index', 'info', '/nonexistent'])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[:2] == ["frozen before: False", "frozen at exit: True"]
+
+
 def test_loading_bars_show_with_verbose_only():
     from transformers.utils import logging as hf_logging
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import typer
 
 from . import bench, chat, evaluate, generate, index
-from .common import setup_logging
+from .common import setup_logging, skip_final_collections
 
 app = typer.Typer(help="NEST: attributed, retrieval-grounded generation.", no_args_is_help=True, add_completion=False)
 app.add_typer(index.index_app, name="index")
@@ -27,6 +27,7 @@ def quiet_by_default(
 ) -> None:
     """NEST: attributed, retrieval-grounded generation."""
     setup_logging(verbose)
+    skip_final_collections()
 
 
 def main() -> None:  # pragma: no cover

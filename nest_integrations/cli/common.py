@@ -8,6 +8,8 @@ command that fails on its options starts in a fraction of a second.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 import logging
 import os
@@ -73,6 +75,32 @@ def setup_logging(verbose: bool) -> None:
     hf_logging = sys.modules.get("transformers.utils.logging")
     if hf_logging is not None:  # already imported (a test, or a command run twice in one process)
         (hf_logging.enable_progress_bar if verbose else hf_logging.disable_progress_bar)()
+
+
+def skip_final_collections() -> None:
+    """Have this process, when it exits, leave its objects to the operating system instead of
+    collecting them (once per process; commands call it through the ``nest`` callback).
+
+    The interpreter's shutdown runs the cyclic garbage collector over every object still alive,
+    several times: once torch and transformers are loaded, hundreds of thousands of them, most of
+    the time between a command's output and its exit (``nest bench startup``, docs/serving.md),
+    only to free memory the operating system takes back anyway. ``gc.freeze()``, in an atexit
+    handler, puts them out of its reach. Nothing the command wrote is lost: the atexit handlers
+    registered after this one (the batching service's, which lets the rows in flight finish,
+    torch's) run before it and those registered before (logging's, which flushes and closes the
+    handlers) after it, as usual; the interpreter still flushes stdout and stderr and still
+    finalizes every object that reference counting frees (the project writes its files in
+    ``with`` blocks); only objects kept alive by reference cycles alone are not finalized, which
+    Python does not promise at exit either. Unlike ``os._exit``, exit codes and buffered output are
+    as before.
+    """
+    global _final_collections_skipped
+    if not _final_collections_skipped:
+        atexit.register(gc.freeze)
+        _final_collections_skipped = True
+
+
+_final_collections_skipped = False
 
 
 def comma_list(text: str) -> list[str]:
