@@ -105,6 +105,7 @@ def test_the_bench_reports_cold_and_warm_runs(monkeypatch, tmp_path):
     assert [r["run"] for r in bench["runs"]] == ["cold", "warm 1", "warm 2"]
     assert len({cache for _, cache in seen}) == 1 and "--datastore" in seen[0][0]
     assert bench["warm_median"]["first_token"] == 2.5 and bench["goal"]["met"] and bench["texts_equal"]
+    assert all(run["exit"] is not None for run in bench["runs"])  # the time from the "end" mark to the exit
     table = (tmp_path / "out" / "startup.md").read_text()
     assert "| cold |" in table and "| warm median |" in table and "met" in table
 

@@ -185,9 +185,9 @@ def load_index(path: Optional[Path], model: Optional[str] = None) -> Any:
     if path is None and not (folder / "manifest.json").exists():
         build_default_index(folder, model)
     if trace.active:  # each library in a phase of its own, in the order loading needs them
-        with trace.phase("imports"):
+        with trace.phase("imports"):  # transformers' model classes too: the LM and the embedder share them
             import torch  # noqa: F401
-            import transformers  # noqa: F401
+            import transformers.modeling_utils  # noqa: F401
         if _default_embedder(folder):
             from ..retrieval import load_embedder
 
