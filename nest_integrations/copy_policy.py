@@ -197,7 +197,15 @@ def _windows(passage: Passage) -> list[tuple[int, int, int]]:
 
 
 def focus_window(query: str, passages: Sequence[Passage], similarity: Similarity | None = None) -> Window | None:
-    """The window of the kept passages that best answers ``query``, or None when none shares a word with it.
+    """The window of the kept passages that best answers ``query``, or None when none shares a
+    word with it: the first of :func:`focus_windows`."""
+    windows = focus_windows(query, passages, similarity, count=1)
+    return windows[0] if windows else None
+
+
+def focus_windows(query: str, passages: Sequence[Passage], similarity: Similarity | None = None, *, count: int = 1) -> list[Window]:
+    """Up to ``count`` windows of the kept passages that best answer ``query``, best first, none
+    overlapping another; empty when none shares a word with it.
 
     Each sentence's window (:func:`_windows`) scores the sum of
     ``log(1 + N / n_w)`` over the query's content words ``w`` it contains,
@@ -207,11 +215,12 @@ def focus_window(query: str, passages: Sequence[Passage], similarity: Similarity
     embedder), the ``FOCUS_CANDIDATES`` best windows are re-ranked by that
     score relative to the best one plus their cosine to the query (lexical
     overlap alone ties "load(fp)" with "dump(obj, fp)" for "write JSON into a
-    file"). Ties go to the earlier passage (retrieval order) and window.
+    file"). Ties go to the earlier passage (retrieval order) and window. A
+    Markdown window then takes in the whole blocks it touches (:func:`_whole_blocks`).
     """
     wanted = content_words(query)
     if not wanted:
-        return None
+        return []
     windows = [(p, s, e, text_stems(p.text[s:core])) for p in passages for s, core, e in _windows(p)]
     if asks_year(query):  # only windows that hold a year can answer "which year"
         asked = set(_YEAR.findall(query))
@@ -231,16 +240,20 @@ def focus_window(query: str, passages: Sequence[Passage], similarity: Similarity
     weight = {w: math.log1p(len(windows) / n) for w, n in counts.items() if n}
     scores = [sum(weight.get(w, 0.0) for w in wanted & words) for *_, words in windows]
     ranked = sorted((i for i, score in enumerate(scores) if score > 0), key=lambda i: -scores[i])[:FOCUS_CANDIDATES]
-    if not ranked:
-        return None
-    best = ranked[0]
     if similarity is not None and len(ranked) > 1:
         cosines = similarity(query, [windows[i][0].text[windows[i][1] : windows[i][2]] for i in ranked])
-        combined = [scores[i] / scores[ranked[0]] + float(c) for i, c in zip(ranked, cosines)]
-        best = ranked[max(range(len(ranked)), key=lambda j: (combined[j], -ranked[j]))]
-    passage, start, end, _ = windows[best]
-    start, end = _whole_blocks(passage.text, start, end)
-    return Window(passage.id, start, end, scores[best], answers or not topical)
+        combined = {i: scores[i] / scores[ranked[0]] + float(c) for i, c in zip(ranked, cosines)}
+        ranked = sorted(ranked, key=lambda i: (-combined[i], i))
+    chosen: list[Window] = []
+    for i in ranked:
+        passage, start, end, _ = windows[i]
+        start, end = _whole_blocks(passage.text, start, end)
+        if any(w.passage_id == passage.id and w.start < end and start < w.end for w in chosen):
+            continue
+        chosen.append(Window(passage.id, start, end, scores[i], answers or not topical))
+        if len(chosen) == count:
+            break
+    return chosen
 
 
 def _whole_blocks(text: str, start: int, end: int) -> tuple[int, int]:

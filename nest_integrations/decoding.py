@@ -66,7 +66,7 @@ from .attribution import (
 )
 from .config import DEFAULT_ALPHA, DEFAULT_TAU, MODES, NestConfig
 from .conversation import TRANSCRIPT_STOP, plain_transcript, retrieval_query
-from .copy_policy import acceptable_start, closes_answer, continues, focus_window, sentence_starts, wants_focus
+from .copy_policy import Window, acceptable_start, closes_answer, continues, focus_windows, sentence_starts, wants_focus
 from .corpus import Passage
 from .datastore import CandidateSet, EncodedPassage, EncodeStats, TokenDatastore
 from .generation import Generation, Step, StreamChunk, StreamCursor
@@ -694,6 +694,29 @@ class NestDecoder:
             gen.lead_in = str(prompt)
         return context
 
+    def _plan_windows(self, candidates: CandidateSet, windows: Sequence[Window]) -> list[tuple[tuple[int, int], Optional[tuple[int, int]]]]:
+        """``(opening, window_end)`` token positions of each answer window to copy, in order.
+
+        A window that holds none of the question's own words only says where to open, and one
+        that ends mid-sentence ("(e.g.") would stop unfinished: its ``window_end`` is None, the
+        copy goes on past it, and no window follows it. A later window opens at the line breaks
+        before it when they are tokens of their own, so it does not run into the text before it."""
+        planned: list[tuple[tuple[int, int], Optional[tuple[int, int]]]] = []
+        for window in windows:
+            pidx = self.datastore.index_of(window.passage_id)  # type: ignore[union-attr]
+            assert pidx is not None
+            encoded, text = candidates.passage(pidx), self.datastore.passages[pidx].text  # type: ignore[union-attr]
+            first, last = _token_range(encoded, window.start, window.end)
+            if planned:
+                first = first_copyable(text, encoded.char_spans, first)
+                while 0 < first < len(encoded.token_ids) and not text[slice(*encoded.char_spans[first - 1])].strip():
+                    first -= 1
+            stops = window.answers and closes_answer(text, window.end)
+            planned.append(((pidx, first), (pidx, last) if stops else None))
+            if not stops:
+                break
+        return planned
+
     def _window_similarity(self, query: str, texts: Sequence[str]) -> list[float]:
         """Cosine of each candidate answer window to ``query``, through the relevance function."""
         return self.relevance(query, [Passage(id=f"\x00window:{text}", text=text) for text in texts])  # type: ignore[misc]
@@ -701,9 +724,10 @@ class NestDecoder:
     def _plan_opening(self, gen: Generation, query: str, kept: list[Passage]) -> None:
         """Where the answer's first copy is proposed (checked by the LM like any span).
 
-        A question (:func:`wants_focus`) opens at its answer window
-        (:func:`focus_window`): the other entries are masked, and copying the
-        window's last token ends the answer. A request about someone or
+        A question (:func:`wants_focus`) opens at its best answer window
+        (:func:`focus_windows`, ``config.answer_windows`` of them): entries outside
+        the windows are masked, copying a window's last token moves on to the next
+        window, and copying the last window's ends the answer. A request about someone or
         something by name (:func:`subject_name`) opens at the start of the best
         kept passage, so a biography opens with its subject's own first
         sentence instead of a copy that starts mid-way. Other requests open
@@ -712,24 +736,18 @@ class NestDecoder:
         assert gen.candidates is not None and self.datastore is not None
         candidates = gen.candidates
         if gen.config.answer_focus and wants_focus(query):
-            window = focus_window(query, kept, self._window_similarity if self.relevance is not None else None)
-            if window is None:
+            similarity = self._window_similarity if self.relevance is not None else None
+            planned = self._plan_windows(candidates, focus_windows(query, kept, similarity, count=gen.config.answer_windows))
+            if not planned:
                 return
-            pidx = self.datastore.index_of(window.passage_id)
-            assert pidx is not None
-            first, last = _token_range(candidates.passage(pidx), window.start, window.end)
-            # A window that holds none of the question's own words only says where to open, and
-            # one that ends mid-sentence ("(e.g.") would stop unfinished: the copy goes on past it.
-            stops = window.answers and closes_answer(self.datastore.passages[pidx].text, window.end)
-            for other in candidates.passage_indices:
+            for other in candidates.passage_indices:  # mask all but the windows (and what follows an open one)
                 length = len(candidates.passage(other).token_ids)
-                if other != pidx:
-                    candidates.mark_used(other, 0, length - 1)
-                else:
-                    candidates.mark_used(other, 0, first - 1)
-                    if stops:
-                        candidates.mark_used(other, last + 1, length - 1)
-            gen.opening, gen.window_end = (pidx, first), (pidx, last) if stops else None
+                position = 0
+                for first, last in sorted((first, end[1] if end else length - 1) for (pidx, first), end in planned if pidx == other):
+                    candidates.mark_used(other, position, first - 1)
+                    position = max(position, last + 1)
+                candidates.mark_used(other, position, length - 1)
+            (gen.opening, gen.window_end), *gen.next_windows = planned
         elif subject_name(query) is not None:
             pidx = self.datastore.index_of(kept[0].id)
             if pidx is not None and len(candidates.passage(pidx).token_ids):
@@ -821,9 +839,9 @@ class NestDecoder:
         p_m = step.p_m[row]
         proposal = None
         if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
-            if not gen.records and gen.opening is not None:
-                pidx, pos = gen.opening  # an opening planned at a Markdown heading starts below it
-                proposal = (pidx, first_copyable(self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans, pos))  # type: ignore[union-attr]
+            if gen.opening is not None:
+                (pidx, pos), gen.opening = gen.opening, None
+                proposal = (pidx, self._opening_token(gen.candidates.passage(pidx), self.datastore.passages[pidx].text, pos))  # type: ignore[union-attr]
             elif continuation is not None and (resumed := self._continue_at(gen.candidates, *continuation)) is not None:
                 proposal = resumed
             elif float(step.lam[row]) <= config.delta:
@@ -839,6 +857,15 @@ class NestDecoder:
         if config.mode in ("nest", "ra_nest") and (repeats := repeating_tokens(gen.ids, config.lm_repeat_ngram)):
             p_m = p_m.index_fill(0, torch.tensor(sorted(repeats)), 0.0)
         return TokenRecord(self._pick(p_m, config, generator)), []
+
+    @staticmethod
+    def _opening_token(encoded: EncodedPassage, text: str, pos: int) -> int:
+        """Where a copy planned at token ``pos`` starts: ``pos`` when it is the line break
+        before a later answer window, else the first token there a copy may start with (an
+        opening planned at a Markdown heading starts below it: :func:`first_copyable`)."""
+        if not text[slice(*encoded.char_spans[pos])].strip():
+            return pos
+        return first_copyable(text, encoded.char_spans, pos)
 
     def _copy_end(self, gen: Generation, pidx: int, pos: int) -> int:
         """Where a copy from token ``pos`` of passage ``pidx`` must end (exclusive): at most
@@ -926,7 +953,10 @@ class NestDecoder:
             elif len(gen.records) >= gen.config.max_new_tokens:
                 gen.finish("length")
             elif copied and gen.window_end == (record.passage_index, record.position):
-                gen.finish("answered")
+                if not gen.next_windows:
+                    gen.finish("answered")
+                else:
+                    (gen.opening, gen.window_end), *gen.next_windows = gen.next_windows
             elif copied and gen.config.stop_at_source_end and self._source_exhausted(gen.candidates, record):  # type: ignore[arg-type]
                 gen.finish("source_end")
             if gen.finished:

@@ -57,9 +57,12 @@ class Generation:
     candidates: Optional[CandidateSet] = None
     finished: bool = False
     opening: Optional[tuple[int, int]] = None
-    """(passage index, token position) proposed first: the answer window's start, or a name's passage start."""
+    """(passage index, token position) proposed next, once: an answer window's start, or a name's passage start."""
     window_end: Optional[tuple[int, int]] = None
-    """(passage index, last token position) of the answer window; copying it ends the answer."""
+    """(passage index, last token position) of the answer window; copying it ends the answer,
+    or moves on to the next of ``next_windows``."""
+    next_windows: list[tuple[tuple[int, int], Optional[tuple[int, int]]]] = field(default_factory=list)
+    """``(opening, window_end)`` of the answer windows still to copy, in order."""
     starts: dict[int, list[int]] = field(default_factory=dict)
     """Sentence starts (characters) of each candidate passage, computed when first needed."""
     lead_in: str = ""

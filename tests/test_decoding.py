@@ -242,3 +242,19 @@ def test_a_model_without_chat_template_reads_a_conversation_as_a_plain_transcrip
     # A base model that goes on to write the user's next turn stops before it; text to continue does not.
     assert decoder.prepare_row("Tell me a bio of Ada Lovelace.", None, None, NestConfig(mode="base")).gen.config.stop == ["\nUser:"]
     assert decoder.prepare_row("Once", None, None, NestConfig(mode="base", use_chat_template=False)).gen.config.stop == []
+
+
+def test_a_question_copies_its_best_answer_windows_in_turn_and_stops_answered(tiny_lm):
+    """Two windows: the best one, then the next best after its line break; nothing else of the passage."""
+    body = "The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients."
+    idle = "The `keepAliveTimeout` option sets how many milliseconds an idle socket stays open before it closes."
+    doc = Passage(id="srv", title="Server", text=f"## Options\n\n{body}\n\nUnrelated words about logging and colours go here.\n\n{idle}\n")
+    store = TokenDatastore([doc], PassageEncoder(tiny_lm))
+    knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=80)
+    decoder = NestDecoder(tiny_lm, store, ListRetriever([doc]), NestConfig(**knobs))
+    question = "How many milliseconds does an idle socket stay open, and which option sets the largest request body?"
+    both = decoder.generate([{"role": "user", "content": question}], query=question)
+    assert both.text == f"{idle}\n\n{body}", both.text
+    assert both.stats.finish_reason == "answered" and both.attribution_ratio == 1.0
+    one = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=1)
+    assert one.text == idle and one.stats.finish_reason == "answered"
