@@ -98,9 +98,9 @@ class NestConfig(BaseModel):
     )
     answer_focus: bool = Field(
         True,
-        description="For a question, copy from the sentence of the kept passages that best answers it and end the "
-        "answer when that window is copied (finish_reason 'answered'), instead of copying a passage to its end. "
-        "Applies to chat prompts in nest and ra_nest.",
+        description="For a question, copy the windows of the kept passages that best answer it (a sentence, or in "
+        "Markdown the blocks it touches; answer_windows of them) and end the answer when the last is copied "
+        "(finish_reason 'answered'), instead of copying a passage to its end. Applies to chat prompts in nest and ra_nest.",
     )
     answer_windows: int = Field(
         2,
