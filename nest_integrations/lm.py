@@ -30,6 +30,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -38,7 +39,7 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -198,6 +199,8 @@ class LoadedLM:
     are untouched since loading."""
     loaded_state: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
     """:func:`parameter_state` of the model right after loading."""
+    loaded_tokenizer: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
+    """:func:`tokenizer_state` of the tokenizer right after loading."""
     load_s: float | None = field(default=None, repr=False, compare=False)
     """Seconds :func:`load_lm` took, imports of torch and transformers included (None: not loaded by it)."""
 
@@ -226,7 +229,16 @@ class LoadedLM:
         return cached_fingerprint(self.model, self.weights_stamp)
 
     def tokenizer_fingerprint(self) -> str:
-        return tokenizer_fingerprint(self.tokenizer)
+        """:func:`tokenizer_fingerprint` of the tokenizer; read from ``cache_dir()/fingerprints``
+        (next to the weights' digest, under the same stamp, which covers the tokenizer's files)
+        while the tokenizer is as loaded: hashing its whole vocabulary is a visible part of a
+        command's start-up otherwise."""
+        if self.weights_stamp is None or tokenizer_state(self.tokenizer) != self.loaded_tokenizer:
+            return tokenizer_fingerprint(self.tokenizer)
+        return cached_digest(
+            f"{self.weights_stamp}.tokenizer", lambda: tokenizer_fingerprint(self.tokenizer),
+            lambda text: re.fullmatch(r"[0-9a-f]{16}", text) is not None,
+        )
 
 
 def load_lm(
@@ -285,7 +297,7 @@ def load_lm(
     return LoadedLM(
         model=model, tokenizer=tokenizer, name=embedded.name if embedded else str(name_or_path),
         weights_stamp=weights_stamp(Path(path), f"{dtype}@{torch.device(device).type}") if Path(path).is_dir() else None,
-        loaded_state=parameter_state(model), load_s=time.perf_counter() - started,
+        loaded_state=parameter_state(model), loaded_tokenizer=tokenizer_state(tokenizer), load_s=time.perf_counter() - started,
     )
 
 
@@ -334,25 +346,33 @@ def weights_stamp(folder: Path, load: str) -> str:
 def cached_fingerprint(model: "PreTrainedModel", stamp: str) -> str:
     """:func:`model_fingerprint` of ``model``, whose weights were loaded from the files
     ``stamp`` names, read from ``cache_dir()/fingerprints/<stamp>`` when there, else
-    computed and written there (atomically: a concurrent or killed writer never leaves
-    a partial file). The caller vouches that the weights are still the loaded ones."""
-    path = cache_dir() / "fingerprints" / stamp
+    computed and written there (:func:`cached_digest`). The caller vouches that the
+    weights are still the loaded ones."""
+    fingerprint = cached_digest(stamp, lambda: model_fingerprint(model), lambda text: _parse_fingerprint(text) is not None)
+    _fingerprint_cache[model] = (parameter_state(model), fingerprint)
+    return fingerprint
+
+
+def cached_digest(name: str, compute: Callable[[], str], valid: Callable[[str], bool]) -> str:
+    """The digest kept in ``cache_dir()/fingerprints/<name>`` if it is ``valid``, else
+    ``compute()``, written there atomically (a concurrent or killed writer never leaves a
+    partial file; a read-only cache costs the computing next time, nothing else)."""
+    path = cache_dir() / "fingerprints" / name
     try:
         cached = path.read_text(encoding="utf-8").strip()
     except OSError:
         cached = ""
-    if _parse_fingerprint(cached) is not None:
-        _fingerprint_cache[model] = (parameter_state(model), cached)
+    if valid(cached):
         return cached
-    fingerprint = model_fingerprint(model)
+    digest = compute()
     from .safe_io import write_file_atomic
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_file_atomic(path, fingerprint.encode("utf-8"))
-    except OSError as err:  # a read-only cache costs the hashing next time, nothing else
-        logger.debug("could not cache the LM fingerprint in %s: %s", path, err)
-    return fingerprint
+        write_file_atomic(path, digest.encode("utf-8"))
+    except OSError as err:
+        logger.debug("could not cache the digest %s: %s", path, err)
+    return digest
 
 
 def model_fingerprint(model: "PreTrainedModel") -> str:
@@ -430,6 +450,12 @@ def _parse_fingerprint(fingerprint: str) -> "tuple[str, dict[str, str]] | None":
     if own not in _FINGERPRINT_DTYPES or set(digests) != set(_FINGERPRINT_DTYPES):
         return None
     return own, digests
+
+
+def tokenizer_state(tokenizer: "PreTrainedTokenizerBase") -> tuple[Any, ...]:
+    """What of a tokenizer can change after loading without a file changing: its size
+    (added tokens) and its special tokens (e.g. a pad token set)."""
+    return len(tokenizer), tuple(tokenizer.all_special_tokens), tuple(tokenizer.all_special_ids)
 
 
 def tokenizer_fingerprint(tokenizer: "PreTrainedTokenizerBase") -> str:

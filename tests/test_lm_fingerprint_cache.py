@@ -57,3 +57,21 @@ def test_a_corrupt_cache_entry_is_recomputed(smol_tokenizer, tmp_path, monkeypat
     entry.write_text("float32|garbage")
     assert loaded.fingerprint() == model_fingerprint(loaded.model)
     assert entry.read_text() == loaded.fingerprint()
+
+
+def test_the_tokenizer_fingerprint_is_read_back_while_the_tokenizer_is_as_loaded(smol_tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("NEST_CACHE_DIR", str(tmp_path / "cache"))
+    folder = _saved_tiny(smol_tokenizer, tmp_path / "model")
+    first = load_lm(str(folder), device="cpu")
+    expected = lm_module.tokenizer_fingerprint(first.tokenizer)
+    assert first.tokenizer_fingerprint() == expected
+    assert (tmp_path / "cache" / "fingerprints" / f"{first.weights_stamp}.tokenizer").read_text() == expected
+
+    computed = []
+    original = lm_module.tokenizer_fingerprint
+    monkeypatch.setattr(lm_module, "tokenizer_fingerprint", lambda tokenizer: computed.append(tokenizer) or original(tokenizer))
+    again = load_lm(str(folder), device="cpu")
+    assert again.tokenizer_fingerprint() == expected and not computed  # read, not hashed
+
+    again.tokenizer.add_tokens(["<new-token>"])  # changed after loading: hashed, and differs
+    assert again.tokenizer_fingerprint() != expected and computed == [again.tokenizer]
