@@ -1,7 +1,8 @@
 """Passage retrievers: dense (FAISS + sentence embeddings), sparse (BM25), hybrid, and foreign vector stores.
 
-Importing this package is cheap: faiss, sentence_transformers and bm25s are
-imported only when a retriever or embedder is built.
+Importing this package is cheap: faiss, bm25s and the embedder's libraries
+(transformers for the bundled MiniLM, sentence_transformers for other models)
+are imported only when a retriever or embedder is built.
 """
 
 from .base import BatchRetrieverMixin, PassageRetriever, ScoredPassage
