@@ -96,3 +96,14 @@ def test_other_pipelines_are_left_to_sentence_transformers(tmp_path, change):
 def _edit(path, value=None, **changes):
     data = value if value is not None else {**json.loads(path.read_text()), **changes}
     path.write_text(json.dumps(data))
+
+
+def test_threads_embedding_at_once_get_what_each_alone_gets(both, passages):
+    from concurrent.futures import ThreadPoolExecutor
+
+    light, _ = both
+    texts = [[index_text(p)] + [p.title] * (i % 3 + 1) for i, p in enumerate(passages[:16])]
+    alone = [light.encode(batch) for batch in texts]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(light.encode, texts))
+    assert all(np.array_equal(a, b) for a, b in zip(alone, together))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -141,6 +142,10 @@ class TransformerSentenceEmbedder:
 
         self.spec = model
         self.device = device
+        # A fast tokenizer sets its padding and truncation on its Rust state at each call:
+        # two threads calling it at once can fail ("Already borrowed"). Serving threads embed
+        # their queries concurrently, so the calls take turns; the forwards need not.
+        self._tokenizer_lock = threading.Lock()
         folder = str(model.folder)
         limit = {} if model.max_seq_length is None else {"model_max_length": model.max_seq_length}
         self.tokenizer = AutoTokenizer.from_pretrained(folder, **limit)
@@ -161,9 +166,11 @@ class TransformerSentenceEmbedder:
         chunks = []
         with torch.inference_mode():
             for start in range(0, len(sentences), batch_size):
-                features = self.tokenizer(
-                    sentences[start : start + batch_size], padding=True, truncation="longest_first", return_tensors="pt"
-                ).to(self.device)
+                with self._tokenizer_lock:
+                    features = self.tokenizer(
+                        sentences[start : start + batch_size], padding=True, truncation="longest_first", return_tensors="pt"
+                    )
+                features = features.to(self.device)
                 tokens = self.model(**features, return_dict=True).last_hidden_state
                 pooled = _pool(tokens, features["attention_mask"], self.spec.pooling)
                 if self.spec.normalize:
