@@ -75,6 +75,7 @@ from .markdown_structure import copyable_end, first_copyable, section_ends_at
 from .mixture import accepted_prefix_length, distance_ratio, knn_distribution, mix, relaxed_accept_ratio, rrc_lambda
 from .relevance import GateDecision, RelevanceGate, subject_name
 from .repetition import repeat_free_length, repeating_tokens
+from .similarity import Relevance
 
 if TYPE_CHECKING:  # pragma: no cover
     from .batching import Row
@@ -129,8 +130,11 @@ class NestDecoder:
             passed per call (``passages=``), as the LangChain / LlamaIndex
             adapters do.
         config: default :class:`NestConfig`; per-call keyword overrides apply on top.
-        relevance: optional ``(query, passages) -> list[float]`` cosine relevance
-            used by the relevance gate (``config.min_passage_relevance``).
+        relevance: optional cosine of texts to a query
+            (:data:`~nest_integrations.similarity.Relevance`), asked about the
+            retrieved passages' texts by the relevance gate
+            (``config.min_passage_relevance``) and about candidate answer windows;
+            None turns both off.
     """
 
     def __init__(
@@ -140,7 +144,7 @@ class NestDecoder:
         retriever: Optional["PassageRetriever"] = None,
         config: Optional[NestConfig] = None,
         *,
-        relevance: Optional[Any] = None,
+        relevance: Optional[Relevance] = None,
         calibration: Optional["Calibration"] = None,
         calibrator: Optional[Callable[[], Optional["Calibration"]]] = None,
     ):
@@ -644,7 +648,7 @@ class NestDecoder:
         passages = [p for p, _ in hits]
         if config.min_passage_relevance <= -1.0 or self.relevance is None or not hits or not query.strip():
             return GateDecision(passages)
-        decision = RelevanceGate.from_config(config)(query, passages, self.relevance(query, passages))
+        decision = RelevanceGate.from_config(config)(query, passages, self.relevance(query, [p.text for p in passages]))
         if len(decision.kept) < len(hits):
             logger.info("relevance gate kept %d of %d passages", len(decision.kept), len(hits))
         return decision
@@ -717,10 +721,6 @@ class NestDecoder:
                 break
         return planned
 
-    def _window_similarity(self, query: str, texts: Sequence[str]) -> list[float]:
-        """Cosine of each candidate answer window to ``query``, through the relevance function."""
-        return self.relevance(query, [Passage(id=f"\x00window:{text}", text=text) for text in texts])  # type: ignore[misc]
-
     def _plan_opening(self, gen: Generation, query: str, kept: list[Passage]) -> None:
         """Where the answer's first copy is proposed (checked by the LM like any span).
 
@@ -736,8 +736,7 @@ class NestDecoder:
         assert gen.candidates is not None and self.datastore is not None
         candidates = gen.candidates
         if gen.config.answer_focus and wants_focus(query):
-            similarity = self._window_similarity if self.relevance is not None else None
-            planned = self._plan_windows(candidates, focus_windows(query, kept, similarity, count=gen.config.answer_windows))
+            planned = self._plan_windows(candidates, focus_windows(query, kept, self.relevance, count=gen.config.answer_windows))
             if not planned:
                 return
             for other in candidates.passage_indices:  # mask all but the windows (and what follows an open one)

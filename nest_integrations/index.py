@@ -38,6 +38,7 @@ from .key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, codec_from_ar
 from .lm import parse_key_layer
 from .safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
 from .shards import KEY_ARRAYS, ShardedKeys, ShardRecord, read_arrays, shard_files
+from .similarity import cosine_similarities
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import NestConfig
@@ -93,7 +94,8 @@ class NestIndex:
         self.encoding_prefix = encoding_prefix
         self.precompute_rate: Optional[float] = None
         """Tokens per second of the last key precomputation (None when keys are lazy)."""
-        self._vector_cache: dict[tuple[str, str], np.ndarray] = {}
+        self._vector_cache: dict[str, np.ndarray] = {}
+        self._passage_of_text: Optional[dict[str, Passage]] = None
         self.folder: Optional[Path] = None
         """Where the index was saved or loaded from (calibrations are written there); None in memory."""
         self.calibrations: dict[str, Calibration] = {}
@@ -155,25 +157,38 @@ class NestIndex:
         return index
 
     # ------------------------------------------------------------------ use
-    def relevance(self, query: str, passages: Sequence[Passage]) -> list[float]:
-        """Cosine similarity of each passage to ``query`` under the dense embedder.
+    def relevance(self, query: str, texts: Sequence[str]) -> list[float]:
+        """Cosine similarity of each text to ``query`` under the dense embedder
+        (a :data:`~nest_integrations.similarity.Relevance`, the decoder's relevance gate and answer windows).
 
-        Passage vectors come from :meth:`DenseRetriever.passage_vectors` (read
-        back from a flat index, else embedded) and are cached: the gate runs on
-        every generation, and re-embedding 8 passages costs ~0.5 s on 2 cores.
+        A text that an indexed passage holds has that passage's vector, the one
+        it was retrieved by (its ``"title: text"`` embedding, read back from a
+        flat index, else embedded: :meth:`DenseRetriever.passage_vectors`); any
+        other text (an answer window) is embedded as it is. Both the query and
+        the vectors are the retriever's unit vectors, so each cosine is their
+        float32 dot product. Vectors are cached by text: the gate runs on every
+        generation, and re-embedding its passages each time would cost a
+        forward of the embedder per generation.
         """
-        if not passages:
+        if not texts:
             return []
         q = self.dense.embed_queries([query])[0]
-        return [float(v) for v in self._passage_vectors(passages) @ q]
+        return cosine_similarities(q, self._text_vectors(texts), normalised=True)
 
-    def _passage_vectors(self, passages: Sequence[Passage]) -> np.ndarray:
-        """float32 (n, d) L2-normalised embeddings of ``passages``, cached by (id, text)."""
-        missing = list({(p.id, p.text): p for p in passages if (p.id, p.text) not in self._vector_cache}.values())
+    def _text_vectors(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 (n, d) L2-normalised embeddings of ``texts`` (as :meth:`relevance` says), cached by text."""
+        missing = [text for text in dict.fromkeys(texts) if text not in self._vector_cache]
         if missing:
-            vectors = self.dense.passage_vectors(missing)
-            self._vector_cache.update({(p.id, p.text): v for p, v in zip(missing, vectors)})
-        return np.stack([self._vector_cache[(p.id, p.text)] for p in passages])
+            if self._passage_of_text is None:  # built whole before it is shared: the gate runs in many threads
+                # The first of two passages with the same text stands for both (their vectors differ if their titles do).
+                held: dict[str, Passage] = {}
+                for passage in self.dense.passages:
+                    held.setdefault(passage.text, passage)
+                self._passage_of_text = held
+            # A text no passage holds goes in as an untitled passage the index has not got: embedded as it is.
+            passages = [self._passage_of_text.get(text) or Passage(id="\x00text", text=text) for text in missing]
+            self._vector_cache.update(zip(missing, self.dense.passage_vectors(passages)))
+        return np.stack([self._vector_cache[text] for text in texts])
 
     def retrieve(self, query: str, k: int, *, exclude_ids: Sequence[str] = ()) -> list[tuple[Passage, float]]:
         """Top-k passages for ``query``, skipping ``exclude_ids`` (for source-absent evaluation)."""

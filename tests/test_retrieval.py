@@ -263,3 +263,23 @@ def test_build_hybrid_routes_options(passages, embedder):
     assert isinstance(hybrid, HybridRetriever) and hybrid.fusion == "rrf" and hybrid.candidates == 10
     assert isinstance(hybrid.dense, DenseRetriever) and hybrid.sparse.k1 == 1.2
     assert _ids(hybrid.retrieve("ABBA", 1)) == ["ABBA"]
+
+
+def test_index_relevance_reads_a_passage_text_by_its_passage_and_embeds_other_texts(dense, passages, tiny_lm, monkeypatch):
+    from nest_integrations.index import NestIndex
+
+    index = NestIndex(tiny_lm, passages, dense, retriever_kind="dense")
+    indexed = passages[3]
+    window = indexed.text.split(". ")[0] + "."
+    query = "Who was " + indexed.id + "?"
+    got = index.relevance(query, [indexed.text, window, indexed.text])
+    # an indexed text has its passage's ("title: text") vector, any other text is embedded as it is
+    passage_vector, window_vector = dense.passage_vectors([indexed, Passage(id="window", text=window)])
+    q = dense.embed_queries([query])[0]
+    # bit for bit the dot products of the same matrix (a row's bits may depend on its place in it)
+    assert got == [float(x) for x in np.stack([passage_vector, window_vector, passage_vector]) @ q]
+    asked = []
+    monkeypatch.setattr(dense, "passage_vectors", lambda ps: asked.append(ps))
+    assert index.relevance(query, [window, indexed.text]) == [float(x) for x in np.stack([window_vector, passage_vector]) @ q]
+    assert asked == [], "both vectors are cached by text"
+    assert index.relevance(query, []) == []

@@ -4,8 +4,8 @@
   or ``VectorStore`` into the ``(Passage, score)`` pairs
   :meth:`NestDecoder.stream` accepts as its first stage (each document through
   :func:`~nest_integrations.langchain.documents.document_to_passage`).
-* :func:`relevance_function` builds the cosine relevance the decoder's
-  relevance gate uses, from the store's ``Embeddings``.
+* :func:`relevance_function` gives the decoder's relevance gate its
+  :data:`~nest_integrations.similarity.Relevance`, from the store's ``Embeddings``.
 * :class:`NestModelBase` holds the fields, the lazy LM loading and the call
   preparation both model classes share; :func:`report_tokens` and
   :func:`areport_tokens` drive their streams (the async one off the event loop).
@@ -17,9 +17,8 @@ import asyncio
 import logging
 import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Optional, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Optional, Sequence, TypeVar, Union
 
-import numpy as np
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.documents import Document
 from langchain_core.outputs import ChatGenerationChunk, GenerationChunk
@@ -30,8 +29,9 @@ from typing_extensions import Self
 
 from ..config import NestConfig, fold_config_fields
 from ..corpus import Passage
+from ..similarity import Relevance, embedding_relevance
 from ..standard_params import effective_temperature, to_nest_names
-from .documents import cosine_to, document_to_passage
+from .documents import document_to_passage
 from .vectorstores import NestVectorStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,8 +45,6 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 ChunkT = TypeVar("ChunkT", GenerationChunk, ChatGenerationChunk)
-Relevance = Callable[[str, Sequence[Passage]], list[float]]
-"""``(query, passages) -> cosine similarity per passage``, for the relevance gate."""
 
 PassageSource = Union[BaseRetriever, VectorStore]
 """What may serve NEST's first stage: any LangChain retriever or vector store."""
@@ -82,9 +80,11 @@ def relevance_function(source: Optional[PassageSource]) -> Optional[Relevance]:
     """The relevance gate's cosine function for ``source``, or None (gate off).
 
     A :class:`~nest_integrations.langchain.NestVectorStore` compares the query
-    embedding with its stored vectors. Another vector store (or a
-    ``VectorStoreRetriever`` over one) that exposes ``embeddings`` re-embeds the
-    retrieved passages. Other retrievers have no embeddings to compare with.
+    embedding with its stored vectors (:meth:`NestVectorStore.relevance`). Another
+    vector store (or a ``VectorStoreRetriever`` over one) that exposes ``embeddings``
+    embeds the query and re-embeds the texts (``embed_query`` / ``embed_documents``,
+    :func:`~nest_integrations.similarity.embedding_relevance`). Other retrievers
+    have no embeddings to compare with.
     """
     store = source.vectorstore if isinstance(source, VectorStoreRetriever) else source
     if isinstance(store, NestVectorStore):
@@ -92,14 +92,7 @@ def relevance_function(source: Optional[PassageSource]) -> Optional[Relevance]:
     embeddings = store.embeddings if isinstance(store, VectorStore) else None
     if embeddings is None:
         return None
-
-    def relevance(query: str, passages: Sequence[Passage]) -> list[float]:
-        if not passages:
-            return []
-        vectors = np.asarray(embeddings.embed_documents([p.text for p in passages]), dtype=np.float32)
-        return cosine_to(embeddings.embed_query(query), vectors)
-
-    return relevance
+    return embedding_relevance(embeddings.embed_query, embeddings.embed_documents)
 
 
 # --------------------------------------------------------------------------- streaming

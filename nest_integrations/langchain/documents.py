@@ -9,16 +9,14 @@ build on it.
   to its neighbours when a splitter recorded ``start_index``.
 * :func:`default_embeddings`: the bundled all-MiniLM-L6-v2 through
   ``langchain-huggingface``, offline.
-* :func:`cosine_to`: the cosine similarity the relevance gate compares with.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from langchain_core.documents import Document
 
 from ..corpus import Passage
@@ -26,7 +24,7 @@ from ..corpus import Passage
 if TYPE_CHECKING:  # pragma: no cover
     from langchain_huggingface import HuggingFaceEmbeddings
 
-__all__ = ["cosine_to", "default_embeddings", "document_id", "document_to_passage"]
+__all__ = ["default_embeddings", "document_id", "document_to_passage"]
 
 
 def document_id(document: Document) -> str:
@@ -81,17 +79,3 @@ def default_embeddings(**kwargs: Any) -> "HuggingFaceEmbeddings":
 
     return HuggingFaceEmbeddings(model_name=default_embedder_path(), **kwargs)
 
-
-def cosine_to(query_vector: Sequence[float], vectors: np.ndarray) -> list[float]:
-    """Cosine similarity of each row of ``vectors`` to ``query_vector`` (0 for zero vectors)."""
-    q = np.asarray(query_vector, dtype=np.float32)
-    if vectors.shape[0] == 0:
-        return []
-    if vectors.shape[1] != q.shape[0]:
-        raise ValueError(
-            f"the query embedding has {q.shape[0]} dimensions but the stored vectors have {vectors.shape[1]}; "
-            "use the embeddings the store was built with"
-        )
-    norms = np.linalg.norm(vectors, axis=1) * np.linalg.norm(q)
-    dots = vectors @ q
-    return [float(x) for x in np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)]

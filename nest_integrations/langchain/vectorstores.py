@@ -42,9 +42,10 @@ from ..corpus import Passage
 from ..jsonsafe import json_safe
 from ..safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
 from ..shards import KEY_ARRAYS, read_arrays
+from ..similarity import cosine_similarities
 from ..store_calibration import StoreCalibrations, local_calibrations_file
 from ..store_keys import SavedKeysInfo, StoreKeys
-from .documents import cosine_to, default_embeddings, document_to_passage
+from .documents import default_embeddings, document_to_passage
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..calibration import Calibration
@@ -170,6 +171,7 @@ class NestVectorStore(VectorStore):
         self._documents: dict[str, Document] = {}
         self._vectors: dict[str, np.ndarray] = {}
         self._matrix: Optional[tuple[list[str], np.ndarray]] = None
+        self._ids_by_text: Optional[dict[str, str]] = None
         self._lock = threading.RLock()
         self._keys = StoreKeys(
             self._passages, self._lock, lm=lm, key_layer=key_layer, encoding_prefix=encoding_prefix,
@@ -232,7 +234,7 @@ class NestVectorStore(VectorStore):
             self._check_dimensions(vectors.shape[1])
             for document, vector in zip(documents, vectors):
                 self._upsert(document, vector)
-            self._matrix = None
+            self._matrix = self._ids_by_text = None
         self._keys.after_add()  # outside the lock: searches go on while keys are encoded
         return out_ids
 
@@ -256,7 +258,7 @@ class NestVectorStore(VectorStore):
                 del self._documents[doc_id]
                 del self._vectors[doc_id]
             if doomed:
-                self._matrix = None
+                self._matrix = self._ids_by_text = None
                 self._keys.removed(doomed)
         return True
 
@@ -264,6 +266,14 @@ class NestVectorStore(VectorStore):
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
         with self._lock:
             return [self._documents[i].model_copy(deep=True) for i in ids if i in self._documents]
+
+    def _id_of_text(self) -> dict[str, str]:
+        """The id of the first document (in store order) holding each text (lock held); kept until a write."""
+        if self._ids_by_text is None:
+            self._ids_by_text = {}
+            for doc_id, document in self._documents.items():
+                self._ids_by_text.setdefault(document.page_content, doc_id)
+        return self._ids_by_text
 
     def _snapshot(self) -> tuple[list[str], np.ndarray]:
         with self._lock:
@@ -282,7 +292,7 @@ class NestVectorStore(VectorStore):
             ids, matrix = self._snapshot()
             if not ids or k == 0:
                 return []
-            scores = np.asarray(cosine_to(embedding, matrix))
+            scores = np.asarray(cosine_similarities(embedding, matrix))
             hits = []
             for n in np.argsort(-scores, kind="stable"):
                 document = self._documents[ids[n]]
@@ -360,20 +370,24 @@ class NestVectorStore(VectorStore):
         return store
 
     # ------------------------------------------------------------------ NEST
-    def relevance(self, query: str, passages: Sequence[Passage]) -> list[float]:
-        """Cosine similarity of each passage to ``query`` (stored vectors; others embedded).
+    def relevance(self, query: str, texts: Sequence[str]) -> list[float]:
+        """Cosine similarity of each text to ``query`` (a :data:`~nest_integrations.similarity.Relevance`,
+        the relevance gate and answer windows of :class:`~nest_integrations.decoding.NestDecoder`).
 
-        The relevance gate of :class:`~nest_integrations.decoding.NestDecoder`.
+        A text a stored document holds has that document's stored vector (the
+        first document's, when several hold it); any other text (an answer
+        window) is embedded with ``embed_documents``, as the documents were.
         """
-        if not passages:
+        if not texts:
             return []
         with self._lock:
-            stored = {p.id: self._vectors[p.id] for p in passages if p.id in self._vectors}
-        missing = [p for p in passages if p.id not in stored]
+            id_of_text = self._id_of_text()
+            stored = {text: self._vectors[id_of_text[text]] for text in texts if text in id_of_text}
+        missing = [text for text in dict.fromkeys(texts) if text not in stored]
         if missing:
-            embedded = self.embedding.embed_documents([p.text for p in missing])
-            stored.update({p.id: np.asarray(v, dtype=np.float32) for p, v in zip(missing, embedded)})
-        return cosine_to(self.embedding.embed_query(query), np.stack([stored[p.id] for p in passages]))
+            embedded = self.embedding.embed_documents(missing)
+            stored.update({text: np.asarray(v, dtype=np.float32) for text, v in zip(missing, embedded)})
+        return cosine_similarities(self.embedding.embed_query(query), np.stack([stored[text] for text in texts]))
 
     def token_datastore(self, lm: Optional["LoadedLM"] = None) -> "TokenDatastore":
         """The token datastore over the store's documents, created on first use

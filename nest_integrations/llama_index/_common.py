@@ -1,17 +1,18 @@
 """Helpers shared by the LlamaIndex adapters: nodes as passages, LlamaIndex
-retrievers as NEST's first stage, and the bundled embed model."""
+retrievers as NEST's first stage, the bundled embed model, and (from
+:mod:`nest_integrations.similarity`) the L2 normalisation the vector store searches with."""
 
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
-import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 
 from ..corpus import Passage
 from ..retrieval.base import BatchRetrieverMixin, ScoredPassage
+from ..similarity import unit_rows  # noqa: F401 - the one normaliser; the vector store searches with it
 
 if TYPE_CHECKING:  # pragma: no cover
     from llama_index.embeddings.huggingface import HuggingFaceEmbedding
@@ -54,13 +55,6 @@ def nodes_to_scored_passages(nodes: Sequence[NodeWithScore]) -> list[ScoredPassa
     """``(Passage, score)`` pairs for retrieved nodes, in the retriever's order
     (a missing score counts as 0)."""
     return [(node_to_passage(hit.node), hit.get_score()) for hit in nodes]
-
-
-def unit_rows(vectors: np.ndarray) -> np.ndarray:
-    """``vectors`` (n, d) as float32 rows of unit L2 norm (zero rows stay zero)."""
-    vectors = np.asarray(vectors, dtype=np.float32)
-    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
-    return vectors / np.maximum(norms, np.finfo(np.float32).tiny)
 
 
 class LlamaIndexPassageRetriever(BatchRetrieverMixin):

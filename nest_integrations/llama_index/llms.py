@@ -41,7 +41,6 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Iterator, Optional, Sequence, Union
 
-import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.base.llms.types import (
@@ -65,11 +64,11 @@ from llama_index.core.llms.custom import CustomLLM
 
 from ..attribution import DocumentNumbers, NestOutput, Span, merge_spans
 from ..config import NestConfig, fold_config_fields
-from ..corpus import Passage
 from ..datastore import PassageEncoder, TokenDatastore
 from ..lm import DEFAULT_MODEL, LoadedLM, load_lm
+from ..similarity import embedding_relevance
 from ..standard_params import to_nest_names
-from ._common import LlamaIndexPassageRetriever, default_embed_model, nodes_to_scored_passages, unit_rows
+from ._common import LlamaIndexPassageRetriever, default_embed_model, nodes_to_scored_passages
 from .vector_stores import NestVectorStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -280,14 +279,14 @@ class NestLLM(CustomLLM):
                 self._embed_model = default_embed_model()
             return self._embed_model
 
-    def _relevance(self, query: str, passages: Sequence[Passage]) -> list[float]:
-        """Cosine similarity of each passage to ``query`` under :attr:`embed_model`."""
-        if not passages:
+    def _relevance(self, query: str, texts: Sequence[str]) -> list[float]:
+        """Cosine similarity of each text to ``query`` under :attr:`embed_model`
+        (:func:`~nest_integrations.similarity.embedding_relevance`), which is loaded
+        when the gate first asks, not when a decoder is built."""
+        if not texts:
             return []
         embed_model = self.embed_model
-        q = unit_rows(np.asarray([embed_model.get_query_embedding(query)]))[0]
-        vectors = unit_rows(np.asarray(embed_model.get_text_embedding_batch([p.text for p in passages])))
-        return [float(s) for s in vectors @ q]
+        return embedding_relevance(embed_model.get_query_embedding, embed_model.get_text_embedding_batch)(query, texts)
 
     def _decoder(self) -> NestDecoder:
         """A decoder over the current datastore and config (cheap: built per call)."""

@@ -30,11 +30,10 @@ from __future__ import annotations
 import logging
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ..corpus import Passage
+from ..similarity import Relevance, embedding_relevance
 from .base import BatchRetrieverMixin, ScoredPassage, index_text
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,8 +46,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-Relevance = Callable[[str, Sequence[Passage]], list[float]]
-"""``(query, passages) -> cosine similarity per passage``, for the relevance gate."""
 
 def _require(module: str, extra: str) -> None:
     """Import ``module`` or raise an ImportError naming the extra that provides it."""
@@ -104,6 +101,10 @@ class LlamaIndexVectorStoreRetriever(BatchRetrieverMixin):
             (None: the index's own, else the bundled MiniLM); it embeds queries
             and, for the relevance gate, retrieved passages.
 
+    Attributes:
+        relevance: the relevance gate's cosine function: ``embed_model`` embeds
+            the query and the texts (:func:`~nest_integrations.similarity.embedding_relevance`).
+
     Raises:
         ImportError: llama-index-core is missing (extra ``llama-index``).
         ValueError: ``store`` is neither a vector store nor a VectorStoreIndex,
@@ -131,22 +132,13 @@ class LlamaIndexVectorStoreRetriever(BatchRetrieverMixin):
             self.index = VectorStoreIndex.from_vector_store(store, embed_model=self.embed_model)
         else:
             raise ValueError(f"expected a LlamaIndex BasePydanticVectorStore or VectorStoreIndex, got {type(store).__name__}")
+        self.relevance: Relevance = embedding_relevance(self.embed_model.get_query_embedding, self.embed_model.get_text_embedding_batch)
 
     def _retrieve_nonempty(self, queries: list[str], k: int) -> list[list[ScoredPassage]]:
         from ..llama_index._common import nodes_to_scored_passages
 
         retriever = self.index.as_retriever(similarity_top_k=k)
         return [nodes_to_scored_passages(retriever.retrieve(query))[:k] for query in queries]
-
-    def relevance(self, query: str, passages: Sequence[Passage]) -> list[float]:
-        """Cosine of each passage's text to ``query`` under :attr:`embed_model`."""
-        from ..llama_index._common import unit_rows
-
-        if not passages:
-            return []
-        q = unit_rows(np.asarray([self.embed_model.get_query_embedding(query)]))[0]
-        vectors = unit_rows(np.asarray(self.embed_model.get_text_embedding_batch([p.text for p in passages])))
-        return [float(x) for x in vectors @ q]
 
 
 def store_decoder(
