@@ -727,7 +727,7 @@ class NestDecoder:
         A question (:func:`wants_focus`) opens at its best answer window
         (:func:`focus_windows`, ``config.answer_windows`` of them): entries outside
         the windows are masked, copying a window's last token moves on to the next
-        window, and copying the last window's ends the answer. A request about someone or
+        window, and copying the last window's last token ends the answer. A request about someone or
         something by name (:func:`subject_name`) opens at the start of the best
         kept passage, so a biography opens with its subject's own first
         sentence instead of a copy that starts mid-way. Other requests open
