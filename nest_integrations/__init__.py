@@ -33,31 +33,31 @@ TYPE_CHECKING = False
 """Type checkers read it as True (the typing spec's idiom); importing ``typing`` for it would
 double the cost of ``import nest_integrations``."""
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see; at run time __getattr__ imports
-    from .attribution import GenerationStats, NestOutput, Span, render_html, render_markdown, render_terminal
-    from .config import NestConfig
-    from .corpus import Passage, load_corpus, load_documents, load_wikipedia_summaries
-    from .decoding import NestDecoder
-    from .generation import StreamChunk
-    from .index import NestIndex
-    from .lm import LoadedLM, load_lm
+    from .decoding.attribution import GenerationStats, NestOutput, Span, render_html, render_markdown, render_terminal
+    from .core.config import NestConfig
+    from .corpus.passages import Passage, load_corpus, load_documents, load_wikipedia_summaries
+    from .decoding.decoder import NestDecoder
+    from .decoding.generation import StreamChunk
+    from .index.nest_index import NestIndex
+    from .model.lm import LoadedLM, load_lm
 
 _EXPORTS = {
-    "GenerationStats": "attribution",
-    "NestOutput": "attribution",
-    "Span": "attribution",
-    "render_html": "attribution",
-    "render_markdown": "attribution",
-    "render_terminal": "attribution",
-    "NestConfig": "config",
-    "Passage": "corpus",
-    "load_corpus": "corpus",
-    "load_documents": "corpus",
-    "load_wikipedia_summaries": "corpus",
-    "NestDecoder": "decoding",
-    "StreamChunk": "generation",
-    "NestIndex": "index",
-    "LoadedLM": "lm",
-    "load_lm": "lm",
+    "GenerationStats": "decoding.attribution",
+    "NestOutput": "decoding.attribution",
+    "Span": "decoding.attribution",
+    "render_html": "decoding.attribution",
+    "render_markdown": "decoding.attribution",
+    "render_terminal": "decoding.attribution",
+    "NestConfig": "core.config",
+    "Passage": "corpus.passages",
+    "load_corpus": "corpus.passages",
+    "load_documents": "corpus.passages",
+    "load_wikipedia_summaries": "corpus.passages",
+    "NestDecoder": "decoding.decoder",
+    "StreamChunk": "decoding.generation",
+    "NestIndex": "index.nest_index",
+    "LoadedLM": "model.lm",
+    "load_lm": "model.lm",
 }
 """Public name -> the submodule (relative to this package) that defines it."""
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nest_integrations.corpus import Passage
-from nest_integrations.datastore import PassageEncoder, TokenDatastore
-from nest_integrations.lm import LoadedLM, default_model_path
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.model.lm import LoadedLM, default_model_path
+from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 
 
 @pytest.fixture(scope="session")
@@ -45,8 +45,8 @@ def make_tiny_lm(tokenizer, seed: int = 0) -> LoadedLM:
     """A 2-layer, hidden-64 random Llama over the SmolLM2 vocabulary (built in ~1 s)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from nest_integrations.attention import use_packed_sdpa
-    from nest_integrations.packed_linear import use_packed_linears
+    from nest_integrations.model.attention import use_packed_sdpa
+    from nest_integrations.model.packed_linear import use_packed_linears
 
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -90,7 +90,7 @@ def tiny_datastore(tiny_lm, small_passages) -> TokenDatastore:
 @pytest.fixture
 def shared_rows(monkeypatch):
     """Rows taking part in each shared forward of the batching scheduler."""
-    from nest_integrations import batching
+    from nest_integrations.decoding import batching
 
     rows = []
     forward = batching._shared_forward
@@ -110,7 +110,7 @@ def held_back(lm, count):
     import threading
     import time
 
-    from nest_integrations.serving import _services
+    from nest_integrations.decoding.serving import _services
 
     held = threading.Event()
 

@@ -30,38 +30,41 @@ def test_import_contracts_hold():
     assert "0 broken" in done.stdout
 
 
-APPLICATIONS = {"cli", "evaluation", "langchain", "llama_index"}
-"""The top layers; every other top-level module is core and must be listed as such."""
-
-
 def test_every_module_has_a_layer():
-    """A new top-level module is placed on purpose: in the core (``core-below-applications``)
-    or as one of the applications, so the contracts cover it from its first commit."""
+    """A new top-level module or folder is placed on purpose, in a layer of the ``layers``
+    contract, so the contracts cover it from its first commit."""
     config = configparser.ConfigParser()
     config.read(ROOT / ".importlinter", encoding="utf-8")
-    listed = config["importlinter:contract:core-below-applications"]["source_modules"].split()
-    core = {name.removeprefix("nest_integrations.") for name in listed}
+    contract = config["importlinter:contract:layers"]
+    assert contract["containers"].split() == ["nest_integrations"]
+    placed = {name for name in contract["layers"].split() if name not in {"|", ":"}}
     present = {info.name for info in pkgutil.iter_modules([str(ROOT / "nest_integrations")]) if info.name != "__main__"}
-    assert not core & APPLICATIONS
-    assert present - APPLICATIONS == core, (
-        f"not in .importlinter's core list: {sorted(present - APPLICATIONS - core)}; "
-        f"listed but missing: {sorted(core - present)}"
-    )
+    assert present == placed, f"in no layer: {sorted(present - placed)}; a layer but missing: {sorted(placed - present)}"
+
+
+UPWARD_IMPORTS = {
+    "decoding/batching.py": "from .decoder import NestDecoder",
+    "store/datastore.py": "from nest_integrations.decoding.decoder import NestDecoder",
+}
+"""Imports the contracts refuse: inside a folder, the row scheduler reaching up to the decoder
+(the cycle the generation state's own module removed); across folders, the token datastore."""
 
 
 def test_an_upward_import_breaks_a_contract(tmp_path):
-    """The check sees a lazy import inside a function too: the row scheduler reaching up
-    to the decoder (the cycle the generation state's own module removed) fails it."""
+    """The check sees a lazy import inside a function too, inside a folder and across folders."""
     shutil.copytree(ROOT / "nest_integrations", tmp_path / "nest_integrations", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / ".importlinter", tmp_path / ".importlinter")
-    batching = tmp_path / "nest_integrations" / "batching.py"
-    batching.write_text(
-        batching.read_text(encoding="utf-8") + "\n\ndef _decoder_type():\n    from .decoding import NestDecoder\n\n    return NestDecoder\n",
-        encoding="utf-8",
-    )
+    for module, statement in UPWARD_IMPORTS.items():
+        path = tmp_path / "nest_integrations" / module
+        path.write_text(
+            path.read_text(encoding="utf-8") + f"\n\ndef _decoder_type():\n    {statement}\n\n    return NestDecoder\n",
+            encoding="utf-8",
+        )
     done = _lint_imports(tmp_path)
     assert done.returncode != 0
-    assert "nest_integrations.batching is not allowed to import nest_integrations.decoding" in done.stdout
+    report = " ".join(done.stdout.split())  # the report wraps its long lines
+    assert "nest_integrations.decoding.batching is not allowed to import nest_integrations.decoding.decoder" in report
+    assert "nest_integrations.store is not allowed to import nest_integrations.decoding:" in report
 
 
 def _private_imports(path: Path, module: str) -> list[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nest_integrations.attention import PACKED_SDPA, use_packed_sdpa
-from nest_integrations.batching import supports_batching
+from nest_integrations.decoding.batching import supports_batching
+from nest_integrations.model.attention import PACKED_SDPA, use_packed_sdpa
 from conftest import make_tiny_lm
 
 

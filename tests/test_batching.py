@@ -1,4 +1,4 @@
-"""The row scheduler (nest_integrations.batching): batched generation equals one-by-one generation
+"""The row scheduler (nest_integrations.decoding.batching): batched generation equals one-by-one generation
 (each prompt decoded alone in its own KV cache, the path of models that cannot share a batch)."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nest_integrations import batching
-from nest_integrations.batching import _PackedCache, batched_generate, supports_batching
-from nest_integrations.config import NestConfig
-from nest_integrations.corpus import Passage
-from nest_integrations.datastore import PassageEncoder, TokenDatastore
-from nest_integrations.decoding import NestDecoder
+from nest_integrations.core.config import NestConfig
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.decoding import batching
+from nest_integrations.decoding.batching import _PackedCache, batched_generate, supports_batching
+from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 from conftest import ListRetriever
 
 COPY = dict(alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6)

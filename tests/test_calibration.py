@@ -5,16 +5,16 @@ import json
 import numpy as np
 import pytest
 
-from nest_integrations.calibration import (
+from nest_integrations.core.config import NestConfig
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.index.nest_index import NestIndex
+from nest_integrations.policy.calibration import (
     CALIBRATION_FILE,
     REFERENCE_UNKNOWN_SHARE,
     best_threshold,
     continuation_cuts,
     fit_alpha_tau,
 )
-from nest_integrations.config import NestConfig
-from nest_integrations.corpus import Passage
-from nest_integrations.index import NestIndex
 
 # A corpus with no people in it: how-to documentation, as a user's own would be.
 DOCS = [

@@ -11,12 +11,12 @@ from concurrent.futures import CancelledError
 
 import pytest
 
-from nest_integrations import batching
-from nest_integrations.batching import RowListener
-from nest_integrations.config import NestConfig
-from nest_integrations.datastore import PassageEncoder, TokenDatastore
-from nest_integrations.decoding import NestDecoder
-from nest_integrations.serving import shared_service
+from nest_integrations.core.config import NestConfig
+from nest_integrations.decoding import batching
+from nest_integrations.decoding.batching import RowListener
+from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.decoding.serving import shared_service
+from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 from conftest import ListRetriever, held_back
 from test_batching import MIXED, PROMPTS, _one_by_one, _same
 

@@ -15,9 +15,9 @@ import pytest
 from conftest import ListRetriever
 from rich.console import Console
 
-from nest_integrations.attribution import NestOutput
-from nest_integrations.chat_session import ChatSession
-from nest_integrations.decoding import NestDecoder
+from nest_integrations.decoding.attribution import NestOutput
+from nest_integrations.decoding.chat_session import ChatSession
+from nest_integrations.decoding.decoder import NestDecoder
 
 FIRST = "Who was Marie Curie?"
 FOLLOW_UP = "Where was she born?"
@@ -105,7 +105,7 @@ LAUNCHER = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from transformers import AutoTokenizer
     from conftest import make_tiny_lm
-    from nest_integrations import lm
+    from nest_integrations.model import lm
     tiny = make_tiny_lm(AutoTokenizer.from_pretrained(lm.default_model_path()))
     lm.load_lm = lambda *args, **kwargs: tiny
     os.environ["NEST_CACHE_DIR"] = {cache!r}  # the question history goes there
@@ -127,7 +127,7 @@ def test_nest_chat_in_a_terminal(monkeypatch, tiny_lm, tmp_path):
         "# Marie Curie\n\nMarie Curie was a Polish physicist and chemist.\nShe was born in 1867 in Warsaw.\n", encoding="utf-8"
     )
     (docs / "turing.md").write_text("# Alan Turing\n\nAlan Turing was an English mathematician born in 1912.\n", encoding="utf-8")
-    monkeypatch.setattr("nest_integrations.lm.load_lm", lambda *args, **kwargs: tiny_lm)
+    monkeypatch.setattr("nest_integrations.model.lm.load_lm", lambda *args, **kwargs: tiny_lm)
     built = CliRunner().invoke(app, ["index", "build", str(docs), "--out", str(tmp_path / "idx"), "--retriever", "bm25"])
     assert built.exit_code == 0, built.output
 
@@ -168,7 +168,7 @@ def test_nest_chat_refuses_a_bad_mode_and_a_stdin_that_is_not_a_terminal_before_
     from typer.testing import CliRunner
 
     from nest_integrations.cli import app
-    from nest_integrations.index import NestIndex
+    from nest_integrations.index.nest_index import NestIndex
 
     def work(*args, **kwargs):
         raise AssertionError("loaded an index")

@@ -17,7 +17,8 @@ from typing import Optional
 import pytest
 from markdown_it import MarkdownIt
 
-from nest_integrations.attribution import (
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.decoding.attribution import (
     NestOutput,
     SourceLocation,
     Span,
@@ -29,7 +30,6 @@ from nest_integrations.attribution import (
     render_markdown,
     shift_spans,
 )
-from nest_integrations.corpus import Passage
 
 KNOBS = dict(alpha=5.0, delta=1.0, gamma=1e-6, max_new_tokens=24, min_passage_relevance=-1.0)
 KEEPER = (

@@ -12,8 +12,8 @@ from conftest import ListRetriever
 from typer.testing import CliRunner
 
 from nest_integrations.cli import app
-from nest_integrations.decoding import NestDecoder
-from nest_integrations.jobs import read_items
+from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.index.jobs import read_items
 
 CONVERSATION = [
     {"role": "user", "content": "Who was Marie Curie?"},
@@ -25,9 +25,9 @@ CONVERSATION = [
 @pytest.fixture
 def index_folder(monkeypatch, tiny_lm, small_passages, tmp_path):
     """An index of the three small passages built with the tiny LM, which every CLI load returns."""
-    from nest_integrations.index import NestIndex
+    from nest_integrations.index.nest_index import NestIndex
 
-    monkeypatch.setattr("nest_integrations.lm.load_lm", lambda *args, **kwargs: tiny_lm)
+    monkeypatch.setattr("nest_integrations.model.lm.load_lm", lambda *args, **kwargs: tiny_lm)
     return NestIndex.build(small_passages, tiny_lm, show_progress=False).save(tmp_path / "index")
 
 

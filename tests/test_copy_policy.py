@@ -1,8 +1,8 @@
 """Seams (where a copy may start), answer windows, and the conversation's retrieval query."""
 
-from nest_integrations.conversation import is_follow_up, retrieval_query
-from nest_integrations.copy_policy import acceptable_start, closes_answer, focus_window, is_question, naming_words, sentence_starts, wants_focus
-from nest_integrations.corpus import Passage
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.policy.conversation import is_follow_up, retrieval_query
+from nest_integrations.policy.copy_policy import acceptable_start, closes_answer, focus_window, is_question, naming_words, sentence_starts, wants_focus
 
 ADA = (
     "Augusta Ada King, Countess of Lovelace (née Byron; 10 December 1815 – 27 November 1852) was an English "

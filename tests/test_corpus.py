@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nest_integrations.corpus import (
+from nest_integrations.corpus.passages import (
     Passage,
     chunk_passages,
     chunk_text,

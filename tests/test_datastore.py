@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from nest_integrations.corpus import Passage
-from nest_integrations.datastore import EncodeStats, PassageEncoder, TokenDatastore, tiling_char_spans
-from nest_integrations.index import NestIndex
-from nest_integrations.lm import KeyReader, parse_key_layer
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.index.nest_index import NestIndex
+from nest_integrations.model.lm import KeyReader, parse_key_layer
+from nest_integrations.store.datastore import EncodeStats, PassageEncoder, TokenDatastore, tiling_char_spans
 
 from conftest import make_tiny_lm, tampered_copy
 
@@ -140,7 +140,7 @@ def test_empty_and_unicode_passages(tiny_lm):
 # --------------------------------------------------------------------------- persistence
 @pytest.fixture(scope="module")
 def saved_index(tmp_path_factory, tiny_lm):
-    from nest_integrations.corpus import load_wikipedia_summaries
+    from nest_integrations.corpus.passages import load_wikipedia_summaries
 
     index = NestIndex.build(load_wikipedia_summaries(limit=12), tiny_lm, precompute_keys=True, show_progress=False)
     path = index.save(tmp_path_factory.mktemp("idx") / "index")
@@ -211,7 +211,7 @@ def test_save_never_replaces_a_foreign_folder_and_needs_overwrite_for_an_index(s
 
 
 def _shifted_offsets(copy, manifest):
-    from nest_integrations.safe_io import sha256_file
+    from nest_integrations.core.safe_io import sha256_file
 
     offsets = np.load(copy / "keys" / "offsets.npy")
     offsets[1] += 1
@@ -244,7 +244,7 @@ def test_a_model_path_named_in_the_folder_is_not_loaded_unasked(saved_index, tmp
 
 
 def test_the_fingerprint_ignores_dtype_and_sees_any_weight_change(smol_tokenizer):
-    from nest_integrations.lm import fingerprints_match
+    from nest_integrations.model.lm import fingerprints_match
 
     lm = make_tiny_lm(smol_tokenizer, seed=3)
     fp32 = lm.fingerprint()
@@ -258,7 +258,7 @@ def test_the_fingerprint_ignores_dtype_and_sees_any_weight_change(smol_tokenizer
 def model_fp(lm, dtype):
     import copy
 
-    from nest_integrations.lm import model_fingerprint
+    from nest_integrations.model.lm import model_fingerprint
 
     return model_fingerprint(copy.deepcopy(lm.model).to(dtype))
 
@@ -279,7 +279,7 @@ def test_long_passages_are_encoded_whole_in_overlapping_windows(tiny_lm):
 
 
 def test_precompute_refuses_a_training_sample_below_one_key_and_a_codec_of_another_width(tiny_lm, small_passages):
-    from nest_integrations.key_codec import make_codec
+    from nest_integrations.store.key_codec import make_codec
 
     store = TokenDatastore(small_passages, PassageEncoder(tiny_lm))
     with pytest.raises(ValueError, match="train_keys must be positive"):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nest_integrations.attribution import merge_spans, render_html, render_markdown, render_terminal
-from nest_integrations.config import NestConfig
-from nest_integrations.corpus import Passage
-from nest_integrations.datastore import PassageEncoder, TokenDatastore
-from nest_integrations.decoding import NestDecoder
+from nest_integrations.core.config import NestConfig
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.decoding.attribution import merge_spans, render_html, render_markdown, render_terminal
+from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 from conftest import ListRetriever
-from nest_integrations.mixture import knn_distribution, mix, rrc_lambda
+from nest_integrations.core.mixture import knn_distribution, mix, rrc_lambda
 
 PROMPT = "Tell me about the comet catalogue."
 # Retrieval dominates: lambda ~ 0 at every step, and acceptance is lenient.
@@ -221,8 +221,8 @@ def test_a_model_without_chat_template_reads_a_conversation_as_a_plain_transcrip
     open 'Assistant:' line; text to continue (use_chat_template=False) stays as it is."""
     import copy
 
-    from nest_integrations.config import NestConfig
-    from nest_integrations.decoding import NestDecoder
+    from nest_integrations.core.config import NestConfig
+    from nest_integrations.decoding.decoder import NestDecoder
 
     base = copy.copy(tiny_lm)
     base.tokenizer = copy.deepcopy(tiny_lm.tokenizer)

@@ -16,16 +16,16 @@ import torch
 from typer.testing import CliRunner
 
 from nest_integrations.cli import app
-from nest_integrations.corpus import load_corpus, load_wikipedia_summaries, save_passages_jsonl
-from nest_integrations.index import NestIndex
-from nest_integrations.key_precision import encoding_dtype
-from nest_integrations.lm import load_lm
+from nest_integrations.corpus.passages import load_corpus, load_wikipedia_summaries, save_passages_jsonl
+from nest_integrations.index.nest_index import NestIndex
+from nest_integrations.model.lm import load_lm
+from nest_integrations.store.key_precision import encoding_dtype
 
 from conftest import make_tiny_lm
 
 ray = pytest.importorskip("ray")
 
-from nest_integrations.distributed import build_index_on_ray  # noqa: E402  (needs ray)
+from nest_integrations.index.distributed import build_index_on_ray  # noqa: E402  (needs ray)
 
 QUERIES = ["a painter born in Italy", "a scientist who studied physics", "an American politician"]
 
@@ -244,7 +244,7 @@ def test_a_forged_shard_is_refused_naming_the_shard(on_ray, path_lm, tmp_path):
     """Checksums rewritten to match (a forgery, not an accident) still meet the array checks, which name the shard."""
     import shutil
 
-    from nest_integrations.safe_io import sha256_file
+    from nest_integrations.core.safe_io import sha256_file
 
     forged = shutil.copytree(on_ray[1], tmp_path / "forged")
     offsets = forged / "keys" / "shard-00001" / "offsets.npy"
@@ -292,7 +292,7 @@ def test_something_other_than_ray_at_the_address_fails_within_the_timeout():
     import threading
     import time
 
-    from nest_integrations.distributed import check_reachable
+    from nest_integrations.index.distributed import check_reachable
 
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
@@ -322,9 +322,9 @@ def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path):
     import sys
     import time
 
-    from nest_integrations.ray_reaper import ray_descendants
+    from nest_integrations.index.ray_reaper import ray_descendants
 
-    script = "import time\nfrom nest_integrations.distributed import ray_cluster\nwith ray_cluster(num_cpus=1):\n" \
+    script = "import time\nfrom nest_integrations.index.distributed import ray_cluster\nwith ray_cluster(num_cpus=1):\n" \
              "    print('cluster up', flush=True)\n    time.sleep(300)\n"
     driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:

@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from nest_integrations.cli import app
-from nest_integrations.corpus import load_wikipedia_summaries, save_passages_jsonl
-from nest_integrations.index import NestIndex
-from nest_integrations.lm import load_lm
+from nest_integrations.corpus.passages import load_wikipedia_summaries, save_passages_jsonl
+from nest_integrations.index.nest_index import NestIndex
+from nest_integrations.model.lm import load_lm
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nest_integrations.corpus import Passage
-from nest_integrations.index import NestIndex
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.index.nest_index import NestIndex
 from nest_integrations.retrieval import DenseRetriever
 from nest_integrations.retrieval.faiss_index import default_nlist, index_bytes, resolve_factory
 

@@ -22,13 +22,13 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 
-from nest_integrations.attribution import NestOutput, SourceRef  # noqa: E402
-from nest_integrations.config import NestConfig  # noqa: E402
-from nest_integrations.corpus import Passage  # noqa: E402
-from nest_integrations.datastore import PassageEncoder, TokenDatastore  # noqa: E402
-from nest_integrations.decoding import NestDecoder, check_prompt  # noqa: E402
-from nest_integrations.index import NestIndex  # noqa: E402
-from nest_integrations.jsonsafe import json_safe  # noqa: E402
+from nest_integrations.core.config import NestConfig  # noqa: E402
+from nest_integrations.core.jsonsafe import json_safe  # noqa: E402
+from nest_integrations.corpus.passages import Passage  # noqa: E402
+from nest_integrations.decoding.attribution import NestOutput, SourceRef  # noqa: E402
+from nest_integrations.decoding.decoder import NestDecoder, check_prompt  # noqa: E402
+from nest_integrations.index.nest_index import NestIndex  # noqa: E402
+from nest_integrations.store.datastore import PassageEncoder, TokenDatastore  # noqa: E402
 
 # Bounded and derandomized: the same examples on every run, so `make test` stays fast and reproducible.
 _QUIET = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -267,7 +267,7 @@ def test_a_corrupted_manifest_is_refused_with_a_value_error(saved, tiny_lm, tmp_
 @FEW
 @given(data=st.data())
 def test_a_corrupted_data_file_is_refused_with_a_value_error(saved, tiny_lm, tmp_path_factory, data):
-    from nest_integrations.safe_io import sha256_file
+    from nest_integrations.core.safe_io import sha256_file
 
     folder, embedder = _copy_of(saved, tmp_path_factory)
     name = data.draw(st.sampled_from([f for f in _files(folder) if f != "manifest.json"]))
@@ -295,7 +295,7 @@ def test_a_corrupted_data_file_is_refused_with_a_value_error(saved, tiny_lm, tmp
 def _tamper_with_fixed_checksum(saved, tmp_path_factory, name: str, corrupt) -> tuple[Path, object]:
     """A copy of the saved index whose file ``name`` is rewritten by ``corrupt(bytes) -> bytes``
     and whose manifest checksum is fixed to match, as a tamperer would."""
-    from nest_integrations.safe_io import sha256_file
+    from nest_integrations.core.safe_io import sha256_file
 
     folder, embedder = _copy_of(saved, tmp_path_factory)
     target = folder / name
@@ -328,9 +328,9 @@ odd_text = st.text(alphabet=st.sampled_from(ODD_SEPARATORS + "ab é\t\"\\"), max
 def test_jsonl_readers_split_on_newline_only(tmp_path_factory, records, crlf, final_newline, raw_cr_between_tokens):
     """Valid JSONL with U+2028, U+0085, \\r... in strings or between tokens, CRLF line ends and a last line
     without its newline: every reader (corpus, batch-job items) gets back exactly the records written."""
-    from nest_integrations.corpus import load_jsonl
-    from nest_integrations.jobs import read_items
-    from nest_integrations.jsonl import iter_jsonl
+    from nest_integrations.core.jsonl import iter_jsonl
+    from nest_integrations.corpus.passages import load_jsonl
+    from nest_integrations.index.jobs import read_items
 
     lines = [json.dumps(r, ensure_ascii=False) for r in records]
     if raw_cr_between_tokens:
@@ -350,7 +350,7 @@ def test_jsonl_readers_split_on_newline_only(tmp_path_factory, records, crlf, fi
     (b'{"text": "\xff"}\n', r"records\.jsonl:1: not UTF-8"),
 ])
 def test_a_bad_jsonl_line_is_named(tmp_path, content, message):
-    from nest_integrations.jsonl import iter_jsonl
+    from nest_integrations.core.jsonl import iter_jsonl
 
     path = tmp_path / "records.jsonl"
     path.write_bytes(content)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from nest_integrations.corpus import load_wikipedia_summaries
+from nest_integrations.corpus.passages import load_wikipedia_summaries
 from nest_integrations.evaluation.gate_bench import gate_report
-from nest_integrations.index import NestIndex
+from nest_integrations.index.nest_index import NestIndex
 
 
 def test_the_gate_keeps_the_own_summary_and_nobody_else_when_it_is_gone(tiny_lm, tmp_path):

@@ -11,10 +11,10 @@ import torch
 
 from conftest import make_tiny_lm
 
-from nest_integrations.config import NestConfig
-from nest_integrations.corpus import Passage
-from nest_integrations.datastore import PassageEncoder, TokenDatastore
-from nest_integrations.decoding import NestDecoder, check_prompt
+from nest_integrations.core.config import NestConfig
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.decoding.decoder import NestDecoder, check_prompt
+from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 
 BASE = dict(mode="base", max_new_tokens=2)
 COPY = dict(alpha=5.0, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0)
@@ -212,13 +212,13 @@ def test_score_never_holds_a_whole_logit_matrix(nest_decoder, monkeypatch):
 def no_work(monkeypatch, tiny_lm, tmp_path):
     """The CLI with the tiny LM, where embedding passages or loading an index is an error: a command
     refused by these tests must refuse before either. Returns a corpus of three passages."""
-    from nest_integrations.index import NestIndex
+    from nest_integrations.index.nest_index import NestIndex
     from nest_integrations.retrieval.dense import DenseRetriever
 
     def work(*args, **kwargs):
         raise AssertionError("work started before the options were checked")
 
-    monkeypatch.setattr("nest_integrations.lm.load_lm", lambda *args, **kwargs: tiny_lm)
+    monkeypatch.setattr("nest_integrations.model.lm.load_lm", lambda *args, **kwargs: tiny_lm)
     monkeypatch.setattr(DenseRetriever, "__init__", work)
     monkeypatch.setattr(NestIndex, "load", work)
     corpus = tmp_path / "corpus.jsonl"

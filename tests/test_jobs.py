@@ -9,8 +9,8 @@ import json
 import pytest
 from conftest import ListRetriever
 
-from nest_integrations.decoding import NestDecoder
-from nest_integrations.jobs import finished_items, in_process_runner, job_settings, read_items, run_job
+from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.index.jobs import finished_items, in_process_runner, job_settings, read_items, run_job
 
 
 def settings_of(decoder, index="index-sha"):
@@ -144,9 +144,9 @@ def test_nest_generate_resumed_over_another_index_is_refused_naming_it(monkeypat
     from typer.testing import CliRunner
 
     from nest_integrations.cli import app
-    from nest_integrations.index import NestIndex, index_identity
+    from nest_integrations.index.nest_index import NestIndex, index_identity
 
-    monkeypatch.setattr("nest_integrations.lm.load_lm", lambda *args, **kwargs: tiny_lm)
+    monkeypatch.setattr("nest_integrations.model.lm.load_lm", lambda *args, **kwargs: tiny_lm)
     first = NestIndex.build(small_passages, tiny_lm, show_progress=False).save(tmp_path / "first")
     second = NestIndex.build(small_passages[:2], tiny_lm, show_progress=False).save(tmp_path / "second")
     items, output = tmp_path / "items.jsonl", tmp_path / "out.jsonl"

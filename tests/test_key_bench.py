@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from nest_integrations.corpus import load_wikipedia_summaries
+from nest_integrations.corpus.passages import load_wikipedia_summaries
 from nest_integrations.evaluation.key_bench import run_key_bench
-from nest_integrations.index import NestIndex
+from nest_integrations.index.nest_index import NestIndex
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,9 @@ from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from nest_integrations.attribution import Span, merge_spans
-from nest_integrations.config import NestConfig
-from nest_integrations.datastore import PassageEncoder, TokenDatastore
-from nest_integrations.decoding import NestDecoder
+from nest_integrations.core.config import NestConfig
+from nest_integrations.decoding.attribution import Span, merge_spans
+from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.langchain import (
     ChatNest,
     NestLLM,
@@ -38,6 +37,7 @@ from nest_integrations.langchain import (
     format_docs,
     rag_chain,
 )
+from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 
 KNOBS: dict[str, Any] = dict(alpha=5.0, delta=1.0, gamma=1e-6, max_new_tokens=12, min_passage_relevance=-1.0)
 QUESTION = "Who was Marie Curie?"
@@ -212,7 +212,7 @@ def test_model_loads_lazily_once(monkeypatch, tiny_lm):
         calls.append((name, device, dtype))
         return tiny_lm
 
-    monkeypatch.setattr("nest_integrations.lm.load_lm", fake_load_lm)
+    monkeypatch.setattr("nest_integrations.model.lm.load_lm", fake_load_lm)
     llm = NestLLM(model="some/model", device="cpu", mode="base", max_new_tokens=2)
     assert calls == []
     llm.invoke("hi")

@@ -74,7 +74,7 @@ class TestChatNestUnit(_HonestFlags, ChatModelUnitTests):
 
 @pytest.fixture(scope="module")
 def default_lm() -> Any:
-    from nest_integrations.lm import load_lm
+    from nest_integrations.model.lm import load_lm
 
     return load_lm()
 

@@ -34,7 +34,7 @@ from llama_index.core.vector_stores.types import (
     VectorStoreQueryMode,
 )
 
-from nest_integrations.attribution import NestOutput, Span, cited_documents, merge_spans
+from nest_integrations.decoding.attribution import NestOutput, Span, cited_documents, merge_spans
 from nest_integrations.llama_index import NestLLM, NestQueryEngine, NestVectorStore
 from nest_integrations.llama_index._common import node_to_passage
 

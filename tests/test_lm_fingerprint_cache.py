@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from nest_integrations import lm as lm_module
-from nest_integrations.lm import load_lm, model_fingerprint
+from nest_integrations.model import lm as lm_module
+from nest_integrations.model.lm import load_lm, model_fingerprint
 from conftest import make_tiny_lm
 
 

@@ -24,7 +24,7 @@ from nest_integrations.evaluation.metrics import (
 )
 from nest_integrations.evaluation.runner import passages_fingerprint, run_eval, score_item, summarize_records
 from nest_integrations.evaluation.tasks import MARKDOWN_QA_KINDS, markdown_docs_items, markdown_qa_items
-from nest_integrations.index import NestIndex
+from nest_integrations.index.nest_index import NestIndex
 
 RECORDS = [json.loads(line) for line in FASTIFY_QA_PATH.read_text(encoding="utf-8").splitlines() if line.strip()]
 

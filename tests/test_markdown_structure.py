@@ -8,11 +8,7 @@ import numpy as np
 import pytest
 
 import nest_integrations.evaluation as evaluation
-from nest_integrations.copy_policy import acceptable_start, sentence_starts
-from nest_integrations.corpus import DEFAULT_CHUNK_TOKENS, Passage, chunk_passages, chunk_text, section_chunks, sentence_spans
-from nest_integrations.datastore import PassageEncoder, TokenDatastore, tiling_char_spans
-from nest_integrations.decoding import NestDecoder
-from nest_integrations.markdown_structure import (
+from nest_integrations.corpus.markdown_structure import (
     copy_layout,
     copyable_tokens,
     first_copyable,
@@ -22,6 +18,10 @@ from nest_integrations.markdown_structure import (
     section_ends_at,
     start_allowed,
 )
+from nest_integrations.corpus.passages import DEFAULT_CHUNK_TOKENS, Passage, chunk_passages, chunk_text, section_chunks, sentence_spans
+from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.policy.copy_policy import acceptable_start, sentence_starts
+from nest_integrations.store.datastore import PassageEncoder, TokenDatastore, tiling_char_spans
 
 from conftest import ListRetriever
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from nest_integrations.conversation import retrieval_query
+from nest_integrations.policy.conversation import retrieval_query
 
 GENERATORS = (
     "A generator is a function that uses yield to produce a sequence of values lazily. "

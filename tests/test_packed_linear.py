@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
-from nest_integrations import packed_linear
-from nest_integrations.lm import model_fingerprint
-from nest_integrations.packed_linear import MIN_PACKED_ROWS, PACK_AFTER_CALLS, PackedLinear, packing_available, use_packed_linears
+from nest_integrations.model import packed_linear
+from nest_integrations.model.lm import model_fingerprint
+from nest_integrations.model.packed_linear import MIN_PACKED_ROWS, PACK_AFTER_CALLS, PackedLinear, packing_available, use_packed_linears
 from conftest import make_tiny_lm
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no MKL packing")

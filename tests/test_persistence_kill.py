@@ -11,8 +11,8 @@ import time
 import pytest
 from langchain_core.embeddings import DeterministicFakeEmbedding
 
+from nest_integrations.core.safe_io import leftovers
 from nest_integrations.langchain import NestVectorStore
-from nest_integrations.safe_io import leftovers
 
 RUNS = 30  # per store: 60 kills in all
 EMBEDDINGS = DeterministicFakeEmbedding(size=16)
@@ -107,7 +107,7 @@ def long_outputs(chunks):
 def test_sigkill_during_a_generation_job_then_resume_gives_the_uninterrupted_output(tmp_path):
     """Kill a job at random moments: the kept lines are never regenerated wrong, a torn last line is
     dropped, and the resumed file equals the output of a job that was never killed."""
-    from nest_integrations.jobs import read_items, run_job
+    from nest_integrations.index.jobs import read_items, run_job
 
     (tmp_path / "items.jsonl").write_text("".join(f'{{"id": "q{i}", "prompt": "p{i}"}}\n' for i in range(JOB_ITEMS)))
     items = read_items(tmp_path / "items.jsonl")

@@ -2,8 +2,8 @@
 
 import pytest
 
-from nest_integrations.corpus import Passage
-from nest_integrations.relevance import (
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.policy.relevance import (
     RelevanceGate,
     content_words,
     coverage,

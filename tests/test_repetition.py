@@ -5,11 +5,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nest_integrations.config import NestConfig
-from nest_integrations.corpus import Passage
-from nest_integrations.datastore import PassageEncoder, TokenDatastore
-from nest_integrations.decoding import NestDecoder
-from nest_integrations.repetition import repeat_free_length, repeating_tokens
+from nest_integrations.core.config import NestConfig
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
+from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 from conftest import ListRetriever
 
 tokens = st.lists(st.integers(0, 3), max_size=30)

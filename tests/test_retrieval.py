@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nest_integrations.corpus import Passage, load_wikipedia_summaries
+from nest_integrations.corpus.passages import Passage, load_wikipedia_summaries
 from nest_integrations.retrieval import (
     BM25Retriever,
     DenseRetriever,
@@ -266,7 +266,7 @@ def test_build_hybrid_routes_options(passages, embedder):
 
 
 def test_index_relevance_reads_a_passage_text_by_its_passage_and_embeds_other_texts(dense, passages, tiny_lm, monkeypatch):
-    from nest_integrations.index import NestIndex
+    from nest_integrations.index.nest_index import NestIndex
 
     index = NestIndex(tiny_lm, passages, dense, retriever_kind="dense")
     indexed = passages[3]

@@ -8,13 +8,13 @@ import math
 
 import pytest
 
-from nest_integrations.config import MODES
-from nest_integrations.corpus import load_wikipedia_summaries
+from nest_integrations.core.config import MODES
+from nest_integrations.corpus.passages import load_wikipedia_summaries
 from nest_integrations.evaluation.bench import BENCH_MODES, run_bench, run_sweep
-from nest_integrations.evaluation.runner import TASK_METRICS, run_eval, score_item, summarize_records
 from nest_integrations.evaluation.docs_corpus import docs_passages
+from nest_integrations.evaluation.runner import TASK_METRICS, run_eval, score_item, summarize_records
 from nest_integrations.evaluation.tasks import TASK_MAX_NEW_TOKENS, EvalItem
-from nest_integrations.index import NestIndex
+from nest_integrations.index.nest_index import NestIndex
 
 MAX_NEW = 8
 # The relevance gate re-embeds every retrieved passage with MiniLM on each generation,

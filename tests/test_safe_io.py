@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from langchain_core.embeddings import DeterministicFakeEmbedding
 
-from nest_integrations import safe_io
+from nest_integrations.core import safe_io
+from nest_integrations.core.safe_io import ArtefactManifest, atomic_folder, leftovers, read_manifest, recover, verify_files
 from nest_integrations.langchain import NestVectorStore
-from nest_integrations.safe_io import ArtefactManifest, atomic_folder, leftovers, read_manifest, recover, verify_files
 
 KIND = "test-artefact"
 

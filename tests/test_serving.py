@@ -1,4 +1,4 @@
-"""Concurrent callers share batches (nest_integrations.serving) and get what they get alone."""
+"""Concurrent callers share batches (nest_integrations.decoding.serving) and get what they get alone."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from nest_integrations import batching
-from nest_integrations.config import NestConfig
-from nest_integrations.datastore import PassageEncoder, TokenDatastore
-from nest_integrations.decoding import NestDecoder
-from nest_integrations.serving import BatchingService, shared_service
+from nest_integrations.core.config import NestConfig
+from nest_integrations.decoding import batching
+from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.decoding.serving import BatchingService, shared_service
+from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 from conftest import ListRetriever, held_back
 from test_batching import MIXED, PROMPTS, _one_by_one, _same
 

@@ -1,11 +1,11 @@
-"""The one cosine helper and the embedding-backed relevance (nest_integrations.similarity)."""
+"""The one cosine helper and the embedding-backed relevance (nest_integrations.core.similarity)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from nest_integrations.similarity import cosine_similarities, embedding_relevance, unit_rows
+from nest_integrations.core.similarity import cosine_similarities, embedding_relevance, unit_rows
 
 
 def test_cosine_similarities_normalise_both_sides_in_float32():

@@ -49,9 +49,9 @@ def test_loading_bars_show_with_verbose_only():
 
 
 def test_generate_writes_its_start_up_trace_and_the_same_answer(monkeypatch, tiny_lm, small_passages, tmp_path):
-    from nest_integrations.index import NestIndex
+    from nest_integrations.index.nest_index import NestIndex
 
-    monkeypatch.setattr("nest_integrations.lm.load_lm", lambda *args, **kwargs: tiny_lm)
+    monkeypatch.setattr("nest_integrations.model.lm.load_lm", lambda *args, **kwargs: tiny_lm)
     folder = NestIndex.build(small_passages, tiny_lm, show_progress=False).save(tmp_path / "index")
     run = ["generate", "Who was Marie Curie?", "-d", str(folder), "--model", "tiny", "--max-new-tokens", "6", "--json"]
     plain = CliRunner().invoke(app, run)
@@ -72,9 +72,9 @@ def test_verbose_before_the_command_stays_on(monkeypatch, tiny_lm, small_passage
     """``nest -v generate`` shows the bars as ``nest generate -v`` does (the command's own -v only adds)."""
     from transformers.utils import logging as hf_logging
 
-    from nest_integrations.index import NestIndex
+    from nest_integrations.index.nest_index import NestIndex
 
-    monkeypatch.setattr("nest_integrations.lm.load_lm", lambda *args, **kwargs: tiny_lm)
+    monkeypatch.setattr("nest_integrations.model.lm.load_lm", lambda *args, **kwargs: tiny_lm)
     folder = NestIndex.build(small_passages, tiny_lm, show_progress=False).save(tmp_path / "index")
     try:
         result = CliRunner().invoke(app, ["-v", "generate", "Who?", "-d", str(folder), "--model", "tiny", "--max-new-tokens", "2"])

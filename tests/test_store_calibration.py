@@ -13,8 +13,8 @@ from llama_index.core import Document as LlamaDocument
 from llama_index.core import StorageContext, VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 
-import nest_integrations.store_calibration as store_calibration
-from nest_integrations.decoding import NestDecoder
+import nest_integrations.index.store_calibration as store_calibration
+from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.langchain import NestLLM as LangChainLLM
 from nest_integrations.langchain import NestVectorStore as LangChainStore
 from nest_integrations.llama_index import NestLLM as LlamaIndexLLM
@@ -144,7 +144,7 @@ def test_a_langchain_calibration_fitted_in_memory_is_saved_with_the_store(tiny_l
 def test_a_store_too_short_to_fit_on_keeps_the_defaults_and_warns_once(tiny_lm, caplog, spy):
     store = LangChainStore.from_texts(["One sentence only."], DeterministicFakeEmbedding(size=16), lm=tiny_lm, show_progress=False)
     llm = LangChainLLM.from_lm(tiny_lm, retriever=store, **SHORT)
-    with caplog.at_level("WARNING", logger="nest_integrations.store_calibration"):
+    with caplog.at_level("WARNING", logger="nest_integrations.index.store_calibration"):
         llm.invoke(QUESTION)
         llm.invoke(QUESTION)
     assert store.calibrations == {} and spy.used == [(0.3, 0.1)] * 2

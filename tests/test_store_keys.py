@@ -11,10 +11,10 @@ from conftest import make_tiny_lm
 from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
 
-from nest_integrations.corpus import Passage
-from nest_integrations.datastore import EncodeStats, PassageEncoder, TokenDatastore
-from nest_integrations.encode_progress import chunk_bounds
+from nest_integrations.corpus.passages import Passage
 from nest_integrations.langchain import NestLLM, NestVectorStore
+from nest_integrations.store.datastore import EncodeStats, PassageEncoder, TokenDatastore
+from nest_integrations.store.encode_progress import chunk_bounds
 
 KNOBS = {"alpha": 5.0, "delta": 1.0, "gamma": 1e-6, "max_new_tokens": 16}
 """Retrieval dominates the random tiny LM, so answers copy from the store."""
@@ -195,12 +195,12 @@ def test_the_estimate_is_logged_before_the_bulk_of_the_work(tiny_lm, small_passa
 
     datastore.encoder.encode = counted
     recorder = Recorder()
-    logging.getLogger("nest_integrations.encode_progress").addHandler(recorder)
+    logging.getLogger("nest_integrations.store.encode_progress").addHandler(recorder)
     try:
-        with caplog.at_level(logging.INFO, logger="nest_integrations.encode_progress"):
+        with caplog.at_level(logging.INFO, logger="nest_integrations.store.encode_progress"):
             datastore.precompute(show_progress=False, chunk_passages=8)
     finally:
-        logging.getLogger("nest_integrations.encode_progress").removeHandler(recorder)
+        logging.getLogger("nest_integrations.store.encode_progress").removeHandler(recorder)
     total = sum(len(datastore.encoder.tokenize(p.text)[0]) for p in passages)
     assert events[0] == ("log", f"Encoding datastore: {len(passages)} passages, {total} tokens to encode")
     assert events[1][0] == "encode" and events[1][1] < 8, "a small probe chunk first"
@@ -212,8 +212,8 @@ def test_the_estimate_is_logged_before_the_bulk_of_the_work(tiny_lm, small_passa
 def test_bfloat16_encoding_runs_on_one_copy_kept_in_step_with_the_weights(tiny_lm, small_passages, monkeypatch, smol_tokenizer):
     import torch
 
-    from nest_integrations import key_precision
-    from nest_integrations.key_precision import encoding_model
+    from nest_integrations.store import key_precision
+    from nest_integrations.store.key_precision import encoding_model
 
     lm = make_tiny_lm(smol_tokenizer, seed=2)  # its weights are changed below
     encoder = PassageEncoder(lm)

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from nest_integrations.corpus import load_wikipedia_summaries
+from nest_integrations.corpus.passages import load_wikipedia_summaries
 from nest_integrations.evaluation.throughput import PROMPT_KINDS, run_throughput, throughput_items
-from nest_integrations.index import NestIndex
+from nest_integrations.index.nest_index import NestIndex
 
 # The relevance gate re-embeds every retrieved passage with MiniLM on each generation,
 # which dominates the run time here; the bench's logic does not depend on it.

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from nest_integrations.config import NestConfig
-from nest_integrations.corpus import Passage
+from nest_integrations.core.config import NestConfig
+from nest_integrations.corpus.passages import Passage
 from nest_integrations.retrieval import PassageRetriever
 from nest_integrations.retrieval.vector_store import (
     LangChainVectorStoreRetriever,

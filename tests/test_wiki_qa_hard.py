@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from nest_integrations.corpus import Passage, load_wikipedia_summaries, sentence_spans
+from nest_integrations.corpus.passages import Passage, load_wikipedia_summaries, sentence_spans
 from nest_integrations.evaluation import tasks
 from nest_integrations.evaluation.metrics import answer_recall
 from nest_integrations.evaluation.runner import load_items, run_eval
@@ -18,7 +18,7 @@ from nest_integrations.evaluation.tasks import (
     get_task,
     wiki_qa_hard_items,
 )
-from nest_integrations.index import NestIndex
+from nest_integrations.index.nest_index import NestIndex
 
 # The relevance gate re-embeds every retrieved passage with MiniLM; the runner's logic does not depend on it.
 FAST = {"min_passage_relevance": -1.0}

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from ..key_codec import CODEC_HELP
+from nest_integrations.store.key_codec import CODEC_HELP
 from .common import (
     STARTUP_T0_ENV, STARTUP_TRACE_ENV, comma_list, console, default_index_path, fail, given, load_index, numbers,
 )
@@ -47,7 +47,7 @@ def run_speed(datastore: Optional[Path], n: int, max_new_tokens: int, out: Path,
         fail(f"unknown --sweep {sweep!r}; choose from {', '.join(SWEEPS)}")
     if sweep and not values:
         fail("--sweep needs --values")
-    from ..evaluation.bench import run_bench, run_sweep
+    from nest_integrations.evaluation.bench import run_bench, run_sweep
 
     index = load_index(datastore)
     try:
@@ -61,7 +61,7 @@ def run_speed(datastore: Optional[Path], n: int, max_new_tokens: int, out: Path,
 
 def run_batching(datastore: Optional[Path], n: int, max_new_tokens: int, out: Path, seed: int, repeats: int, kinds: str) -> None:
     """The throughput table of ``nest bench batching``."""
-    from ..evaluation.throughput import run_throughput
+    from nest_integrations.evaluation.throughput import run_throughput
 
     index = load_index(datastore)
     try:
@@ -74,8 +74,8 @@ def run_batching(datastore: Optional[Path], n: int, max_new_tokens: int, out: Pa
 def run_scale(n: int, max_new_tokens: int, out: Path, sizes: str, scale_indexes: str, hnsw_max: int) -> None:
     """The scaling table of ``nest bench scale``."""
     size_list = numbers(sizes, int, "--sizes")
-    from ..evaluation.scale_bench import run_scale_bench
-    from ..lm import cache_dir
+    from nest_integrations.evaluation.scale_bench import run_scale_bench
+    from nest_integrations.model.lm import cache_dir
 
     try:
         run_scale_bench(
@@ -189,7 +189,7 @@ def ray(
     out: Path = typer.Option(Path("runs/ray"), help="Output folder (ray.json, ray.md)."),
 ) -> None:
     """Ray against one process: index build and batch generation, timed in one run."""
-    from ..evaluation.ray_bench import run_ray_bench
+    from nest_integrations.evaluation.ray_bench import run_ray_bench
 
     try:
         run_ray_bench(
@@ -217,8 +217,8 @@ def keys(
     out: Path = typer.Option(Path("runs/bench-keys"), help="Output folder (key_bench.json, key_bench.md)."),
 ) -> None:
     """Compressed keys vs float16: bytes per token, neighbour agreement, lambda change, search speed."""
-    from ..evaluation.key_bench import QUERY_MODES, run_key_bench
-    from ..key_codec import parse_spec
+    from nest_integrations.evaluation.key_bench import QUERY_MODES, run_key_bench
+    from nest_integrations.store.key_codec import parse_spec
 
     try:
         [parse_spec(codec) for codec in comma_list(codecs)]
@@ -252,7 +252,7 @@ def store(
 ) -> None:
     """NEST against in-context RAG through the README's LangChain and LlamaIndex quick starts, on stores
     with precomputed keys, saved and loaded memory-mapped (wall time per question, recall)."""
-    from ..evaluation.store_bench import INTEGRATIONS, README_CHUNK_SIZE, README_MAX_NEW_TOKENS, run_store_bench
+    from nest_integrations.evaluation.store_bench import INTEGRATIONS, README_CHUNK_SIZE, README_MAX_NEW_TOKENS, run_store_bench
 
     chosen = comma_list(integrations)
     if not chosen or set(chosen) - set(INTEGRATIONS):
@@ -276,7 +276,7 @@ def gate(
     out: Path = typer.Option(Path("runs/bench-gate"), help="Output folder (gate.json, gate.md)."),
 ) -> None:
     """What the relevance gate keeps for biographies, with the summary present and removed (no generation)."""
-    from ..evaluation.gate_bench import gate_report
+    from nest_integrations.evaluation.gate_bench import gate_report
 
     index = load_index(datastore)
     try:
@@ -297,7 +297,7 @@ def device(
     out: Path = typer.Option(Path("runs/device-bench"), help="Output folder (device_bench.json, device_bench.md)."),
 ) -> None:
     """NEST (base and nest modes) against the LM's own greedy generate, per model and dtype, on a device."""
-    from ..evaluation.device_bench import check_device, check_dtypes, run_device_bench
+    from nest_integrations.evaluation.device_bench import check_device, check_dtypes, run_device_bench
 
     if not comma_list(models):
         fail("--models is empty")
@@ -329,7 +329,7 @@ def startup(
 ) -> None:
     """Start-up of `nest generate` over the default index, each run a fresh process: cold (the
     converted LM and its fingerprint rebuilt in a fresh cache) and warm, per phase."""
-    from ..evaluation.startup_bench import run_startup_bench
+    from nest_integrations.evaluation.startup_bench import run_startup_bench
 
     try:
         run_startup_bench(

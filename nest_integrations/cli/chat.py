@@ -25,9 +25,9 @@ def chat(
 ) -> None:
     """Ask questions in a conversation: follow-ups are retrieved with the earlier questions, answers show
     their copied spans and numbered sources. /help lists the commands (/mode, /sources, /save); Ctrl-D ends."""
-    from ..chat_session import ChatSession, terminal_reader
-    from ..config import MODES
-    from ..lm import cache_dir
+    from nest_integrations.core.config import MODES
+    from nest_integrations.decoding.chat_session import ChatSession, terminal_reader
+    from nest_integrations.model.lm import cache_dir
 
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")

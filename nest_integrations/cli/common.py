@@ -38,14 +38,14 @@ STARTUP_T0_ENV = "NEST_STARTUP_T0"
 def default_index_path(model: Optional[str] = None) -> Path:
     """Where ``nest demo`` / ``nest eval`` keep the default index: the 1,828 Wikipedia
     summaries of the topic People (the biography task's corpus), one folder per LM."""
-    from ..lm import cache_dir
+    from nest_integrations.model.lm import cache_dir
 
     return cache_dir() / "indexes" / f"{DEMO_INDEX_NAME}{model_tag(model)}"
 
 
 def model_tag(model: Optional[str]) -> str:
     """Suffix of the cached index folders built for ``model``: none for the default LM."""
-    from ..lm import embedded_model, is_default_lm
+    from nest_integrations.model.lm import embedded_model, is_default_lm
 
     if model is None or is_default_lm(model):
         return ""
@@ -178,8 +178,8 @@ trace = StartupTrace()
 def load_index(path: Optional[Path], model: Optional[str] = None) -> Any:
     """The index at ``path`` (None: the default index, built into the cache once), decoding with
     ``model`` (None: the LM it was built with); a refused index fails the command."""
-    from ..index import NestIndex
-    from ..lm import load_lm
+    from nest_integrations.index.nest_index import NestIndex
+    from nest_integrations.model.lm import load_lm
 
     folder = path or default_index_path(model)
     if path is None and not (folder / "manifest.json").exists():
@@ -189,7 +189,7 @@ def load_index(path: Optional[Path], model: Optional[str] = None) -> Any:
             import torch  # noqa: F401
             import transformers.modeling_utils  # noqa: F401
         if _default_embedder(folder):
-            from ..retrieval import load_embedder
+            from nest_integrations.retrieval import load_embedder
 
             with trace.phase("embedder"):  # cached per process: the index loads this one below
                 load_embedder()
@@ -214,9 +214,9 @@ def _default_embedder(folder: Path) -> bool:
 
 def build_default_index(folder: Path, model: Optional[str] = None) -> None:
     """Build the default index (:data:`DEMO_TOPIC` Wikipedia summaries) into ``folder``."""
-    from ..corpus import load_wikipedia_summaries
-    from ..index import NestIndex
-    from ..lm import load_lm
+    from nest_integrations.corpus.passages import load_wikipedia_summaries
+    from nest_integrations.index.nest_index import NestIndex
+    from nest_integrations.model.lm import load_lm
 
     console.print(f"Building the default index over the Wikipedia summaries about people in {folder} (once)...")
     index = NestIndex.build(load_wikipedia_summaries(topic=DEMO_TOPIC), load_lm(model or "default"))

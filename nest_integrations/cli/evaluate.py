@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ..key_codec import CODEC_HELP
+from nest_integrations.store.key_codec import CODEC_HELP
 from .common import comma_list, console, fail, load_index, model_tag
 
 app = typer.Typer()
@@ -16,9 +16,9 @@ app = typer.Typer()
 def _docs_index(task: str, chunking: str, model: Optional[str] = None) -> Path:
     """The folder of a documentation task's default index, built into the cache once per
     version of its passages (docs: standard-library docstrings; markdown-docs: Fastify's docs)."""
-    from ..evaluation.runner import docs_domain_passages, passages_fingerprint
-    from ..index import NestIndex
-    from ..lm import cache_dir, load_lm
+    from nest_integrations.evaluation.runner import docs_domain_passages, passages_fingerprint
+    from nest_integrations.index.nest_index import NestIndex
+    from nest_integrations.model.lm import cache_dir, load_lm
 
     passages = docs_domain_passages(task, chunking)
     folder = cache_dir() / "indexes" / f"{task}-{chunking}-{passages_fingerprint(passages)}{model_tag(model)}"
@@ -61,9 +61,9 @@ def evaluate(
     nest eval --task bio; nest eval --task wiki-qa; nest eval --task docs [--docs-chunking splitter];
     nest eval --task markdown-docs [--docs-chunking splitter|sentence].
     """
-    from ..config import MODES
-    from ..evaluation.runner import DOCS_DOMAIN_CHUNKINGS, run_eval
-    from ..evaluation.tasks import TASKS
+    from nest_integrations.core.config import MODES
+    from nest_integrations.evaluation.runner import DOCS_DOMAIN_CHUNKINGS, run_eval
+    from nest_integrations.evaluation.tasks import TASKS
 
     if task not in TASKS:
         fail(f"unknown --task {task!r}; choose from {', '.join(TASKS)}")
@@ -72,7 +72,7 @@ def evaluate(
     if task == "qa" and qa_path is None:
         fail("--task qa needs --qa FILE (a JSONL of {\"question\", \"answers\"})")
     if key_compression is not None:
-        from ..key_codec import parse_spec
+        from nest_integrations.store.key_codec import parse_spec
 
         try:
             parse_spec(key_compression)

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import typer
 
-from ..distributed import DEFAULT_CONNECT_TIMEOUT_S
+from nest_integrations.index.distributed import DEFAULT_CONNECT_TIMEOUT_S
 from .common import build_default_index, console, default_index_path, fail, given, load_index, positive, setup_logging, trace
 
 app = typer.Typer()
@@ -20,7 +20,7 @@ app = typer.Typer()
 def _print_output(output: Any, title: str) -> None:
     from rich.panel import Panel
 
-    from ..attribution import render_terminal
+    from nest_integrations.decoding.attribution import render_terminal
 
     s = output.stats
     console.print(Panel(render_terminal(output), title=title))
@@ -75,7 +75,7 @@ def generate(
 ) -> None:
     """Generate with attribution; one prompt, or a batch from --input to --output."""
     trace.mark("command")
-    from ..config import MODES, NestConfig
+    from nest_integrations.core.config import MODES, NestConfig
 
     if verbose:  # else keep what `nest -v` set
         setup_logging(True)
@@ -142,13 +142,13 @@ def _generate_items(
     input_path: Path, output_path: Path, datastore: Optional[Path], *, model: Optional[str], overrides: dict[str, Any],
     batch_size: int, restart: bool, ray: tuple[bool, Optional[str], Optional[int], float, float],
 ) -> None:
-    """``nest generate --input``: a resumable job (:mod:`nest_integrations.jobs`), in this process or on Ray.
+    """``nest generate --input``: a resumable job (:mod:`nest_integrations.index.jobs`), in this process or on Ray.
 
     The input and the output file are checked before the index or the LM is loaded; the
     settings a resume must share (index, LM, decoding) once they are."""
-    from ..config import NestConfig
-    from ..index import index_identity
-    from ..jobs import check_output, in_process_runner, job_settings, read_items, run_job
+    from nest_integrations.core.config import NestConfig
+    from nest_integrations.index.jobs import check_output, in_process_runner, job_settings, read_items, run_job
+    from nest_integrations.index.nest_index import index_identity
 
     use_ray, address, workers, cpus_per_worker, timeout_s = ray
     folder = datastore or default_index_path()
@@ -159,7 +159,7 @@ def _generate_items(
             build_default_index(folder)
         identity = index_identity(folder)
         if use_ray:
-            from ..distributed import ray_cluster, ray_generator
+            from nest_integrations.index.distributed import ray_cluster, ray_generator
 
             with ray_cluster(address, timeout_s=timeout_s), ray_generator(
                 folder, model=model, overrides=overrides, workers=workers, cpus_per_worker=cpus_per_worker
@@ -215,7 +215,7 @@ class _BatchTally:
 
 
 def _tallied(runner: Any) -> tuple[Any, _BatchTally]:
-    """``runner`` (a :data:`~nest_integrations.jobs.ChunkRunner`) counting what it generates into a tally."""
+    """``runner`` (a :data:`~nest_integrations.index.jobs.ChunkRunner`) counting what it generates into a tally."""
     tally = _BatchTally()
 
     def run(chunks: Any) -> Any:
@@ -228,8 +228,8 @@ def _tallied(runner: Any) -> tuple[Any, _BatchTally]:
 
 def _qdrant_decoder(path: Path, collection: Optional[str], model: Optional[str]) -> Any:
     """A decoder whose first stage is a local Qdrant collection (lazy token datastore)."""
-    from ..lm import load_lm
-    from ..retrieval.vector_store import LangChainVectorStoreRetriever, open_qdrant, store_decoder
+    from nest_integrations.model.lm import load_lm
+    from nest_integrations.retrieval.vector_store import LangChainVectorStoreRetriever, open_qdrant, store_decoder
 
     try:
         retriever = LangChainVectorStoreRetriever(open_qdrant(path, str(collection)))

@@ -11,9 +11,9 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from ..corpus import DEFAULT_CHUNK_TOKENS
-from ..distributed import DEFAULT_CONNECT_TIMEOUT_S
-from ..key_codec import CODEC_HELP
+from nest_integrations.corpus.passages import DEFAULT_CHUNK_TOKENS
+from nest_integrations.index.distributed import DEFAULT_CONNECT_TIMEOUT_S
+from nest_integrations.store.key_codec import CODEC_HELP
 from .common import console, fail, given, load_index, positive, setup_logging
 
 index_app = typer.Typer(help="Build and inspect NEST indexes.", no_args_is_help=True)
@@ -76,12 +76,12 @@ def index_build(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Build a NEST index (passages, dense + BM25 retrieval, token datastore)."""
-    from ..corpus import chunk_passages, load_corpus
-    from ..index import FORMAT as INDEX_FORMAT
-    from ..index import NestIndex
-    from ..key_codec import parse_spec
-    from ..lm import load_lm
-    from ..safe_io import check_replaceable
+    from nest_integrations.core.safe_io import check_replaceable
+    from nest_integrations.corpus.passages import chunk_passages, load_corpus
+    from nest_integrations.index.nest_index import FORMAT as INDEX_FORMAT
+    from nest_integrations.index.nest_index import NestIndex
+    from nest_integrations.model.lm import load_lm
+    from nest_integrations.store.key_codec import parse_spec
 
     if verbose:  # else keep what `nest -v` set
         setup_logging(True)
@@ -109,7 +109,7 @@ def index_build(
         settings: dict[str, Any] = dict(retriever_kind=retriever, index_factory=index_factory, key_layer=key_layer, encoding_prefix=encoding_prefix)
         faiss_options = {"nlist": nlist, "nprobe": nprobe, "hnsw_m": hnsw_m, "ef_search": ef_search, "on_disk": faiss_on_disk}
         if use_ray:
-            from ..distributed import build_index_on_ray
+            from nest_integrations.index.distributed import build_index_on_ray
 
             index = build_index_on_ray(
                 passages, lm, out, address=ray_address, workers=workers, cpus_per_worker=cpus_per_worker,
@@ -157,10 +157,10 @@ def index_to_qdrant(
 ) -> None:
     """Write an index's passages into a local Qdrant collection (embedded with the bundled MiniLM),
     for ``nest generate --qdrant-path ... --collection ...``."""
-    from ..corpus import load_passages_jsonl
-    from ..index import FORMAT as INDEX_FORMAT
-    from ..safe_io import manifest_format
-    from ..retrieval.vector_store import write_qdrant
+    from nest_integrations.core.safe_io import manifest_format
+    from nest_integrations.corpus.passages import load_passages_jsonl
+    from nest_integrations.index.nest_index import FORMAT as INDEX_FORMAT
+    from nest_integrations.retrieval.vector_store import write_qdrant
 
     if manifest_format(path) != INDEX_FORMAT:
         fail(f"{path} is not a NEST index")

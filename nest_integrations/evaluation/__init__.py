@@ -1,6 +1,6 @@
 """Evaluation of NEST generations: metrics and task (item) builders."""
 
-from nest_integrations.evaluation.metrics import (
+from .metrics import (
     aggregate,
     answer_recall,
     normalize_answer,
@@ -13,7 +13,7 @@ from nest_integrations.evaluation.metrics import (
     year_precision,
     years,
 )
-from nest_integrations.evaluation.tasks import (
+from .tasks import (
     TASKS,
     EvalItem,
     bio_items,

@@ -48,12 +48,15 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from nest_integrations.attribution import GenerationStats
-from nest_integrations.corpus import Passage
-from nest_integrations.datastore import PrecomputedKeys, TokenDatastore
-from nest_integrations.decoding import NestDecoder
-from nest_integrations.evaluation.metrics import aggregate, tokens_per_forward
-from nest_integrations.evaluation.runner import (
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.decoding.attribution import GenerationStats
+from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.index.nest_index import NestIndex
+from nest_integrations.model.lm import LoadedLM
+from nest_integrations.store.datastore import PrecomputedKeys, TokenDatastore
+from nest_integrations.store.key_precision import encoding_model
+from .metrics import aggregate, tokens_per_forward
+from .runner import (
     check_modes,
     decoder_over,
     evaluate_item,
@@ -68,9 +71,6 @@ from nest_integrations.evaluation.runner import (
     warm_up,
     write_json,
 )
-from nest_integrations.index import NestIndex
-from nest_integrations.key_precision import encoding_model
-from nest_integrations.lm import LoadedLM
 
 __all__ = [
     "BENCH_MODES",

@@ -43,21 +43,21 @@ from typing import Any, TypeVar
 
 import torch
 
-from nest_integrations.corpus import Passage, load_wikipedia_summaries
-from nest_integrations.decoding import NestDecoder
-from nest_integrations.evaluation.bench import hf_generate, peak_rss_mib, prompt_ids
-from nest_integrations.evaluation.metrics import tokens_per_forward
-from nest_integrations.evaluation.runner import markdown_table, ratio, run_metadata, write_json
-from nest_integrations.evaluation.tasks import EvalItem, bio_items
-from nest_integrations.index import NestIndex
-from nest_integrations.lm import LoadedLM, load_lm
+from nest_integrations.corpus.passages import Passage, load_wikipedia_summaries
+from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.index.nest_index import NestIndex
+from nest_integrations.model.lm import LoadedLM, load_lm
+from .bench import hf_generate, peak_rss_mib, prompt_ids
+from .metrics import tokens_per_forward
+from .runner import markdown_table, ratio, run_metadata, write_json
+from .tasks import EvalItem, bio_items
 
 __all__ = ["DEVICE_BENCH_DTYPES", "check_device", "check_dtypes", "run_device_bench"]
 
 logger = logging.getLogger(__name__)
 
 DEVICE_BENCH_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
-"""The dtypes :func:`~nest_integrations.lm.load_lm` takes."""
+"""The dtypes :func:`~nest_integrations.model.lm.load_lm` takes."""
 
 CONTENDERS: tuple[str, ...] = ("generate", "base", "nest")
 """What each item is timed with: HF ``generate``, then the decoder's base and nest modes."""
@@ -335,7 +335,7 @@ def run_device_bench(
     """Time ``generate``, base and nest for every model x dtype on ``device`` (see the module docstring).
 
     Args:
-        models: LM names for :func:`~nest_integrations.lm.load_lm` (embedded names, folders, hub ids available offline).
+        models: LM names for :func:`~nest_integrations.model.lm.load_lm` (embedded names, folders, hub ids available offline).
         device: ``cpu``, ``cuda``, ``cuda:<i>`` or ``mps``.
         dtypes: some of :data:`DEVICE_BENCH_DTYPES`.
         n: timed biography items per row (one more runs untimed first).

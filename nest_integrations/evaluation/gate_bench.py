@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..config import NestConfig
-from ..relevance import RelevanceGate
+from nest_integrations.core.config import NestConfig
+from nest_integrations.policy.relevance import RelevanceGate
 from .runner import first_stage, gold_passage_ids
 from .tasks import bio_items
 
@@ -31,7 +31,7 @@ def gate_report(index: Any, *, n: int = 200, seed: int = 1, k: int = 8, out_dir:
     """Gate decisions over ``n`` biography items of ``seed`` (see the module docstring).
 
     Args:
-        index: a :class:`~nest_integrations.index.NestIndex` over the people summaries.
+        index: a :class:`~nest_integrations.index.nest_index.NestIndex` over the people summaries.
         n, seed: the items (``bio_items(n, seed)``).
         k: first-stage passages per query (the decoder's ``passage_k``).
         out_dir: where ``gate.json`` (per item) and ``gate.md`` (the table) go; None writes nothing.

@@ -39,12 +39,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from nest_integrations.datastore import CandidateSet, EncodedPassage, store_keys
-from nest_integrations.decoding import NestDecoder
-from nest_integrations.evaluation.runner import format_cell, load_items, markdown_table, ratio, run_config, run_metadata, write_json
-from nest_integrations.index import NestIndex
-from nest_integrations.key_codec import DEFAULT_TRAIN_KEYS, KeyCodec, make_codec, sample_rows
-from nest_integrations.mixture import rrc_lambda
+from nest_integrations.core.mixture import rrc_lambda
+from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.index.nest_index import NestIndex
+from nest_integrations.store.datastore import CandidateSet, EncodedPassage, store_keys
+from nest_integrations.store.key_codec import DEFAULT_TRAIN_KEYS, KeyCodec, make_codec, sample_rows
+from .runner import format_cell, load_items, markdown_table, ratio, run_config, run_metadata, write_json
 
 __all__ = ["DEFAULT_BENCH_CODECS", "run_key_bench"]
 
@@ -130,7 +130,7 @@ def run_key_bench(
 
     Args:
         index: the NEST index (its LM, encoder, first stage and corpus).
-        codecs: codec names (:func:`~nest_integrations.key_codec.make_codec`);
+        codecs: codec names (:func:`~nest_integrations.store.key_codec.make_codec`);
             float16 is always the reference row.
         n: biography prompts (seeded draw from the corpus).
         max_new_tokens: tokens the LM writes per prompt (queries per prompt).

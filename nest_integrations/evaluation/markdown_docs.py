@@ -11,8 +11,8 @@ reads a folder (one passage per file, id = file name).
 Three passage views of the same documents (:func:`markdown_passages`), the
 chunkings a user of each entry point gets by default:
 
-* ``"cli"`` -- :func:`nest_integrations.corpus.chunk_passages` at
-  :data:`~nest_integrations.corpus.DEFAULT_CHUNK_TOKENS` tokens of the default
+* ``"cli"`` -- :func:`nest_integrations.corpus.passages.chunk_passages` at
+  :data:`~nest_integrations.corpus.passages.DEFAULT_CHUNK_TOKENS` tokens of the default
   LM, what ``nest index build`` does to a folder of Markdown files;
 * ``"splitter"`` -- LangChain's ``RecursiveCharacterTextSplitter()`` (4,000
   characters, 200 overlap, ``add_start_index=True``), see
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from nest_integrations.corpus import DEFAULT_CHUNK_TOKENS, Passage, chunk_passages, load_documents
+from nest_integrations.corpus.passages import DEFAULT_CHUNK_TOKENS, Passage, chunk_passages, load_documents
 
 __all__ = [
     "FASTIFY_DOCS_DIR",
@@ -121,14 +121,14 @@ def markdown_passages(chunking: str = "cli") -> list[Passage]:
         raise ValueError(f"unknown markdown-docs chunking {chunking!r}; choose from {MARKDOWN_CHUNKINGS}")
     documents = fastify_documents()
     if chunking == "splitter":
-        from nest_integrations.evaluation.docs_corpus import docs_splitter_chunks
+        from .docs_corpus import docs_splitter_chunks
 
         return docs_splitter_chunks(documents)
     if chunking == "sentence":
         return sentence_splitter_chunks(documents)
     from transformers import AutoTokenizer
 
-    from nest_integrations.lm import default_model_path
+    from nest_integrations.model.lm import default_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path())
     logger.debug("chunking %d Markdown files at %d tokens", len(documents), DEFAULT_CHUNK_TOKENS)

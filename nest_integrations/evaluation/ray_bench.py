@@ -3,11 +3,11 @@
 :func:`run_ray_bench` times on the same corpus and the same items:
 
 * build: :meth:`NestIndex.build` with precomputed keys then ``save`` in this
-  process (the LM already loaded; its load is timed apart), against :func:`~nest_integrations.distributed.build_index_on_ray`
+  process (the LM already loaded; its load is timed apart), against :func:`~nest_integrations.index.distributed.build_index_on_ray`
   (start-up of the Ray runtime timed apart from the build, which includes
   starting the actors and loading one LM and embedder on each); plus how far
   the two builds agree (tokens, largest key difference, top-5 retrieval);
-* generation: the same items through :func:`~nest_integrations.jobs.run_job`,
+* generation: the same items through :func:`~nest_integrations.index.jobs.run_job`,
   in process (the batched decoder) and on Ray actors (each loading the index),
   with the outputs compared.
 
@@ -27,13 +27,13 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from nest_integrations.corpus import load_wikipedia_summaries
-from nest_integrations.distributed import build_index_on_ray, ray_cluster, ray_generator
-from nest_integrations.evaluation.runner import format_cell, markdown_table, run_metadata, write_json
-from nest_integrations.index import NestIndex, index_identity
-from nest_integrations.jobs import JobItem, in_process_runner, job_settings, read_items, run_job
-from nest_integrations.jsonl import iter_jsonl
-from nest_integrations.lm import load_lm
+from nest_integrations.core.jsonl import iter_jsonl
+from nest_integrations.corpus.passages import load_wikipedia_summaries
+from nest_integrations.index.distributed import build_index_on_ray, ray_cluster, ray_generator
+from nest_integrations.index.jobs import JobItem, in_process_runner, job_settings, read_items, run_job
+from nest_integrations.index.nest_index import NestIndex, index_identity
+from nest_integrations.model.lm import load_lm
+from .runner import format_cell, markdown_table, run_metadata, write_json
 
 logger = logging.getLogger(__name__)
 

@@ -64,13 +64,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from nest_integrations.config import MODES, NestConfig
-from nest_integrations.corpus import Passage
-from nest_integrations.datastore import TokenDatastore
-from nest_integrations.decoding import NestDecoder, ScoredPassages
-from nest_integrations.evaluation.docs_corpus import DOCS_CHUNKINGS, docs_passages
-from nest_integrations.evaluation.markdown_docs import MARKDOWN_CHUNKINGS, markdown_passages
-from nest_integrations.evaluation.metrics import (
+from nest_integrations.core.config import MODES, NestConfig
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.decoding.decoder import NestDecoder, ScoredPassages
+from nest_integrations.index.nest_index import NestIndex
+from nest_integrations.store.datastore import TokenDatastore
+from .docs_corpus import DOCS_CHUNKINGS, docs_passages
+from .markdown_docs import MARKDOWN_CHUNKINGS, markdown_passages
+from .metrics import (
     aggregate,
     answer_recall,
     copied_markup,
@@ -86,8 +87,7 @@ from nest_integrations.evaluation.metrics import (
     unanswerable_scores,
     year_precision,
 )
-from nest_integrations.evaluation.tasks import QA_TASKS, TASK_MAX_NEW_TOKENS, EvalItem, get_task, qa_items
-from nest_integrations.index import NestIndex
+from .tasks import QA_TASKS, TASK_MAX_NEW_TOKENS, EvalItem, get_task, qa_items
 
 __all__ = [
     "CONDITIONS",

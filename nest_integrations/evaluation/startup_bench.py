@@ -36,7 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from nest_integrations.evaluation.runner import format_cell, markdown_table, write_json
+from .runner import format_cell, markdown_table, write_json
 
 __all__ = ["FIRST_TOKEN_GOAL_S", "run_startup_bench"]
 

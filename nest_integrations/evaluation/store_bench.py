@@ -48,11 +48,11 @@ from typing import Any
 
 import numpy as np
 
-from nest_integrations.evaluation.markdown_docs import FASTIFY_DOCS_DIR
-from nest_integrations.evaluation.metrics import aggregate, answer_recall
-from nest_integrations.evaluation.runner import doc_positions_of, format_cell, markdown_table, ratio, score_item, write_json
-from nest_integrations.evaluation.tasks import EvalItem, markdown_docs_items
-from nest_integrations.lm import LoadedLM
+from nest_integrations.model.lm import LoadedLM
+from .markdown_docs import FASTIFY_DOCS_DIR
+from .metrics import aggregate, answer_recall
+from .runner import doc_positions_of, format_cell, markdown_table, ratio, score_item, write_json
+from .tasks import EvalItem, markdown_docs_items
 
 __all__ = ["INTEGRATIONS", "README_CHUNK_SIZE", "README_MAX_NEW_TOKENS", "WALL_RATIO_GOAL", "run_store_bench"]
 
@@ -492,10 +492,10 @@ def run_store_bench(
     if not items:
         raise ValueError("no questions to ask")
     if lm is None:
-        from nest_integrations.lm import load_lm
+        from nest_integrations.model.lm import load_lm
 
         lm = load_lm("default")
-    from nest_integrations.key_precision import encoding_dtype
+    from nest_integrations.store.key_precision import encoding_dtype
 
     rag_budget = max_new_tokens if rag_max_new_tokens is None else rag_max_new_tokens
     out = Path(out_dir)

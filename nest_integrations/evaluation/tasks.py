@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nest_integrations.conversation import retrieval_query
-from nest_integrations.corpus import Passage, load_wikipedia_summaries
-from nest_integrations.jsonl import iter_jsonl
+from nest_integrations.core.jsonl import iter_jsonl
+from nest_integrations.corpus.passages import Passage, load_wikipedia_summaries
+from nest_integrations.policy.conversation import retrieval_query
 
 __all__ = [
     "DOCS_QA_PATH",
@@ -645,7 +645,7 @@ def _gold(
 
 def _jsonl_items(path: str | Path, build: Callable[[dict[str, Any], str], EvalItem]) -> list[EvalItem]:
     """``build(record, "path:line")`` for every record of the JSONL file ``path``
-    (:func:`~nest_integrations.jsonl.iter_jsonl`), in file order.
+    (:func:`~nest_integrations.core.jsonl.iter_jsonl`), in file order.
 
     Raises:
         FileNotFoundError: if ``path`` does not exist.
@@ -702,7 +702,7 @@ def markdown_qa_items(path: str | Path) -> list[EvalItem]:
     file name or null, "kind": one of MARKDOWN_QA_KINDS, "messages"?: [...],
     "unanswerable"?: bool}``. The prompt is the question, or for a follow-up
     ``messages + [the question as the user's turn]``; the query is the question,
-    or for a follow-up :func:`~nest_integrations.conversation.retrieval_query`
+    or for a follow-up :func:`~nest_integrations.policy.conversation.retrieval_query`
     of that conversation (as the decoder and the integrations build it). Meta:
     ``{"answers", "kind", "unanswerable", "chat": True}`` plus ``"passage_id"``
     = ``doc`` when the question has one.
@@ -759,7 +759,7 @@ def markdown_docs_items(n: int | None = None, seed: int = 0) -> list[EvalItem]:
     Raises:
         ValueError: if ``n < 0`` or larger than the number of questions.
     """
-    from nest_integrations.evaluation.markdown_docs import FASTIFY_QA_PATH
+    from .markdown_docs import FASTIFY_QA_PATH
 
     return _drawn(markdown_qa_items(FASTIFY_QA_PATH), n, seed, "markdown-docs", _stratified_sample)
 

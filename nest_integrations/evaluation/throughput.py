@@ -84,11 +84,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from nest_integrations.corpus import load_wikipedia_summaries
-from nest_integrations.decoding import NestDecoder
-from nest_integrations.evaluation.bench import hf_generate, peak_rss_mib, precomputed_datastore, prompt_ids
-from nest_integrations.evaluation.metrics import aggregate, answer_recall, rouge_scores
-from nest_integrations.evaluation.runner import (
+from nest_integrations.corpus.passages import load_wikipedia_summaries
+from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.index.nest_index import NestIndex
+from nest_integrations.model.lm import cache_argument
+from .bench import hf_generate, peak_rss_mib, precomputed_datastore, prompt_ids
+from .metrics import aggregate, answer_recall, rouge_scores
+from .runner import (
     checked_choices,
     decoder_over,
     format_cell,
@@ -98,9 +100,7 @@ from nest_integrations.evaluation.runner import (
     run_metadata,
     write_json,
 )
-from nest_integrations.evaluation.tasks import EvalItem, bio_items, wiki_qa_items
-from nest_integrations.index import NestIndex
-from nest_integrations.lm import cache_argument
+from .tasks import EvalItem, bio_items, wiki_qa_items
 
 __all__ = ["BATCH_SIZES", "CONCURRENCY", "PROMPT_KINDS", "PROMPT_LOOKUP_TOKENS", "run_throughput", "throughput_items"]
 

@@ -5,7 +5,7 @@
   :meth:`NestDecoder.stream` accepts as its first stage (each document through
   :func:`~nest_integrations.langchain.documents.document_to_passage`).
 * :func:`relevance_function` gives the decoder's relevance gate its
-  :data:`~nest_integrations.similarity.Relevance`, from the store's ``Embeddings``.
+  :data:`~nest_integrations.core.similarity.Relevance`, from the store's ``Embeddings``.
 * :class:`NestModelBase` holds the fields, the lazy LM loading and the call
   preparation both model classes share; :func:`report_tokens` and
   :func:`areport_tokens` drive their streams (the async one off the event loop).
@@ -27,20 +27,20 @@ from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from typing_extensions import Self
 
-from ..config import NestConfig, fold_config_fields
-from ..corpus import Passage
-from ..similarity import Relevance, embedding_relevance
-from ..standard_params import effective_temperature, to_nest_names
+from nest_integrations.core.config import NestConfig, fold_config_fields
+from nest_integrations.core.similarity import Relevance, embedding_relevance
+from nest_integrations.core.standard_params import effective_temperature, to_nest_names
+from nest_integrations.corpus.passages import Passage
 from .documents import document_to_passage
 from .vectorstores import NestVectorStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from langchain_core.language_models.base import LangSmithParams
 
-    from ..attribution import NestOutput
-    from ..datastore import TokenDatastore
-    from ..decoding import NestDecoder, PromptLike, StreamChunk
-    from ..lm import LoadedLM
+    from nest_integrations.decoding.attribution import NestOutput
+    from nest_integrations.decoding.decoder import NestDecoder, PromptLike, StreamChunk
+    from nest_integrations.model.lm import LoadedLM
+    from nest_integrations.store.datastore import TokenDatastore
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def relevance_function(source: Optional[PassageSource]) -> Optional[Relevance]:
     embedding with its stored vectors (:meth:`NestVectorStore.relevance`). Another
     vector store (or a ``VectorStoreRetriever`` over one) that exposes ``embeddings``
     embeds the query and re-embeds the texts (``embed_query`` / ``embed_documents``,
-    :func:`~nest_integrations.similarity.embedding_relevance`). Other retrievers
+    :func:`~nest_integrations.core.similarity.embedding_relevance`). Other retrievers
     have no embeddings to compare with.
     """
     store = source.vectorstore if isinstance(source, VectorStoreRetriever) else source
@@ -130,7 +130,7 @@ class NestModelBase(BaseModel):
     """Fields and behaviour shared by :class:`NestLLM` and :class:`ChatNest`.
 
     Configuration design: every NEST hyperparameter lives in one validated
-    :class:`~nest_integrations.config.NestConfig` (``nest_config``). For
+    :class:`~nest_integrations.core.config.NestConfig` (``nest_config``). For
     convenience any ``NestConfig`` field may also be given by name, both to the
     constructor (``NestLLM(mode="rag", max_new_tokens=64)`` folds them into
     ``nest_config``) and per call (``llm.invoke(prompt, gamma=1e-3)`` or
@@ -205,8 +205,8 @@ class NestModelBase(BaseModel):
 
     @classmethod
     def from_index(cls, path: str, lm: Optional["LoadedLM"] = None, **kwargs: Any) -> Self:
-        """Load a saved :class:`~nest_integrations.index.NestIndex` folder and decode over it."""
-        from ..index import NestIndex
+        """Load a saved :class:`~nest_integrations.index.nest_index.NestIndex` folder and decode over it."""
+        from nest_integrations.index.nest_index import NestIndex
 
         return cls.from_decoder(NestIndex.load(path, lm).decoder(), **kwargs)
 
@@ -216,7 +216,7 @@ class NestModelBase(BaseModel):
         """The LM, loaded from ``model`` on first use."""
         with self._lock:
             if self._lm is None:
-                from ..lm import load_lm
+                from nest_integrations.model.lm import load_lm
 
                 logger.info("Loading LM %r", self.model)
                 self._lm = load_lm(self.model, device=self.device, dtype=self.dtype)
@@ -226,7 +226,7 @@ class NestModelBase(BaseModel):
         """The user's decoder, or a fresh one over the current datastore (construction is cheap)."""
         if self._decoder is not None:
             return self._decoder
-        from ..decoding import NestDecoder
+        from nest_integrations.decoding.decoder import NestDecoder
 
         lm = self.lm
         if self.retriever is None:
@@ -250,7 +250,7 @@ class NestModelBase(BaseModel):
         """The model's own datastore, for a retriever other than a :class:`NestVectorStore`."""
         with self._lock:
             if self._datastore is None:
-                from ..datastore import PassageEncoder, TokenDatastore
+                from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 
                 self._datastore = TokenDatastore([], PassageEncoder(lm, self.key_layer))
             return self._datastore

@@ -6,7 +6,7 @@
   earlier questions (:func:`history_aware_retriever`), as ``ChatNest`` does.
 * :func:`history_aware_retriever` -- LangChain's history-aware retriever
   pattern: the retrieval query made from the conversation, here by NEST's rule
-  (:func:`~nest_integrations.conversation.retrieval_query`) rather than an LM
+  (:func:`~nest_integrations.policy.conversation.retrieval_query`) rather than an LM
   rewrite, so both sides of a comparison retrieve the same passages.
 * :func:`attributed_chain` -- ``prompt | ChatNest``: the answer is attributed
   span by span while decoding; the retrieval query is the question.
@@ -30,8 +30,8 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_core.vectorstores import VectorStore
 
-from ..attribution import NestOutput, marked_spans, place_markers, source_listing
-from ..conversation import retrieval_query
+from nest_integrations.decoding.attribution import NestOutput, marked_spans, place_markers, source_listing
+from nest_integrations.policy.conversation import retrieval_query
 from .chat_models import ChatNest
 
 RAG_PROMPT = PromptTemplate.from_template(
@@ -74,7 +74,7 @@ def conversation_of(inputs: Any) -> list[BaseMessage]:
 
 def conversation_query(messages: Sequence[BaseMessage]) -> str:
     """The retrieval query of a conversation: its last human message, preceded by the
-    earlier human turns when it is a follow-up (:func:`~nest_integrations.conversation.retrieval_query`,
+    earlier human turns when it is a follow-up (:func:`~nest_integrations.policy.conversation.retrieval_query`,
     the rule ``ChatNest`` and ``nest chat`` use)."""
     turns = [
         {"role": message.role if isinstance(message, ChatMessage) else _ROLES.get(message.type, message.type), "content": str(message.text)}
@@ -189,7 +189,7 @@ def cite_text(result: Union[BaseMessage, Mapping[str, Any], NestOutput]) -> str:
     metadata) and the lines and characters cited there, e.g.
     ``[1] docs/os.md: lines 12-14, chars 340-420``. Markers stay out of code
     and a fence a copied span leaves open is closed
-    (:func:`~nest_integrations.attribution.place_markers`), so the text also
+    (:func:`~nest_integrations.decoding.attribution.place_markers`), so the text also
     renders as Markdown with every marker shown.
     """
     output = nest_output_of(result)

@@ -11,13 +11,13 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.content import Citation, TextContentBlock, create_citation
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
-from ..attribution import DocumentNumbers, Span, merge_spans
-from ..conversation import retrieval_query
+from nest_integrations.decoding.attribution import DocumentNumbers, Span, merge_spans
+from nest_integrations.policy.conversation import retrieval_query
 from ._common import NestModelBase, all_at_once, areport_tokens, report_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..attribution import NestOutput
-    from ..decoding import StreamChunk
+    from nest_integrations.decoding.attribution import NestOutput
+    from nest_integrations.decoding.decoder import StreamChunk
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant"}
 
@@ -31,7 +31,7 @@ class ChatNest(NestModelBase, BaseChatModel):
     conversation's retrieval query unless a ``query=`` is passed per call: the
     last human message, with the earlier human turns before it when it is a
     follow-up ("And how do I send a value into it?"; see
-    :func:`nest_integrations.conversation.retrieval_query`). Fields and
+    :func:`nest_integrations.policy.conversation.retrieval_query`). Fields and
     per-call options are those of :class:`~nest_integrations.langchain.NestLLM`.
 
     Instantiate:
@@ -60,7 +60,7 @@ class ChatNest(NestModelBase, BaseChatModel):
         The ``AIMessage`` content is one text block. Each copied span is a
         citation whose ``start_index``/``end_index`` delimit it in the block text,
         ``cited_text`` is the verbatim passage text, and ``extras`` hold where
-        it sits in its document (:class:`~nest_integrations.attribution.SourceLocation`):
+        it sits in its document (:class:`~nest_integrations.decoding.attribution.SourceLocation`):
         ``document`` (the file path or ``source`` / ``file_name`` / ``doc_id``
         metadata), ``doc_char_start`` / ``doc_char_end`` and ``line_start`` /
         ``line_end`` (1-based, inclusive; None when the document text is
@@ -80,7 +80,7 @@ class ChatNest(NestModelBase, BaseChatModel):
         Concurrent calls (threads, ``ainvoke`` tasks, ``batch`` / ``abatch``,
         whose inputs are all in flight at once unless ``max_concurrency`` is
         set) decode together in shared forward passes of the LM
-        (:mod:`nest_integrations.serving`), each with the output it gets alone.
+        (:mod:`nest_integrations.decoding.serving`), each with the output it gets alone.
 
     Tool calling and structured output are not supported: ``bind_tools`` and
     ``with_structured_output`` raise ``NotImplementedError``.
@@ -186,7 +186,7 @@ class ChatNest(NestModelBase, BaseChatModel):
 
 def _to_prompt(messages: list[BaseMessage]) -> tuple[list[dict[str, str]], str]:
     """Role/content dicts for the chat template, and the default retrieval query
-    (:func:`~nest_integrations.conversation.retrieval_query`: the last human
+    (:func:`~nest_integrations.policy.conversation.retrieval_query`: the last human
     message, preceded by the earlier human turns when it is a follow-up; the last
     message when there is no human one).
 

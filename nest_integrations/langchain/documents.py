@@ -5,7 +5,7 @@ The lowest layer of the LangChain integration: the vector store
 build on it.
 
 * :func:`document_id` and :func:`document_to_passage`: a ``Document`` as the
-  :class:`~nest_integrations.corpus.Passage` the token datastore holds, chained
+  :class:`~nest_integrations.corpus.passages.Passage` the token datastore holds, chained
   to its neighbours when a splitter recorded ``start_index``.
 * :func:`default_embeddings`: the bundled all-MiniLM-L6-v2 through
   ``langchain-huggingface``, offline.
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.documents import Document
 
-from ..corpus import Passage
+from nest_integrations.corpus.passages import Passage
 
 if TYPE_CHECKING:  # pragma: no cover
     from langchain_huggingface import HuggingFaceEmbeddings
@@ -75,7 +75,7 @@ def default_embeddings(**kwargs: Any) -> "HuggingFaceEmbeddings":
     """
     from langchain_huggingface import HuggingFaceEmbeddings
 
-    from ..retrieval.dense import default_embedder_path
+    from nest_integrations.retrieval.dense import default_embedder_path
 
     return HuggingFaceEmbeddings(model_name=default_embedder_path(), **kwargs)
 

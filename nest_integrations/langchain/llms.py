@@ -12,8 +12,8 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from ._common import NestModelBase, areport_tokens, report_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..attribution import NestOutput
-    from ..decoding import StreamChunk
+    from nest_integrations.decoding.attribution import NestOutput
+    from nest_integrations.decoding.decoder import StreamChunk
 
 _STREAMED_SEPARATELY = ("text", "spans")
 
@@ -55,11 +55,11 @@ class NestLLM(NestModelBase, BaseLLM):
         (character offsets into the whole output) and the last one also the
         rest of the contract; merging the chunks of a stream gives the same
         info with the spans split at chunk boundaries
-        (:func:`nest_integrations.attribution.merge_spans` joins them).
+        (:func:`nest_integrations.decoding.attribution.merge_spans` joins them).
 
     Calls run on the local model. Concurrent calls (threads, async tasks) and the
     prompts of one ``generate`` / ``batch`` decode together in shared forward
-    passes (:mod:`nest_integrations.serving`), each with the output it gets alone;
+    passes (:mod:`nest_integrations.decoding.serving`), each with the output it gets alone;
     the async methods keep the event loop free.
     """
 

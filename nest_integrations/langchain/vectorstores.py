@@ -2,17 +2,17 @@
 
 The passage stage is numpy cosine similarity over the vectors of any LangChain
 ``Embeddings``. Beside it the store keeps a token-level
-:class:`~nest_integrations.datastore.TokenDatastore` of the same documents,
+:class:`~nest_integrations.store.datastore.TokenDatastore` of the same documents,
 bound to one LM (given to the store or adopted from the :class:`NestLLM` /
 :class:`ChatNest` that retrieves from it) by
-:class:`~nest_integrations.store_keys.StoreKeys`. Token keys are precomputed
+:class:`~nest_integrations.index.store_keys.StoreKeys`. Token keys are precomputed
 when documents are added, or computed lazily the first time a document is
 retrieved (``precompute_keys``; see :class:`NestVectorStore`).
 
 Saved folders hold no pickle: ``documents.json`` (ids, texts, metadata),
 ``vectors.npy`` (float32, loaded with ``allow_pickle=False``), the precomputed
 token keys when every document has them (``keys/*.npy``, the arrays of
-:class:`~nest_integrations.datastore.PrecomputedKeys` in document order,
+:class:`~nest_integrations.store.datastore.PrecomputedKeys` in document order,
 memory-mapped on load) and ``manifest.json`` with the sha256 of every file and
 the LM that encoded the keys; loading checks them all, and the keys are refused
 by any other LM.
@@ -38,19 +38,19 @@ from langchain_core.vectorstores import VectorStore
 from langchain_core.vectorstores.utils import maximal_marginal_relevance
 from typing_extensions import Self
 
-from ..corpus import Passage
-from ..jsonsafe import json_safe
-from ..safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
-from ..shards import KEY_ARRAYS, read_arrays
-from ..similarity import cosine_similarities
-from ..store_calibration import StoreCalibrations, local_calibrations_file
-from ..store_keys import SavedKeysInfo, StoreKeys
+from nest_integrations.core.jsonsafe import json_safe
+from nest_integrations.core.safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
+from nest_integrations.core.similarity import cosine_similarities
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.index.store_calibration import StoreCalibrations, local_calibrations_file
+from nest_integrations.index.store_keys import SavedKeysInfo, StoreKeys
+from nest_integrations.store.shards import KEY_ARRAYS, read_arrays
 from .documents import default_embeddings, document_to_passage
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..calibration import Calibration
-    from ..datastore import TokenDatastore
-    from ..lm import LoadedLM
+    from nest_integrations.model.lm import LoadedLM
+    from nest_integrations.policy.calibration import Calibration
+    from nest_integrations.store.datastore import TokenDatastore
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ _VECTORS_FILE = "vectors.npy"
 _KEYS_FOLDER = "keys"
 _CALIBRATION_FILE = "calibration.json"
 """alpha/tau fitted on the store's documents, by LM fingerprint: a cache, so outside the checksums
-(an unreadable one is fitted again, see :mod:`nest_integrations.store_calibration`)."""
+(an unreadable one is fitted again, see :mod:`nest_integrations.index.store_calibration`)."""
 
 MetadataFilter = Union[Callable[[Document], bool], dict[str, Any]]
 """A document predicate, or metadata values that must all match exactly."""
@@ -117,7 +117,7 @@ class NestVectorStore(VectorStore):
             its own on first use.
         key_layer: layer read as datastore keys (``"ffn_input"`` or ``"layer:<i>"``).
         encoding_prefix: text put before each passage when encoding it
-            (see :func:`nest_integrations.datastore.resolve_encoding_prefix`).
+            (see :func:`nest_integrations.store.datastore.resolve_encoding_prefix`).
         cache_mb: bound of the token datastore's cache of lazily encoded keys.
         precompute_keys: encode token keys when documents are added (as soon
             as the store has an LM; documents added before it are encoded when
@@ -210,7 +210,7 @@ class NestVectorStore(VectorStore):
         Raises:
             ValueError: ``metadatas`` or ``ids`` of the wrong length, an empty or
                 repeated id, vectors whose size differs from the stored ones, or
-                metadata that cannot be made JSON (:func:`nest_integrations.jsonsafe.json_safe`).
+                metadata that cannot be made JSON (:func:`nest_integrations.core.jsonsafe.json_safe`).
             TypeError: an id that is neither a str nor None.
         """
         texts = list(texts)
@@ -371,8 +371,8 @@ class NestVectorStore(VectorStore):
 
     # ------------------------------------------------------------------ NEST
     def relevance(self, query: str, texts: Sequence[str]) -> list[float]:
-        """Cosine similarity of each text to ``query`` (a :data:`~nest_integrations.similarity.Relevance`,
-        the relevance gate and answer windows of :class:`~nest_integrations.decoding.NestDecoder`).
+        """Cosine similarity of each text to ``query`` (a :data:`~nest_integrations.core.similarity.Relevance`,
+        the relevance gate and answer windows of :class:`~nest_integrations.decoding.decoder.NestDecoder`).
 
         A text a stored document holds has that document's stored vector (the
         first document's, when several hold it); any other text (an answer
@@ -443,7 +443,7 @@ class NestVectorStore(VectorStore):
         show_progress: Optional[bool] = None,
     ) -> "Calibration":
         """Fit alpha/tau for ``lm`` (default the store's) on ``n`` of the store's documents, at most
-        ``budget_s`` seconds (:func:`~nest_integrations.calibration.calibrate`); keep it, and add it
+        ``budget_s`` seconds (:func:`~nest_integrations.policy.calibration.calibrate`); keep it, and add it
         to the saved store's ``calibration.json`` when the store was saved or loaded.
 
         Raises:
@@ -460,7 +460,7 @@ class NestVectorStore(VectorStore):
 
     # ------------------------------------------------------------------ persistence
     def save_local(self, folder: Union[str, os.PathLike[str]], *, overwrite: bool = False) -> Path:
-        """Write the documents, vectors and token keys to ``folder`` atomically (see :mod:`nest_integrations.safe_io`).
+        """Write the documents, vectors and token keys to ``folder`` atomically (see :mod:`nest_integrations.core.safe_io`).
 
         Token keys are saved when every document has precomputed ones (always
         with ``precompute_keys`` once an LM is bound; else see

@@ -1,6 +1,6 @@
 """Helpers shared by the LlamaIndex adapters: nodes as passages, LlamaIndex
 retrievers as NEST's first stage, the bundled embed model, and (from
-:mod:`nest_integrations.similarity`) the L2 normalisation the vector store searches with."""
+:mod:`nest_integrations.core.similarity`) the L2 normalisation the vector store searches with."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 
-from ..corpus import Passage
-from ..retrieval.base import BatchRetrieverMixin, ScoredPassage
-from ..similarity import unit_rows  # noqa: F401 - the one normaliser; the vector store searches with it
+from nest_integrations.core.similarity import unit_rows  # noqa: F401 - the one normaliser; the vector store searches with it
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.retrieval.base import BatchRetrieverMixin, ScoredPassage
 
 if TYPE_CHECKING:  # pragma: no cover
     from llama_index.embeddings.huggingface import HuggingFaceEmbedding
@@ -27,7 +27,7 @@ def default_embed_model(**kwargs: Any) -> "HuggingFaceEmbedding":
     """
     from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 
-    from ..retrieval.dense import default_embedder_path
+    from nest_integrations.retrieval.dense import default_embedder_path
 
     return HuggingFaceEmbedding(model_name=default_embedder_path(), **kwargs)
 

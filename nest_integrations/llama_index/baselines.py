@@ -5,7 +5,7 @@
   nodes' texts reach the LM, their file paths and ids do not.
 * :class:`RagChatEngine` -- the same over a conversation: each turn is
   retrieved with the conversation's retrieval query
-  (:func:`~nest_integrations.conversation.retrieval_query`: a follow-up such as
+  (:func:`~nest_integrations.policy.conversation.retrieval_query`: a follow-up such as
   "And how do I remove it?" with the earlier questions, the rule
   :class:`~nest_integrations.llama_index.NestChatEngine` uses), and the LM gets
   the earlier turns followed by LlamaIndex's question-answering prompt filled
@@ -38,7 +38,7 @@ from llama_index.core.prompts.default_prompts import DEFAULT_TEXT_QA_PROMPT_TMPL
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
-from ..conversation import retrieval_query
+from nest_integrations.policy.conversation import retrieval_query
 
 logger = logging.getLogger(__name__)
 

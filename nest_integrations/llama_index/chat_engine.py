@@ -10,7 +10,7 @@ answers with NEST over the retrieved nodes and keeps:
 * in the history: the assistant message with one ``CitationBlock`` per copied span.
 
 Each turn's retrieval query is the conversation's
-(:func:`~nest_integrations.conversation.retrieval_query`): the last user
+(:func:`~nest_integrations.policy.conversation.retrieval_query`): the last user
 message, preceded by the earlier user turns when it is a follow-up ("And how do
 I send a value into it?").
 """
@@ -27,8 +27,8 @@ from llama_index.core.chat_engine.types import AgentChatResponse, BaseChatEngine
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.memory import BaseMemory, ChatMemoryBuffer
 
-from ..attribution import NestOutput
-from ..conversation import retrieval_query
+from nest_integrations.decoding.attribution import NestOutput
+from nest_integrations.policy.conversation import retrieval_query
 from .llms import NestLLM, assistant_message, message_dicts
 from .query_engine import cited_nodes, response_metadata
 

@@ -2,11 +2,11 @@
 
 Every response carries the output contract (design.md) in ``additional_kwargs``:
 
-* ``additional_kwargs["nest"]``: the full :class:`~nest_integrations.attribution.NestOutput`
+* ``additional_kwargs["nest"]``: the full :class:`~nest_integrations.decoding.attribution.NestOutput`
   as a dict, on ``complete`` / ``chat`` responses and on the last streamed one;
 * ``additional_kwargs["spans"]``: on each streamed response, the spans of its
   ``delta`` (offsets into the full text; merging them with
-  :func:`~nest_integrations.attribution.merge_spans` gives the final spans).
+  :func:`~nest_integrations.decoding.attribution.merge_spans` gives the final spans).
 
 Chat messages hold the answer as one ``TextBlock`` followed by one
 ``CitationBlock`` per copied span (:func:`citation_blocks`): ``source`` is the
@@ -17,16 +17,16 @@ only, as LlamaIndex types it) where the text sits: ``source_number`` (the
 document's number in order of first use), ``start_char_index`` /
 ``end_char_index`` in the document and ``start_line`` / ``end_line`` (1-based,
 inclusive; left out when unknown, see
-:func:`~nest_integrations.attribution.locate`), ``node_start_char_index`` /
+:func:`~nest_integrations.decoding.attribution.locate`), ``node_start_char_index`` /
 ``node_end_char_index`` in the node text and ``answer_start_char_index`` /
 ``answer_end_char_index`` in the answer.
 
 Call keyword arguments: ``query`` (the first-stage query; default the prompt,
 or for chat the conversation's retrieval query: the last user message, preceded
 by the earlier user turns when it is a follow-up, see
-:func:`~nest_integrations.conversation.retrieval_query`), ``nodes``
+:func:`~nest_integrations.policy.conversation.retrieval_query`), ``nodes``
 (``NodeWithScore`` list used instead of the retriever), and any
-:class:`~nest_integrations.config.NestConfig` field; the standard
+:class:`~nest_integrations.core.config.NestConfig` field; the standard
 ``max_tokens`` is ``max_new_tokens`` and ``temperature`` only matters with
 ``do_sample`` (0 is greedy).
 
@@ -62,17 +62,17 @@ from llama_index.core.indices.vector_store.base import VectorStoreIndex
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
-from ..attribution import DocumentNumbers, NestOutput, Span, merge_spans
-from ..config import NestConfig, fold_config_fields
-from ..datastore import PassageEncoder, TokenDatastore
-from ..lm import DEFAULT_MODEL, LoadedLM, load_lm
-from ..similarity import embedding_relevance
-from ..standard_params import to_nest_names
+from nest_integrations.core.config import NestConfig, fold_config_fields
+from nest_integrations.core.similarity import embedding_relevance
+from nest_integrations.core.standard_params import to_nest_names
+from nest_integrations.decoding.attribution import DocumentNumbers, NestOutput, Span, merge_spans
+from nest_integrations.model.lm import DEFAULT_MODEL, LoadedLM, load_lm
+from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 from ._common import LlamaIndexPassageRetriever, default_embed_model, nodes_to_scored_passages
 from .vector_stores import NestVectorStore
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..decoding import NestDecoder, StreamChunk
+    from nest_integrations.decoding.decoder import NestDecoder, StreamChunk
 
 logger = logging.getLogger(__name__)
 
@@ -281,7 +281,7 @@ class NestLLM(CustomLLM):
 
     def _relevance(self, query: str, texts: Sequence[str]) -> list[float]:
         """Cosine similarity of each text to ``query`` under :attr:`embed_model`
-        (:func:`~nest_integrations.similarity.embedding_relevance`), which is loaded
+        (:func:`~nest_integrations.core.similarity.embedding_relevance`), which is loaded
         when the gate first asks, not when a decoder is built."""
         if not texts:
             return []
@@ -290,7 +290,7 @@ class NestLLM(CustomLLM):
 
     def _decoder(self) -> NestDecoder:
         """A decoder over the current datastore and config (cheap: built per call)."""
-        from ..decoding import NestDecoder
+        from nest_integrations.decoding.decoder import NestDecoder
 
         lm = self.lm
         store = self._store
@@ -322,7 +322,7 @@ class NestLLM(CustomLLM):
 
     async def agenerate(self, prompt: Union[str, Sequence[ChatMessage]], **kwargs: Any) -> NestOutput:
         """:meth:`generate` for asyncio: concurrent calls decode together in shared
-        forward passes (:mod:`nest_integrations.serving`); the event loop stays free."""
+        forward passes (:mod:`nest_integrations.decoding.serving`); the event loop stays free."""
         prompt_like = prompt if isinstance(prompt, str) else message_dicts(prompt)
         return await self._decoder().agenerate(prompt_like, **self._decoder_kwargs(kwargs))
 

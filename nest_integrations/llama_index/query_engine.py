@@ -10,11 +10,11 @@ from (with their retrieval scores, in order of first use), and
   ``file_name`` / ``source`` / ``doc_id`` metadata), ``doc_char_start`` /
   ``doc_char_end`` and ``line_start`` / ``line_end`` (where it sits in the
   document: 1-based inclusive lines, None when unknown; see
-  :func:`~nest_integrations.attribution.locate`), ``node_id``, ``ref_doc_id``,
+  :func:`~nest_integrations.decoding.attribution.locate`), ``node_id``, ``ref_doc_id``,
   ``node_char_start`` / ``node_char_end`` (range in the node text) and
   ``text`` (the cited text, verbatim both in the answer and in the node);
 * ``"sources"``: the cited documents, once each in order of first use
-  (:class:`~nest_integrations.attribution.CitedDocument` dicts: ``number``,
+  (:class:`~nest_integrations.decoding.attribution.CitedDocument` dicts: ``number``,
   ``document``, ``title`` and the cited ``locations``);
 * ``"nest"``: the full output contract (``NestOutput.to_dict()``).
 
@@ -43,7 +43,7 @@ from llama_index.core.indices.base import BaseIndex
 from llama_index.core.query_engine.custom import CustomQueryEngine
 from llama_index.core.schema import NodeWithScore
 
-from ..attribution import DocumentNumbers, NestOutput, cited_documents
+from nest_integrations.decoding.attribution import DocumentNumbers, NestOutput, cited_documents
 from .llms import NestLLM
 
 logger = logging.getLogger(__name__)

@@ -10,12 +10,12 @@ Persisted layout (``persist_path`` is the manifest, as LlamaIndex's
     default__vector_store.embeddings-<sha>.npy     float32 (n, d) embeddings, saved with allow_pickle=False
     default__vector_store.<array>-<sha>.npy        the token keys, when every node has precomputed ones
                                                    (format 3): the arrays of
-                                                   :class:`~nest_integrations.datastore.PrecomputedKeys`
+                                                   :class:`~nest_integrations.store.datastore.PrecomputedKeys`
                                                    (token_ids, char_spans, keys, valid, offsets) in node
                                                    order, memory-mapped on load from a local disk; the
                                                    manifest's ``keys`` names the LM that encoded them
     default__vector_store.calibration.json         alpha/tau fitted on the nodes, by LM fingerprint
-                                                   (:mod:`nest_integrations.store_calibration`): a cache,
+                                                   (:mod:`nest_integrations.index.store_calibration`): a cache,
                                                    outside the checksums (an unreadable one is fitted again)
 
 Data files are named by their content, so replacing a store is one rename of
@@ -60,20 +60,20 @@ from llama_index.core.vector_stores.utils import (
     node_to_metadata_dict,
 )
 
-from ..corpus import Passage
-from ..datastore import TokenDatastore
-from ..lm import parse_key_layer
-from ..safe_io import ArtefactManifest, locked_folder, parse_manifest, sha256_file, write_file_atomic
-from ..shards import KEY_ARRAYS
-from ..store_calibration import CalibrationsFile, Search, StoreCalibrations
-from ..store_keys import SavedKeysInfo, StoreKeys
+from nest_integrations.core.safe_io import ArtefactManifest, locked_folder, parse_manifest, sha256_file, write_file_atomic
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.index.store_calibration import CalibrationsFile, Search, StoreCalibrations
+from nest_integrations.index.store_keys import SavedKeysInfo, StoreKeys
+from nest_integrations.model.lm import parse_key_layer
+from nest_integrations.store.datastore import TokenDatastore
+from nest_integrations.store.shards import KEY_ARRAYS
 from ._common import node_to_passage, unit_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     from llama_index.core.base.embeddings.base import BaseEmbedding
 
-    from ..calibration import Calibration
-    from ..lm import LoadedLM
+    from nest_integrations.model.lm import LoadedLM
+    from nest_integrations.policy.calibration import Calibration
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def _data_names(persist_path: str, data: dict[str, bytes]) -> dict[str, str]:
 
 def _stale_data_pattern(persist_path: str) -> "re.Pattern[str]":
     """Data files of any version of the store at ``persist_path``, and write temporaries of
-    those and of the manifest (see :func:`~nest_integrations.safe_io.write_file_atomic`)."""
+    those and of the manifest (see :func:`~nest_integrations.core.safe_io.write_file_atomic`)."""
     stem, name, hex16 = re.escape(_stem(persist_path)), re.escape(posixpath.basename(persist_path)), "[0-9a-f]{16}"
     arrays = "|".join(("embeddings", *KEY_ARRAYS))
     data = rf"{stem}\.(nodes-{hex16}\.json|({arrays})-{hex16}\.npy)"
@@ -209,7 +209,7 @@ def _remove_stale(fs: fsspec.AbstractFileSystem, persist_path: str, keep: set[st
 
 @contextmanager
 def _persist_lock(fs: fsspec.AbstractFileSystem, folder: str, *, blocking: bool) -> Iterator[bool]:
-    """The folder's save lock on a local disk (:func:`~nest_integrations.safe_io.locked_folder`);
+    """The folder's save lock on a local disk (:func:`~nest_integrations.core.safe_io.locked_folder`);
     other file systems have none (yields True)."""
     if not _is_local(fs):
         yield True
@@ -291,7 +291,7 @@ class NestVectorStore(BasePydanticVectorStore):
         llm = NestLLM("default", retriever=index)  # shares the store's token datastore
 
     The token datastore (:meth:`token_datastore`, bound to one LM by
-    :class:`~nest_integrations.store_keys.StoreKeys`) follows every change:
+    :class:`~nest_integrations.index.store_keys.StoreKeys`) follows every change:
     added or replaced nodes enter it at once (their keys are appended, or
     encoded on first retrieval when lazy), deleted ones leave it (their keys
     are not persisted again), and the other nodes keep their keys.
@@ -427,7 +427,7 @@ class NestVectorStore(BasePydanticVectorStore):
         show_progress: Optional[bool] = None,
     ) -> "Calibration":
         """Fit alpha/tau for ``lm`` (None: the store's) on ``n`` of the store's nodes, at most ``budget_s``
-        seconds (:func:`~nest_integrations.calibration.calibrate`); keep it, and add it to the persisted
+        seconds (:func:`~nest_integrations.policy.calibration.calibrate`); keep it, and add it to the persisted
         store's calibrations file when the store was persisted or loaded.
 
         Raises:
@@ -453,7 +453,7 @@ class NestVectorStore(BasePydanticVectorStore):
         Raises:
             ValueError: a node has no embedding, an empty one or one with NaN or infinite values, its
                 dimension differs from the store's, or its metadata cannot be made JSON
-                (:func:`nest_integrations.jsonsafe.json_safe`); the message names the node id.
+                (:func:`nest_integrations.core.jsonsafe.json_safe`); the message names the node id.
         """
         with self._lock:
             dim = next(iter(self._vectors.values())).shape[0] if self._vectors else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from typing import Protocol, Sequence, runtime_checkable
 
-from ..corpus import Passage
+from nest_integrations.corpus.passages import Passage
 
 ScoredPassage = tuple[Passage, float]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..corpus import Passage
+from nest_integrations.corpus.passages import Passage
 from .base import BatchRetrieverMixin, ScoredPassage, check_passages, index_text, with_added, without_ids
 
 if TYPE_CHECKING:

@@ -24,8 +24,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, StringConstraints, ValidationError
 from typing_extensions import Annotated
 
-from ..corpus import Passage
-from ..safe_io import validation_message
+from nest_integrations.core.safe_io import validation_message
+from nest_integrations.corpus.passages import Passage
 from .base import BatchRetrieverMixin, ScoredPassage, check_passages, index_text, with_added, without_ids
 from .faiss_index import DEFAULT_HNSW_M, IndexSpec, index_bytes, read_index, set_search_params, stores_vectors
 from .sentence_encoder import TransformerSentenceEmbedder, plain_sentence_model
@@ -418,7 +418,7 @@ class DenseRetriever(BatchRetrieverMixin):
         """Write ``dense.faiss`` and ``dense.json`` to ``folder`` (created if needed).
 
         Passages are not saved; persist them with
-        :func:`nest_integrations.corpus.save_passages_jsonl` and pass them to :meth:`load`.
+        :func:`nest_integrations.corpus.passages.save_passages_jsonl` and pass them to :meth:`load`.
         """
         import faiss
 

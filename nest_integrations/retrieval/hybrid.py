@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Sequence
 
-from ..corpus import Passage
+from nest_integrations.corpus.passages import Passage
 from .base import BatchRetrieverMixin, PassageRetriever, ScoredPassage
 
 FUSIONS = ("adaptive", "rrf")

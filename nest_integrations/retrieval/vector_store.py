@@ -3,13 +3,13 @@
 A LangChain ``VectorStore`` (Qdrant, Chroma, PGVector...) or a LlamaIndex
 vector store / ``VectorStoreIndex`` already holding a corpus can rank passages
 for NEST: the adapters here implement :class:`~nest_integrations.retrieval.PassageRetriever`
-over them, and :func:`store_decoder` builds a :class:`~nest_integrations.decoding.NestDecoder`
+over them, and :func:`store_decoder` builds a :class:`~nest_integrations.decoding.decoder.NestDecoder`
 whose token datastore starts empty and encodes each retrieved passage lazily,
 the first time it is retrieved (its text comes from the store). Nothing of the
 store is copied; the store decides scores (its own scale) and NEST only uses
 their order.
 
-Mapping a store's documents to :class:`~nest_integrations.corpus.Passage`:
+Mapping a store's documents to :class:`~nest_integrations.corpus.passages.Passage`:
 
 * LangChain (:func:`~nest_integrations.langchain.documents.document_to_passage`):
   id = the document's id (Qdrant: the point id), text = ``page_content``,
@@ -32,17 +32,17 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from ..corpus import Passage
-from ..similarity import Relevance, embedding_relevance
+from nest_integrations.core.similarity import Relevance, embedding_relevance
+from nest_integrations.corpus.passages import Passage
 from .base import BatchRetrieverMixin, ScoredPassage, index_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from langchain_core.embeddings import Embeddings
     from langchain_qdrant import QdrantVectorStore
 
-    from ..config import NestConfig
-    from ..decoding import NestDecoder
-    from ..lm import LoadedLM
+    from nest_integrations.core.config import NestConfig
+    from nest_integrations.decoding.decoder import NestDecoder
+    from nest_integrations.model.lm import LoadedLM
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class LangChainVectorStoreRetriever(BatchRetrieverMixin):
         from langchain_core.retrievers import BaseRetriever
         from langchain_core.vectorstores import VectorStore
 
-        from ..langchain._common import relevance_function
+        from nest_integrations.langchain._common import relevance_function
 
         if not isinstance(store, (VectorStore, BaseRetriever)):
             raise ValueError(f"expected a LangChain VectorStore or BaseRetriever, got {type(store).__name__}")
@@ -86,7 +86,7 @@ class LangChainVectorStoreRetriever(BatchRetrieverMixin):
         self.relevance: Optional[Relevance] = relevance_function(store)
 
     def _retrieve_nonempty(self, queries: list[str], k: int) -> list[list[ScoredPassage]]:
-        from ..langchain._common import retrieve_passages
+        from nest_integrations.langchain._common import retrieve_passages
 
         return [retrieve_passages(self.store, query, k) for query in queries]
 
@@ -103,7 +103,7 @@ class LlamaIndexVectorStoreRetriever(BatchRetrieverMixin):
 
     Attributes:
         relevance: the relevance gate's cosine function: ``embed_model`` embeds
-            the query and the texts (:func:`~nest_integrations.similarity.embedding_relevance`).
+            the query and the texts (:func:`~nest_integrations.core.similarity.embedding_relevance`).
 
     Raises:
         ImportError: llama-index-core is missing (extra ``llama-index``).
@@ -117,7 +117,7 @@ class LlamaIndexVectorStoreRetriever(BatchRetrieverMixin):
         from llama_index.core import VectorStoreIndex
         from llama_index.core.vector_stores.types import BasePydanticVectorStore
 
-        from ..llama_index._common import default_embed_model
+        from nest_integrations.llama_index._common import default_embed_model
 
         if isinstance(store, VectorStoreIndex):
             self.index = store
@@ -135,7 +135,7 @@ class LlamaIndexVectorStoreRetriever(BatchRetrieverMixin):
         self.relevance: Relevance = embedding_relevance(self.embed_model.get_query_embedding, self.embed_model.get_text_embedding_batch)
 
     def _retrieve_nonempty(self, queries: list[str], k: int) -> list[list[ScoredPassage]]:
-        from ..llama_index._common import nodes_to_scored_passages
+        from nest_integrations.llama_index._common import nodes_to_scored_passages
 
         retriever = self.index.as_retriever(similarity_top_k=k)
         return [nodes_to_scored_passages(retriever.retrieve(query))[:k] for query in queries]
@@ -162,11 +162,11 @@ def store_decoder(
     No calibration: a foreign store cannot list its documents to fit alpha/tau
     on, so a config that leaves them None gets the defaults (0.3 / 0.1, chosen
     on SmolLM2-135M-Instruct). For another LM, fit them on a
-    :class:`~nest_integrations.index.NestIndex` or a ``NestVectorStore`` over a
+    :class:`~nest_integrations.index.nest_index.NestIndex` or a ``NestVectorStore`` over a
     sample of the corpus (``calibrate()``) and pass ``alpha`` / ``tau`` in ``config``.
     """
-    from ..datastore import PassageEncoder, TokenDatastore
-    from ..decoding import NestDecoder
+    from nest_integrations.decoding.decoder import NestDecoder
+    from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 
     datastore = TokenDatastore([], PassageEncoder(lm, key_layer, encoding_prefix), cache_mb=cache_mb)
     return NestDecoder(lm, datastore, retriever, config, relevance=getattr(retriever, "relevance", None))
@@ -219,7 +219,7 @@ def write_qdrant(
     from langchain_qdrant import QdrantVectorStore
     from qdrant_client import models
 
-    from ..langchain.documents import default_embeddings
+    from nest_integrations.langchain.documents import default_embeddings
 
     passages = list(passages)
     if not passages:
@@ -272,7 +272,7 @@ def open_qdrant(path: str | Path, collection: str, embeddings: Optional["Embeddi
     from langchain_qdrant import QdrantVectorStore
     from langchain_qdrant.qdrant import QdrantVectorStoreError
 
-    from ..langchain.documents import default_embeddings
+    from nest_integrations.langchain.documents import default_embeddings
 
     if not Path(path).is_dir():
         raise ValueError(f"{path} is not a local Qdrant folder")

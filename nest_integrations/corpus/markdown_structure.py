@@ -1,0 +1,479 @@
+"""The block structure of Markdown passages, and which of their characters may be copied.
+
+Markdown documentation carries markup a reader never sees rendered: YAML front
+matter, ``<!-- ... -->`` comments, HTML blocks and anchors, link-reference
+definitions (``[foo]: https://...``), thematic breaks and the ``## Title``
+line of a heading. Copied as if it were prose, it ends up in answers. This
+module reads a passage's structure with the CommonMark parser ``markdown-it-py``
+(front matter by ``mdit-py-plugins``, tables enabled) and answers three
+questions, always in character offsets into the ORIGINAL text (nothing is
+rewritten, so citations keep pointing into the source):
+
+* :func:`parse_blocks`: the typed blocks of a text with their heading path
+  (what chunking cuts along);
+* :func:`copyable_tokens`: which tokens may be copied (the datastore marks the
+  others' entries invalid; a draft stops before the first of them:
+  :func:`copyable_end`);
+* :func:`start_allowed`: where a copy may start (inside code only at the start
+  of a line; never inside hidden markup), used by the seam rule of
+  :mod:`nest_integrations.policy.copy_policy`.
+
+**Which passages are Markdown.** The datastore and the decoder see a passage's
+text only (lazily encoded, precomputed and Ray-built keys must agree, and a
+chunk cut by a user's splitter carries whatever metadata its loader gave), so
+there the rule is a content sniff, :func:`looks_like_markdown`: a text is read
+as Markdown when a line shows block syntax that prose does not have: a
+``##``-``######`` heading, a ``# Title`` followed by a blank line (a lone
+``# comment`` line in a doctest is not one), a code fence, front matter, an
+HTML comment or a tag opening a line, a link-reference definition, a table
+delimiter row. Setext (``===``-underlined) headings are not sniffed: RST and
+docstrings underline titles the same way. Everything else is prose and gets
+exactly what it got before this module existed (the bundled Wikipedia
+summaries and the standard-library docstrings of the docs domain all read as
+prose). Chunking (:mod:`nest_integrations.corpus.passages`) also knows the file: a passage whose
+``source`` / ``file_path`` / ``file_name`` / ``path`` metadata or title ends in
+``.md``, ``.markdown`` or ``.mdx`` is cut along its sections
+(:func:`is_markdown`). A chunk with no block syntax at all has no markup to
+hide, so the two rules only differ on what prose structure they see.
+
+**Chunks cut inside code.** A chunk is parsed on its own text. One cut out of
+a document inside a code block (character splitters such as LangChain's
+``RecursiveCharacterTextSplitter`` and LlamaIndex's ``SentenceSplitter`` often
+cut there) closes that block with a bare fence, which alone reads as opening one, so code and prose would swap up
+to the next fence; :func:`_block_tokens` also reads such a text as if a fence
+opened before it, and keeps whichever reading misreads fewer fences. What is
+left: a chunk of code with no fence at all reads as prose, and a fence
+indented in a list item whose indentation the splitter stripped stays open.
+The section chunkers here (:func:`nest_integrations.corpus.passages.chunk_passages`
+and the integrations' Markdown splitters) cut inside a code block only when
+it alone exceeds the budget.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Mapping
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from markdown_it import MarkdownIt
+
+BlockKind = Literal[
+    "front_matter", "heading", "paragraph", "list_item", "table", "code", "comment", "html", "link_definition", "rule"
+]
+
+HIDDEN_KINDS: frozenset[str] = frozenset({"front_matter", "heading", "comment", "html", "link_definition", "rule"})
+"""Block kinds a reader does not see as text: never copied (a heading stays in its passage as context)."""
+
+MARKDOWN_SUFFIXES: tuple[str, ...] = (".md", ".markdown", ".mdx")
+"""File name endings that make a passage Markdown (:func:`is_markdown`)."""
+
+NAME_FIELDS: tuple[str, ...] = ("source", "file_path", "file_name", "path")
+"""Metadata fields holding a passage's file name (LangChain loaders: ``source``; LlamaIndex readers: ``file_path``, ``file_name``)."""
+
+_SNIFF = re.compile(
+    r"\A---[ \t]*\n"  # YAML front matter opening the text
+    r"|^ {0,3}#{2,6}[ \t]+\S"  # an ATX heading below the title...
+    r"|^ {0,3}#[ \t]+\S[^\n]*\n[ \t]*(?:\n|\Z)"  # ...or a title with a blank line after (not a "# comment")
+    r"|^(?:[ \t]{0,3}>[ \t]?)*[ \t]{0,3}(?:```|~~~)"  # a code fence, maybe in a block quote
+    r"|<!--"  # an HTML comment
+    r"|^ {0,3}</?[A-Za-z][A-Za-z0-9-]*(?:[ \t/>]|$)"  # an HTML tag opening a line
+    r"|^ {0,3}\[[^\]\n]+\]:[ \t]*\S"  # a link-reference definition
+    r"|^ {0,3}\|?[ \t]*:?-{3,}:?[ \t]*\|",  # a table's delimiter row
+    re.MULTILINE,
+)
+_INFO_FENCE = re.compile(r"[ \t]*(?:>[ \t]*)*(?:```|~~~)[`~]*[ \t]*[^`~\s]")
+_BARE_FENCE = re.compile(r"^[ \t]*(?:>[ \t]*)*(?:```|~~~)[`~]*[ \t]*$", re.MULTILINE)
+_LINK_DEFINITION = re.compile(r"[ \t]*(?:>[ \t]*)*\[[^\]\n]+\]:")
+_LEAF_KINDS: dict[str, BlockKind] = {
+    "heading_open": "heading", "fence": "code", "code_block": "code", "hr": "rule", "table_open": "table",
+    "front_matter": "front_matter",
+}
+"""The block kind of each markdown-it token that opens a leaf block (paragraphs and HTML blocks aside)."""
+_LEAF_OPENERS = {*_LEAF_KINDS, "paragraph_open", "html_block"}
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of a Markdown text.
+
+    Attributes:
+        kind: what the block is (see :data:`BlockKind`); a paragraph inside a
+            list item is ``"list_item"``.
+        start: offset of the block's first non-blank character in the text.
+        end: offset just past its last non-blank character, so
+            ``text[start:end]`` is the block without surrounding whitespace
+            (a heading's ``#`` marks, a fence's backticks and a list item's
+            marker included).
+        heading_path: titles of the headings the block sits under, outermost
+            first, e.g. ``("Reply", "Methods", ".send(data)")``; a heading's
+            path ends with its own title.
+        level: a heading's level (1-6); 0 for other blocks.
+    """
+
+    kind: BlockKind
+    start: int
+    end: int
+    heading_path: tuple[str, ...] = ()
+    level: int = 0
+
+    @property
+    def copyable(self) -> bool:
+        """Whether a reader sees the block as text (see :data:`HIDDEN_KINDS`)."""
+        return self.kind not in HIDDEN_KINDS
+
+
+def named_markdown(name: object) -> bool:
+    """Whether a file name or path ends in a Markdown suffix (:data:`MARKDOWN_SUFFIXES`, any case)."""
+    return isinstance(name, str) and name.casefold().rstrip().endswith(MARKDOWN_SUFFIXES)
+
+
+def looks_like_markdown(text: str) -> bool:
+    """Whether ``text`` shows Markdown block syntax that prose does not have (see the module docstring)."""
+    return _SNIFF.search(text) is not None
+
+
+def is_markdown(text: str, metadata: Mapping[str, Any] | None = None, title: str = "") -> bool:
+    """Whether a passage is Markdown: a file name in ``metadata`` (:data:`NAME_FIELDS`) or
+    ``title`` ends in a Markdown suffix, or its text looks like Markdown (:func:`looks_like_markdown`)."""
+    names = [title, *((metadata or {}).get(key) for key in NAME_FIELDS)]
+    return any(named_markdown(name) for name in names) or looks_like_markdown(text)
+
+
+@functools.lru_cache(maxsize=1)
+def _parser() -> "MarkdownIt":
+    """CommonMark with tables and front matter; built once (parsing keeps no state in it)."""
+    from markdown_it import MarkdownIt
+    from mdit_py_plugins.front_matter import front_matter_plugin
+
+    return MarkdownIt("commonmark").enable("table").use(front_matter_plugin)
+
+
+def _line_starts(text: str) -> list[int]:
+    """Offset of the first character of every line of ``text``, plus ``len(text)`` at the end: int list (lines + 1,)."""
+    return [0, *(m.end() for m in re.finditer(r"\n", text)), len(text)] if text else [0]
+
+
+def _trimmed_range(text: str, lines: list[int], first: int, stop: int) -> tuple[int, int] | None:
+    """``(start, end)`` of lines ``[first, stop)`` without surrounding whitespace; None when blank."""
+    lo, hi = lines[min(first, len(lines) - 1)], lines[min(stop, len(lines) - 1)]
+    piece = text[lo:hi]
+    stripped = piece.strip()
+    if not stripped:
+        return None
+    start = lo + len(piece) - len(piece.lstrip())
+    return start, start + len(stripped)
+
+
+def _inline_title(inline: Any) -> str:
+    """A heading's title as a reader sees it: its text and code spans, without markup."""
+    parts = [child.content for child in inline.children or () if child.type in ("text", "code_inline", "softbreak")]
+    return "".join(parts).strip() or inline.content.strip()
+
+
+def _leaf_kind(token: Any, in_list_item: bool) -> BlockKind:
+    """The kind of the block a leaf token (:data:`_LEAF_KINDS`) opens."""
+    if token.type == "html_block":
+        return "comment" if token.content.lstrip().startswith("<!--") else "html"
+    if token.type == "paragraph_open":
+        return "list_item" if in_list_item else "paragraph"
+    return _LEAF_KINDS[token.type]
+
+
+def _link_definitions(text: str, lines: list[int], covered: list[bool]) -> list[tuple[int, int]]:
+    """Line ranges ``[first, stop)`` of the link-reference definitions: markdown-it consumes them
+    without a token, so they are the non-blank lines no block covers that open with ``[label]:``
+    (a definition's title may continue on the next uncovered line)."""
+    found: list[tuple[int, int]] = []
+    for i in range(len(lines) - 1):
+        line = text[lines[i] : lines[i + 1]]
+        if covered[i] or not line.strip():
+            continue
+        if _LINK_DEFINITION.match(line):
+            found.append((i, i + 1))
+        elif found and found[-1][1] == i:
+            found[-1] = (found[-1][0], i + 1)
+    return found
+
+
+def _fence_misreadings(source: str, tokens: list[Any]) -> tuple[int, int]:
+    """How implausibly a parse reads the code fences of ``source``: ``(fence lines with an info
+    string read as code content, code blocks whose fence is never closed)``. Documentation
+    opens a fence with its language (```js) and closes it bare."""
+    lines = source.split("\n")
+    inside = unclosed = 0
+    for token in tokens:
+        if token.type != "fence" or token.map is None:
+            continue
+        body = lines[token.map[0] + 1 : token.map[1]]
+        inside += sum(bool(_INFO_FENCE.match(line)) for line in body)
+        unclosed += not body or not _BARE_FENCE.match(body[-1])
+    return inside, unclosed
+
+
+def _block_tokens(text: str) -> list[Any]:
+    """markdown-it's tokens for ``text``, line maps into ``text``.
+
+    A chunk cut out of a document inside a code block begins with code and
+    closes the block with a bare fence, which a parser of the chunk alone reads
+    as opening one: code and prose swap up to the next fence. So a text with
+    fences is also parsed as if a fence opened before it, and that reading is
+    kept when it misreads fewer fences (:func:`_fence_misreadings`).
+    """
+    tokens = _parser().parse(text)
+    if not _BARE_FENCE.search(text):
+        return tokens
+    opened = "```\n" + text
+    shifted = _parser().parse(opened)
+    if _fence_misreadings(opened, shifted) >= _fence_misreadings(text, tokens):
+        return tokens
+    for token in shifted:
+        if token.map is not None:
+            token.map = [max(token.map[0] - 1, 0), token.map[1] - 1]
+    return shifted
+
+
+@functools.lru_cache(maxsize=512)
+def _parsed(text: str) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]]:
+    """``(blocks, inline HTML ranges)`` of ``text``; cached because the encoder, the seam rule
+    and the draft builder all read the same passages."""
+    tokens = _block_tokens(text)
+    lines = _line_starts(text)
+    covered = [False] * (len(lines) - 1)
+    blocks: list[Block] = []
+    inline_html: list[tuple[int, int]] = []
+    headings: list[tuple[int, str]] = []  # (level, title) of the enclosing headings
+    containers: list[str] = []
+    for i, token in enumerate(tokens):
+        if token.type in ("list_item_open", "blockquote_open"):
+            containers.append(token.type)
+        elif token.type in ("list_item_close", "blockquote_close"):
+            containers.pop()
+        if token.type not in _LEAF_OPENERS or token.map is None:
+            continue
+        first, stop = token.map
+        covered[first:stop] = [True] * (stop - first)
+        span = _trimmed_range(text, lines, first, stop)
+        if span is None:
+            continue
+        kind = _leaf_kind(token, bool(containers) and containers[-1] == "list_item_open")
+        level = 0
+        if kind == "heading":
+            level = int(token.tag[1])
+            headings = [h for h in headings if h[0] < level] + [(level, _inline_title(tokens[i + 1]))]
+        tags = _inline_html(text, tokens, i, span) if kind in ("paragraph", "list_item", "table") else []
+        if tags and _only_markup(text, span, tags):
+            kind, tags = "html", []  # an anchor line such as <a id="x"></a>
+        inline_html.extend(tags)
+        blocks.append(Block(kind, span[0], span[1], tuple(title for _, title in headings), level))
+    for first, stop in _link_definitions(text, lines, covered):
+        span = _trimmed_range(text, lines, first, stop)
+        assert span is not None
+        path = next((b.heading_path for b in reversed(blocks) if b.start < span[0]), ())
+        blocks.append(Block("link_definition", span[0], span[1], path))
+    blocks.sort(key=lambda b: b.start)
+    return tuple(blocks), tuple(inline_html)
+
+
+def _inline_html(text: str, tokens: list[Any], opener: int, span: tuple[int, int]) -> list[tuple[int, int]]:
+    """Character ranges of the inline HTML tags and comments of the block opened at ``tokens[opener]``.
+
+    markdown-it gives inline tokens no offsets, but a tag's content is its raw
+    text, so the tags are found in order from the block's start.
+    """
+    found = []
+    cursor = span[0]
+    depth = 0
+    for token in tokens[opener:]:
+        depth += token.nesting
+        for child in token.children or ():
+            if child.type == "html_inline":
+                at = text.find(child.content, cursor, span[1])
+                if at >= 0:
+                    found.append((at, at + len(child.content)))
+                    cursor = at + len(child.content)
+        if depth <= 0 and token is not tokens[opener]:
+            break
+    return found
+
+
+def _only_markup(text: str, span: tuple[int, int], tags: list[tuple[int, int]]) -> bool:
+    """Whether ``text[span]`` holds nothing but the HTML ``tags`` and whitespace."""
+    pieces, cursor = [], span[0]
+    for start, end in tags:
+        pieces.append(text[cursor:start])
+        cursor = end
+    pieces.append(text[cursor : span[1]])
+    return not "".join(pieces).strip()
+
+
+def parse_blocks(text: str) -> tuple[Block, ...]:
+    """The blocks of ``text`` read as Markdown, in order (see :class:`Block`).
+
+    Blank lines belong to no block; so do lines holding only a list or quote
+    marker. Every other character of the text is inside exactly one block.
+    """
+    return _parsed(text)[0]
+
+
+@dataclass(frozen=True)
+class CopyLayout:
+    """What of a Markdown text may be copied, and from where.
+
+    Attributes:
+        hidden: sorted, disjoint ``(start, end)`` character ranges never copied:
+            the hidden blocks (:data:`HIDDEN_KINDS`) and inline HTML tags.
+        code: ``(start, end)`` of each code block (fence lines included).
+        code_line_starts: the only offsets inside code where a copy may start:
+            each code line's first non-blank character (a fence's opening line
+            included, so a block can be copied whole; its closing line not).
+        block_starts: the first character of each copyable block.
+        heading_starts: the first character of each heading (where a section begins).
+        hidden_cum: int32 (len(text) + 1,), cumulative count of non-whitespace
+            hidden characters (a token's count is ``cum[end] - cum[start]``).
+        visible_cum: int32 (len(text) + 1,), the same for all non-whitespace characters.
+    """
+
+    hidden: tuple[tuple[int, int], ...]
+    code: tuple[tuple[int, int], ...]
+    code_line_starts: frozenset[int]
+    block_starts: tuple[int, ...]
+    heading_starts: frozenset[int]
+    hidden_cum: np.ndarray
+    visible_cum: np.ndarray
+
+
+def _code_line_starts(text: str, block: Block) -> list[int]:
+    """First non-blank character of each line of a code block, but a fence's closing line."""
+    body = text[block.start : block.end]
+    starts = [block.start + m.start() + len(m.group()) - len(m.group().lstrip()) for m in re.finditer(r"[^\n]+", body) if m.group().strip()]
+    if len(starts) > 1 and _BARE_FENCE.match(text, text.rfind("\n", 0, starts[-1]) + 1, block.end):
+        starts.pop()
+    return starts
+
+
+@functools.lru_cache(maxsize=512)
+def copy_layout(text: str) -> CopyLayout | None:
+    """The :class:`CopyLayout` of ``text``, or None when it does not look like Markdown
+    (:func:`looks_like_markdown`): then every token may be copied and seams are those of prose."""
+    if not looks_like_markdown(text):
+        return None
+    blocks, inline_html = _parsed(text)
+    hidden = sorted([(b.start, b.end) for b in blocks if not b.copyable] + list(inline_html))
+    code = [b for b in blocks if b.kind == "code"]
+    mask = np.zeros(len(text), dtype=bool)
+    for start, end in hidden:
+        mask[start:end] = True
+    visible = np.fromiter((not ch.isspace() for ch in text), dtype=bool, count=len(text))
+    zero = np.zeros(1, dtype=np.int32)
+    return CopyLayout(
+        hidden=tuple(hidden),
+        code=tuple((b.start, b.end) for b in code),
+        code_line_starts=frozenset(s for b in code for s in _code_line_starts(text, b)),
+        block_starts=tuple(b.start for b in blocks if b.copyable),
+        heading_starts=frozenset(b.start for b in blocks if b.kind == "heading"),
+        hidden_cum=np.concatenate([zero, np.cumsum(mask & visible, dtype=np.int32)]),
+        visible_cum=np.concatenate([zero, np.cumsum(visible, dtype=np.int32)]),
+    )
+
+
+def readable_blocks(text: str) -> tuple[tuple[int, int], ...]:
+    """``(start, end)`` of each block of ``text`` a reader sees (paragraphs, list items, tables,
+    code), in order; empty when ``text`` does not look like Markdown."""
+    if copy_layout(text) is None:
+        return ()
+    return tuple((b.start, b.end) for b in parse_blocks(text) if b.copyable)
+
+
+def _inside(ranges: tuple[tuple[int, int], ...], pos: int) -> bool:
+    return any(start <= pos < end for start, end in ranges)
+
+
+def start_allowed(text: str, pos: int) -> bool:
+    """Whether a copy may start at character ``pos`` (a non-blank character) of ``text``:
+    never inside hidden markup, and inside a code block only at a line's first
+    non-blank character. Always True for prose."""
+    layout = copy_layout(text)
+    if layout is None:
+        return True
+    if _inside(layout.hidden, pos):
+        return False
+    return pos in layout.code_line_starts or not _inside(layout.code, pos)
+
+
+def _blank_and_hidden(layout: CopyLayout, char_spans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """bool (L,) twice: whether each token is whitespace only, and whether it holds a hidden character."""
+    spans = np.asarray(char_spans, dtype=np.int64).reshape(-1, 2)
+    starts, ends = spans[:, 0], spans[:, 1]
+    blank = layout.visible_cum[ends] - layout.visible_cum[starts] == 0
+    return blank, layout.hidden_cum[ends] - layout.hidden_cum[starts] > 0
+
+
+def copyable_tokens(text: str, char_spans: np.ndarray) -> np.ndarray:
+    """Which tokens of ``text`` may be copied: bool (L,) for int (L, 2) ``char_spans``.
+
+    A token is hidden when one of its non-blank characters is hidden markup
+    (:class:`CopyLayout`); a whitespace-only token takes the verdict of the
+    next token that is not (of the previous one at the text's end), so a copy
+    does not end on the blank line that leads into a heading. All True for prose.
+    """
+    layout = copy_layout(text)
+    if layout is None or not len(char_spans):
+        return np.ones(len(char_spans), dtype=bool)
+    blank, hidden = _blank_and_hidden(layout, char_spans)
+    if blank.all():
+        return np.ones(len(blank), dtype=bool)
+    index = np.arange(len(blank))
+    following = np.minimum.accumulate(np.where(blank, len(blank), index)[::-1])[::-1]
+    preceding = np.maximum.accumulate(np.where(blank, -1, index))
+    verdict_of = np.where(following < len(blank), following, preceding)
+    return ~hidden[verdict_of]
+
+
+def copyable_end(text: str, char_spans: np.ndarray, pos: int, end: int) -> int:
+    """The first token in ``[pos, end)`` that may not be copied (:func:`copyable_tokens`), or ``end``:
+    where a draft starting at token ``pos`` must stop."""
+    if end <= pos or copy_layout(text) is None:
+        return end
+    blocked = np.flatnonzero(~copyable_tokens(text, char_spans)[pos:end])
+    return pos + int(blocked[0]) if len(blocked) else end
+
+
+def section_ends_at(text: str, pos: int) -> bool:
+    """Whether what follows character ``pos`` of ``text``, past white space and hidden markup
+    (an anchor, a comment), is a heading: a copy that got to ``pos`` has finished its section.
+    False for prose and at the end of the text."""
+    layout = copy_layout(text)
+    if layout is None:
+        return False
+    while pos < len(text):
+        if text[pos].isspace():
+            pos += 1
+            continue
+        if pos in layout.heading_starts:
+            return True
+        hidden = next((end for start, end in layout.hidden if start <= pos < end), None)
+        if hidden is None:
+            return False
+        pos = hidden
+    return False
+
+
+def first_copyable(text: str, char_spans: np.ndarray, pos: int) -> int:
+    """The first token at or after ``pos`` a copy may start with: copyable, not whitespace
+    only, and not mid-line in code nor on a closing fence (:func:`start_allowed`);
+    ``len(char_spans)`` when none. Where a copy planned at a heading line (an answer's
+    opening) really starts. ``pos`` itself for prose."""
+    layout = copy_layout(text)
+    if layout is None:
+        return pos
+    blank, hidden = _blank_and_hidden(layout, char_spans)
+    for i in pos + np.flatnonzero(~(blank | hidden)[pos:]):
+        start, end = (int(x) for x in char_spans[i])
+        piece = text[start:end]
+        if start_allowed(text, start + len(piece) - len(piece.lstrip())):
+            return int(i)
+    return len(blank)

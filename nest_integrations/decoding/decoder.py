@@ -1,0 +1,1089 @@
+"""The NEST decoder: one loop serving the modes base, rag, knnlm, nest and ra_nest.
+
+Each step has the LM's next-token distribution p_LM and its query vector q
+(the hidden state at the datastore's key layer). In the datastore modes the
+kNN search over the generation's :class:`~nest_integrations.store.datastore.CandidateSet`
+gives p_kNN and the RRC weight lambda; p_M mixes them (nest-algorithm.md 2).
+
+Then (section 3-4), in ``nest`` / ``ra_nest``:
+
+* lambda > delta: emit one token from p_M;
+* otherwise propose the passage continuation that starts at the neighbour
+  value with the highest p_M (at most ``span_length`` tokens, never past the
+  passage end). Its first token is checked against the current p_M; the rest
+  are fed to the LM in **one** forward together with it, their kNN lookups done
+  as one batched search, and accepted while
+  ``min(1, p_M(x_i) / (gamma * max p_M)) > 0.5``. The p_M at the first rejected
+  position is the next step's distribution, so every forward advances by at
+  least one token. The KV cache is cropped back to the accepted length.
+* A fully accepted span is continued from the same passage without a new
+  span selection; copied entries are masked so a span is not copied twice.
+
+Beyond the paper, each decision the loop takes is a small rule of its own:
+
+* which retrieved passages may be copied at all: :class:`~nest_integrations.policy.relevance.RelevanceGate`
+  (none left: the LM writes alone and ``stats.fallback_reason`` says why);
+* where a copy may start: :func:`~nest_integrations.policy.copy_policy.acceptable_start`
+  (``seams``), and where an answer opens: the start of the best kept passage for
+  a named subject, the answer window (:func:`~nest_integrations.policy.copy_policy.focus_window`)
+  for a question (``answer_focus``);
+* when it ends: copying the answer window's last token (``answered``), or the
+  last token of a passage whose document's next chunk was not retrieved
+  (``stop_at_source_end``): what a small LM writes after a fully copied source
+  is its own, and mostly invented. A copy reaching a chunk's end goes on into
+  the next chunk of its document when that was retrieved.
+
+Generations share forward passes: :meth:`NestDecoder.generate_batch` and
+concurrent callers (threads, :meth:`~NestDecoder.agenerate` tasks) run as rows
+of one KV cache, each row verifying its own draft and advancing by its own
+accepted length (:mod:`nest_integrations.decoding.batching`, the row scheduler;
+:mod:`nest_integrations.decoding.serving`, one running batch per LM). Models with
+sliding-window attention generate one prompt after another, each as a batch of
+one in the caller's thread (:func:`~nest_integrations.decoding.batching.run_rows`): one
+step loop serves every path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from nest_integrations.core.config import DEFAULT_ALPHA, DEFAULT_TAU, MODES, NestConfig
+from nest_integrations.core.mixture import accepted_prefix_length, distance_ratio, knn_distribution, mix, relaxed_accept_ratio, rrc_lambda
+from nest_integrations.core.similarity import Relevance
+from nest_integrations.corpus.markdown_structure import copyable_end, first_copyable, section_ends_at
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.model.lm import KeyReader, cache_argument
+from nest_integrations.policy.conversation import TRANSCRIPT_STOP, plain_transcript, retrieval_query
+from nest_integrations.policy.copy_policy import Window, acceptable_start, closes_answer, continues, focus_windows, sentence_starts, wants_focus
+from nest_integrations.policy.relevance import GateDecision, RelevanceGate, subject_name
+from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
+from nest_integrations.store.datastore import CandidateSet, EncodedPassage, EncodeStats, TokenDatastore
+from .attribution import (
+    GenerationStats,
+    NestOutput,
+    Span,
+    TokenRecord,
+    build_spans,
+    summarize,
+)
+from .generation import Generation, Step, StreamChunk, StreamCursor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from nest_integrations.model.lm import LoadedLM
+    from nest_integrations.policy.calibration import Calibration
+    from nest_integrations.retrieval.base import PassageRetriever
+    from .batching import Row
+
+logger = logging.getLogger(__name__)
+
+_SEAM_TRIES = 32
+"""Neighbours tried, best p_M first, for one where a copy may start; beyond, the LM writes a token."""
+
+Message = Mapping[str, str]
+PromptLike = Union[str, Sequence[Message]]
+ScoredPassages = Sequence[tuple[Passage, float]]
+
+
+@dataclass
+class TeacherForced:
+    """Per-token scores of a given continuation (see :meth:`NestDecoder.score`).
+
+    ``logp_mixture``, ``logp_lm``, ``lam``, ``ratio``: float32 (T,) for the T
+    continuation tokens ``token_ids``.
+    """
+
+    token_ids: list[int]
+    logp_mixture: torch.Tensor
+    logp_lm: torch.Tensor
+    lam: torch.Tensor
+    ratio: torch.Tensor
+
+    def perplexity(self, *, lm_only: bool = False) -> float:
+        logp = self.logp_lm if lm_only else self.logp_mixture
+        return float(torch.exp(-logp.mean()))
+
+
+def _token_range(passage: EncodedPassage, char_start: int, char_end: int) -> tuple[int, int]:
+    """First and last token positions of ``passage`` overlapping characters ``[char_start, char_end)``."""
+    spans = passage.char_spans
+    first = int(np.searchsorted(spans[:, 1], char_start, side="right"))
+    last = int(np.searchsorted(spans[:, 0], char_end, side="left")) - 1
+    return min(first, len(spans) - 1), max(last, first)
+
+
+class NestDecoder:
+    """Generates attributed text with NEST over a passage retriever and a token datastore.
+
+    Args:
+        lm: the loaded LM (:func:`nest_integrations.model.lm.load_lm`).
+        datastore: the token-level datastore built with the same LM.
+        retriever: first-stage passage retriever; may be None when passages are
+            passed per call (``passages=``), as the LangChain / LlamaIndex
+            adapters do.
+        config: default :class:`NestConfig`; per-call keyword overrides apply on top.
+        relevance: optional cosine of texts to a query
+            (:data:`~nest_integrations.core.similarity.Relevance`), asked about the
+            retrieved passages' texts by the relevance gate
+            (``config.min_passage_relevance``) and about candidate answer windows;
+            None turns both off.
+    """
+
+    def __init__(
+        self,
+        lm: "LoadedLM",
+        datastore: Optional[TokenDatastore] = None,
+        retriever: Optional["PassageRetriever"] = None,
+        config: Optional[NestConfig] = None,
+        *,
+        relevance: Optional[Relevance] = None,
+        calibration: Optional["Calibration"] = None,
+        calibrator: Optional[Callable[[], Optional["Calibration"]]] = None,
+    ):
+        self.lm = lm
+        self.datastore = datastore
+        self.retriever = retriever
+        self.config = config or NestConfig()
+        self.relevance = relevance
+        self.calibration = calibration
+        """alpha/tau fitted for this LM on the corpus (:mod:`~nest_integrations.policy.calibration`), used where
+        the config leaves them None; None: :data:`~nest_integrations.core.config.DEFAULT_ALPHA` / ``DEFAULT_TAU``."""
+        self._calibrator = calibrator
+        self._calibration_lock = threading.Lock()
+        if datastore is not None and datastore.encoder.lm is not lm:
+            if datastore.encoder.lm.fingerprint() != lm.fingerprint():
+                raise ValueError("the datastore was built with another LM than the decoder's")
+        key_layer = datastore.encoder.key_layer if datastore is not None else "ffn_input"
+        self.reader = KeyReader(lm.model, key_layer)
+        self.cache_arg = cache_argument(lm.model)
+        """The keyword under which the model's forward takes its KV cache (:func:`~nest_integrations.model.lm.cache_argument`)."""
+        self.vocab_size = int(lm.model.get_output_embeddings().weight.shape[0])
+        self.eos_ids = self._find_eos_ids()
+        """Token ids that end a generation: the tokenizer's EOS and the model's ``generation_config`` ones."""
+        self._score_head_ok: Optional[bool] = None  # see _head_reproduces_logits
+        self._supports_batching: Optional[bool] = None  # see _batches
+
+    # ------------------------------------------------------------------ public API
+    def generate(
+        self,
+        prompt: PromptLike,
+        *,
+        query: Optional[str] = None,
+        passages: Optional[ScoredPassages] = None,
+        **overrides: Any,
+    ) -> NestOutput:
+        """Generate one attributed continuation.
+
+        Concurrent calls on one LM (threads, :meth:`agenerate` tasks) decode
+        together in shared forward passes (:mod:`~nest_integrations.decoding.serving`);
+        a call alone decodes as a batch of one.
+
+        Args:
+            prompt: a string (wrapped in the chat template when the model has one
+                and ``use_chat_template``) or a list of ``{"role", "content"}``
+                messages.
+            query: first-stage retrieval query; default the prompt (the last
+                user message for message lists).
+            passages: pre-retrieved ``(Passage, score)`` pairs, best first, used
+                instead of the decoder's retriever.
+            **overrides: any :class:`NestConfig` field for this call.
+        """
+        if self._batches:
+            return self.submit(prompt, query=query, passages=passages, **overrides).result()
+        output = None
+        for chunk in self.stream(prompt, query=query, passages=passages, **overrides):
+            output = chunk.output
+        assert output is not None
+        return output
+
+    def submit(
+        self,
+        prompt: PromptLike,
+        *,
+        query: Optional[str] = None,
+        passages: Optional[ScoredPassages] = None,
+        **overrides: Any,
+    ) -> "Future[NestOutput]":
+        """Prepare one generation here (retrieval, gate, prompt checks: their errors
+        raise now) and queue it to decode with the LM's other callers; the future
+        resolves to its :class:`NestOutput`. Models that cannot share a batch
+        (:func:`~nest_integrations.decoding.batching.supports_batching`) decode it now."""
+        check_prompt(prompt)
+        if not self._batches:
+            future: "Future[NestOutput]" = Future()
+            future.set_result(self.generate(prompt, query=query, passages=passages, **overrides))
+            return future
+        from .serving import shared_service
+
+        return shared_service(self).submit(self.prepare_row(prompt, query, passages, self._call_config(overrides)))
+
+    async def agenerate(
+        self,
+        prompt: PromptLike,
+        *,
+        query: Optional[str] = None,
+        passages: Optional[ScoredPassages] = None,
+        **overrides: Any,
+    ) -> NestOutput:
+        """:meth:`generate` for asyncio: preparation runs in a worker thread, decoding
+        in the LM's shared batch, and no thread waits for the result. Cancelling the
+        awaiting task (``task.cancel()``, ``asyncio.wait_for``) takes the row out of
+        the batch at its next step; a task cancelled while its row is prepared never
+        queues it."""
+        check_prompt(prompt)
+        if not self._batches:
+            return await asyncio.to_thread(self.generate, prompt, query=query, passages=passages, **overrides)
+        from .serving import shared_service
+
+        row = await asyncio.to_thread(self.prepare_row, prompt, query, passages, self._call_config(overrides))
+        return await asyncio.wrap_future(shared_service(self).submit(row))
+
+    def generate_batch(
+        self,
+        prompts: Sequence[PromptLike],
+        *,
+        queries: Optional[Sequence[Optional[str]]] = None,
+        max_batch: Optional[int] = None,
+        **overrides: Any,
+    ) -> list[NestOutput]:
+        """Generate for several prompts in shared forward passes; each row advances by
+        its own accepted length, and a row that finishes leaves room for the next
+        prompt (:mod:`~nest_integrations.decoding.batching`). With greedy decoding (or a seed)
+        this equals one-by-one generation.
+
+        Args:
+            max_batch: None: the rows join the LM's shared batch
+                (:class:`~nest_integrations.decoding.serving.BatchingService`, up to its
+                ``max_batch`` rows, together with any concurrent callers), each
+                decoding as soon as it is prepared. A number: exactly this many
+                rows at most share each forward, in a batch of this call's own
+                run in this thread.
+
+        Every prompt is checked (:func:`check_prompt`) before the first generation starts.
+
+        Raises:
+            TypeError: ``prompts`` is a string (or not a list), or a prompt has the wrong type.
+            ValueError: a malformed prompt (named by its index), ``queries`` of another length,
+                or ``max_batch`` < 1.
+        """
+        if isinstance(prompts, (str, bytes, Mapping)) or not isinstance(prompts, Sequence):
+            raise TypeError(
+                f"prompts must be a list of prompts (strings or message lists), got {type(prompts).__name__}; "
+                "use generate() for a single prompt"
+            )
+        prompts = list(prompts)
+        for i, prompt in enumerate(prompts):
+            try:
+                check_prompt(prompt)
+            except (TypeError, ValueError) as err:
+                raise type(err)(f"prompts[{i}]: {err}") from None
+        if queries is not None and (isinstance(queries, (str, bytes)) or len(queries) != len(prompts)):
+            got = "a string" if isinstance(queries, (str, bytes)) else f"{len(queries)} queries"
+            raise ValueError(f"got {len(prompts)} prompts but {got}")
+        if max_batch is not None and int(max_batch) < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        queries = list(queries) if queries is not None else [None] * len(prompts)
+        if not self._batches:
+            return [self.generate(p, query=q, **overrides) for p, q in zip(prompts, queries)]
+        config = self._call_config(overrides)
+        if max_batch is None:
+            from .serving import shared_service
+
+            service = shared_service(self)
+            futures = [service.submit(self.prepare_row(p, q, None, config)) for p, q in zip(prompts, queries)]
+            return [future.result() for future in futures]
+        from .batching import batched_generate
+
+        return batched_generate([self.prepare_row(p, q, None, config) for p, q in zip(prompts, queries)], max_batch=int(max_batch))
+
+    def stream(
+        self,
+        prompt: PromptLike,
+        *,
+        query: Optional[str] = None,
+        passages: Optional[ScoredPassages] = None,
+        **overrides: Any,
+    ) -> Iterator[StreamChunk]:
+        """Yield text chunks with their spans as tokens are accepted.
+
+        Concatenating the chunks' texts gives the output text, and
+        :func:`~nest_integrations.decoding.attribution.merge_spans` of their spans gives
+        its spans. The last chunk carries the complete :class:`NestOutput`.
+        Nothing runs before the first ``next``; closing the iterator early stops
+        the generation.
+        """
+        check_prompt(prompt)
+        config = self._call_config(overrides)
+        if self._batches:
+            from .serving import shared_service
+
+            yield from shared_service(self).stream(self.prepare_row(prompt, query, passages, config))
+            return
+        from .batching import run_rows
+
+        prepared = self.prepare_row(prompt, query, passages, config)
+        cursor = StreamCursor(self)
+        for _ in run_rows([prepared], max_batch=1):
+            if (chunk := cursor.advance(prepared.gen)) is not None:
+                yield chunk
+        if prepared.error is not None:
+            raise prepared.error
+        assert prepared.output is not None
+        yield cursor.last(prepared.output)
+
+    async def astream(
+        self,
+        prompt: PromptLike,
+        *,
+        query: Optional[str] = None,
+        passages: Optional[ScoredPassages] = None,
+        **overrides: Any,
+    ) -> AsyncIterator[StreamChunk]:
+        """:meth:`stream` for asyncio: preparation runs in a worker thread, the chunks
+        arrive from the LM's shared batch without a thread waiting for them."""
+        check_prompt(prompt)
+        config = self._call_config(overrides)
+        if not self._batches:
+            chunks = self.stream(prompt, query=query, passages=passages, **overrides)
+            done = object()
+            while (chunk := await asyncio.to_thread(next, chunks, done)) is not done:
+                yield chunk  # type: ignore[misc]
+            return
+        from .serving import shared_service
+
+        row = await asyncio.to_thread(self.prepare_row, prompt, query, passages, config)
+        async for chunk in shared_service(self).astream(row):
+            yield chunk
+
+    def prepare_row(
+        self, prompt: PromptLike, query: Optional[str], passages: Optional[ScoredPassages], config: NestConfig
+    ) -> "Row":
+        """One generation made ready to decode in a batch: retrieval, gate, candidates,
+        opening and the prompt's token ids (:class:`~nest_integrations.decoding.batching.Row`).
+        The prompt is assumed checked (:func:`check_prompt`)."""
+        from .batching import Row
+
+        started = time.perf_counter()
+        gen = Generation(config=self._with_transcript_stop(prompt, config))
+        context = self._prepare(gen, prompt, query, passages)
+        prompt_ids = self.encode_prompt(self.format_prompt(prompt, config, context), config, gen.stats)
+        generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
+        return Row(self, gen, prompt_ids, generator, submitted=started)
+
+    def _call_config(self, overrides: Mapping[str, Any]) -> NestConfig:
+        config = self.config.updated(**overrides) if overrides else self.config
+        if config.mode not in MODES:  # validated by pydantic; kept for clarity of the error
+            raise ValueError(f"unknown mode {config.mode!r}; choose from {MODES}")
+        return config
+
+    @property
+    def _batches(self) -> bool:
+        """Whether this model's generations share batches (:func:`~nest_integrations.decoding.batching.supports_batching`)."""
+        if self._supports_batching is None:
+            from .batching import supports_batching
+
+            self._supports_batching = supports_batching(self.lm.model)
+        return self._supports_batching
+
+    SCORE_CHUNK = 256
+    """Continuation positions whose p_M :meth:`score` computes at once. Beyond the one forward
+    (its activations and a (T, hidden) matrix of final hidden states), scoring holds a few
+    (SCORE_CHUNK, vocabulary) float32 matrices, whatever the continuation's length T."""
+
+    def score(
+        self,
+        prompt: PromptLike,
+        continuation: str,
+        *,
+        query: Optional[str] = None,
+        passages: Optional[ScoredPassages] = None,
+        **overrides: Any,
+    ) -> "TeacherForced":
+        """Teacher-forced scoring of ``continuation`` after ``prompt`` in one forward.
+
+        Returns, per continuation token, log p_M and log p_LM of the true token,
+        lambda and the RRC distance ratio ``d_min / d_max`` -- what perplexity
+        under the mixture and RRC calibration need. Uses the same retrieval,
+        gate and mixture as :meth:`generate` (``mode`` decides the mixture).
+
+        Memory is bounded independently of the continuation's length: the LM head
+        and the mixture run on :attr:`SCORE_CHUNK` positions at a time, from the final
+        hidden states of the one forward. (A model whose logits are not its output
+        embedding applied to the decoder's last hidden state, e.g. one with logit
+        soft-capping, gets its full logit matrix from the forward instead; the
+        mixture is still chunked.) Tokens beyond the context are not scored
+        (``token_ids`` says which are).
+
+        Raises:
+            TypeError / ValueError: a malformed prompt (:func:`check_prompt`), a
+                continuation that is not a string, holds a lone surrogate or is empty.
+        """
+        check_prompt(prompt)
+        if not isinstance(continuation, str):
+            raise TypeError(f"continuation must be a string, got {type(continuation).__name__}")
+        _check_text(continuation, "continuation")
+        config = self.config.updated(**overrides) if overrides else self.config
+        gen = Generation(config=config)
+        context = self._prepare(gen, prompt, query, passages)
+        prompt_ids = self.encode_prompt(self.format_prompt(prompt, config, context), config, gen.stats, strict=False)
+        target = self.lm.tokenizer(continuation, add_special_tokens=False)["input_ids"]
+        if not target:
+            raise ValueError("continuation is empty")
+        # Scored tokens are those that fit the context after the prompt (``token_ids`` says which).
+        target = target[: max(self.lm.context_length - len(prompt_ids), 1)]
+        rows, queries, head = self._score_forward(prompt_ids + target[:-1], len(target), gen.stats)
+        chunk = max(int(self.SCORE_CHUNK), 1)
+        logp_m, logp_lm, lam, ratio = [], [], [], []
+        for lo in range(0, len(target), chunk):
+            hi = min(lo + chunk, len(target))
+            with torch.inference_mode():
+                logits = head(rows[lo:hi])
+            step = self.mixture(logits, queries[lo:hi], gen)
+            ids = torch.tensor(target[lo:hi])
+            p_true = step.p_m.gather(1, ids[:, None]).squeeze(1)
+            p_lm_true = torch.softmax(logits, -1).gather(1, ids[:, None]).squeeze(1)
+            logp_m.append(p_true.clamp_min(1e-30).log())
+            logp_lm.append(p_lm_true.clamp_min(1e-30).log())
+            lam.append(step.lam)
+            ratio.append(step.ratio)
+            del logits, step
+        return TeacherForced(
+            token_ids=target,
+            logp_mixture=torch.cat(logp_m),
+            logp_lm=torch.cat(logp_lm),
+            lam=torch.cat(lam),
+            ratio=torch.cat(ratio),
+        )
+
+    def _score_forward(self, ids: list[int], keep: int, stats: GenerationStats) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """The one forward of :meth:`score` over ``ids``.
+
+        Returns, for the last ``keep`` positions, rows and query vectors (keep, d)
+        float32, and ``head``: rows -> logits float32 (n, V). The rows are the
+        decoder's final hidden states and ``head`` the output embedding when that
+        reproduces the model's logits (checked once per decoder,
+        :meth:`_head_reproduces_logits`); otherwise the rows are the model's logits
+        and ``head`` the identity.
+        """
+        model = self.lm.model
+        if self._head_reproduces_logits():
+            decoder, head = model.get_decoder(), model.get_output_embeddings()
+            input_ids = torch.tensor([ids], dtype=torch.long, device=self.lm.device)
+            with torch.inference_mode(), self.lm.forward_lock, self.reader.capture() as captured:
+                outputs = decoder(input_ids=input_ids, use_cache=False, **self.reader.forward_kwargs())
+                keys = self.reader.keys_from(captured, outputs)
+            stats.forward_passes += 1
+            hidden = outputs.last_hidden_state[0, -keep:]
+            return hidden, keys[0, -keep:].float().cpu(), lambda rows: head(rows).float().cpu()
+        from transformers import DynamicCache
+
+        logits, queries = self._forward(ids, DynamicCache(), stats, keep=keep)
+        return logits, queries, lambda rows: rows
+
+    def _head_reproduces_logits(self) -> bool:
+        """Whether the output embedding applied to ``get_decoder()``'s last hidden state gives the
+        model's logits (so :meth:`score` can apply the head chunk by chunk); checked once on 4 tokens."""
+        if self._score_head_ok is not None:
+            return self._score_head_ok
+        ok = False
+        model = self.lm.model
+        try:
+            decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+            head = model.get_output_embeddings()
+            if decoder is not None and head is not None and decoder is not model:
+                probe = torch.arange(1, 5, dtype=torch.long, device=self.lm.device)[None] % self.vocab_size
+                with torch.inference_mode(), self.lm.forward_lock:
+                    full = model(input_ids=probe, use_cache=False).logits[0].float()
+                    mine = head(decoder(input_ids=probe, use_cache=False).last_hidden_state)[0].float()
+                scale = float(full.abs().max()) or 1.0
+                ok = full.shape == mine.shape and bool(torch.allclose(full, mine, rtol=1e-3, atol=1e-3 * scale))
+        except Exception:  # any model that does not fit the pattern scores through its own logits
+            logger.debug("score: the output embedding does not reproduce the logits; using the model's", exc_info=True)
+            ok = False
+        self._score_head_ok = ok
+        return ok
+
+    # ------------------------------------------------------------------ prompt
+    def _find_eos_ids(self) -> set[int]:
+        ids = set()
+        for source in (self.lm.tokenizer.eos_token_id, getattr(self.lm.model.generation_config, "eos_token_id", None)):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(int(i) for i in source)
+        return ids
+
+    def ensure_calibration(self, config: NestConfig) -> None:
+        """Fit the calibration now if ``config`` needs one (nest or ra_nest, alpha or tau left None),
+        the decoder has none and was given a ``calibrator``: once, before the first such generation,
+        so base and rag generations never pay for it."""
+        if self.calibration is not None or self._calibrator is None or config.mode not in ("nest", "ra_nest"):
+            return
+        if config.alpha is not None and config.tau is not None:
+            return
+        with self._calibration_lock:
+            if self.calibration is None and self._calibrator is not None:
+                self.calibration = self._calibrator()
+                self._calibrator = None
+
+    def rrc_parameters(self, config: NestConfig) -> tuple[float, float]:
+        """(alpha, tau) of the RRC mixture weight: the config's, else the calibration's, else the defaults."""
+        fitted = self.calibration
+        alpha = config.alpha if config.alpha is not None else (fitted.alpha if fitted else DEFAULT_ALPHA)
+        tau = config.tau if config.tau is not None else (fitted.tau if fitted else DEFAULT_TAU)
+        return alpha, tau
+
+    def format_prompt(self, prompt: PromptLike, config: NestConfig, context: Sequence[Passage] = ()) -> str:
+        """The prompt text fed to the LM: the chat template (when used) around the
+        messages, with ``context`` passages put before the request (rag modes).
+
+        Raises:
+            TypeError / ValueError: a malformed prompt (:func:`check_prompt`), or a
+                ``system_prompt`` with a lone surrogate.
+        """
+        check_prompt(prompt)
+        if config.system_prompt is not None:
+            _check_text(config.system_prompt, "system_prompt")
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+        if context:
+            block = "\n\n".join(f"[{i}] {p.title}: {p.text}" if p.title else f"[{i}] {p.text}" for i, p in enumerate(context, 1))
+            last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=len(messages) - 1)
+            messages[last_user] = {
+                **messages[last_user],
+                "content": f"Use these passages:\n{block}\n\n{messages[last_user]['content']}",
+            }
+        tokenizer = self.lm.tokenizer
+        if not self._is_chat(prompt, config):
+            return "\n\n".join(m["content"] for m in messages)
+        if not getattr(tokenizer, "chat_template", None):  # a base model: the conversation as plain text
+            return plain_transcript(messages, config.system_prompt)
+        if config.system_prompt is not None and messages[0].get("role") != "system":
+            messages.insert(0, {"role": "system", "content": config.system_prompt})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    MIN_PROMPT_TOKENS = 16
+    """A prompt is cut to fit the context (its last tokens are kept), but never to fewer than
+    this many tokens (or its whole length when shorter): a ``max_new_tokens`` that leaves
+    less room is an error, not a generation that has lost its prompt."""
+
+    def encode_prompt(self, text: str, config: NestConfig, stats: GenerationStats, *, strict: bool = True) -> list[int]:
+        """Token ids of the formatted prompt ``text``, cut so the generation fits the context.
+
+        A prompt longer than ``config.max_prompt_tokens`` or than the context leaves
+        after ``config.max_new_tokens`` keeps its last tokens (``stats.prompt_truncated``,
+        with a warning), so prompt plus generated tokens never exceed the context
+        length and the generation stops inside it.
+
+        Raises:
+            ValueError: (``strict``) ``max_new_tokens`` leaves room for fewer than
+                ``min(prompt tokens, MIN_PROMPT_TOKENS)`` prompt tokens. Without
+                ``strict`` (scoring, which generates nothing) the prompt keeps that
+                minimum and the scored continuation is what fits after it.
+        """
+        ids = self.lm.tokenizer(text, add_special_tokens=not text.startswith(self.lm.tokenizer.bos_token or "\0"))[
+            "input_ids"
+        ]
+        if not ids:  # empty plain-text prompt: start from BOS (or EOS when there is none)
+            start = self.lm.tokenizer.bos_token_id
+            ids = [start if start is not None else next(iter(self.eos_ids), 0)]
+        context = self.lm.context_length
+        room = context - config.max_new_tokens
+        needed = min(len(ids), self.MIN_PROMPT_TOKENS)
+        if room < needed:
+            if strict:
+                raise ValueError(
+                    f"max_new_tokens={config.max_new_tokens} does not fit the model's context of {context} tokens "
+                    f"with this prompt of {len(ids)} tokens (at least {needed} of them are kept); "
+                    f"use max_new_tokens <= {context - needed}"
+                )
+            room = needed
+        limit = min(config.max_prompt_tokens or room, room)
+        if len(ids) > limit:
+            logger.warning("prompt has %d tokens; keeping its last %d", len(ids), limit)
+            ids = ids[-limit:]
+            stats.prompt_truncated = True
+        stats.prompt_tokens = len(ids)
+        return ids
+
+    @staticmethod
+    def _default_query(prompt: PromptLike) -> str:
+        """The prompt itself, or for messages the conversation's query (:func:`retrieval_query`)."""
+        if isinstance(prompt, str):
+            return prompt
+        return retrieval_query(prompt) or (str(prompt[-1].get("content") or "") if prompt else "")
+
+    def _with_transcript_stop(self, prompt: PromptLike, config: NestConfig) -> NestConfig:
+        """``config``, plus the stop string :data:`~nest_integrations.policy.conversation.TRANSCRIPT_STOP` when
+        the prompt is read as a plain transcript: a base model writes the user's next turn itself."""
+        if self._is_chat(prompt, config) and not getattr(self.lm.tokenizer, "chat_template", None):
+            if TRANSCRIPT_STOP not in config.stop:
+                return config.updated(stop=[*config.stop, TRANSCRIPT_STOP])
+        return config
+
+    @staticmethod
+    def _is_chat(prompt: PromptLike, config: NestConfig) -> bool:
+        """Whether the prompt is a conversation (messages, or a string with ``use_chat_template``) rather
+        than text to continue; a model without a chat template reads it as a plain transcript."""
+        return not isinstance(prompt, str) or config.use_chat_template
+
+    # ------------------------------------------------------------------ retrieval
+    def _retrieve(self, query: str, passages: Optional[ScoredPassages], config: NestConfig) -> list[tuple[Passage, float]]:
+        if passages is not None:
+            return list(passages)[: config.passage_k]
+        if self.retriever is None or not query.strip():
+            return []
+        return list(self.retriever.retrieve(query, config.passage_k))
+
+    def _gate(self, query: str, hits: list[tuple[Passage, float]], config: NestConfig) -> GateDecision:
+        """Passages allowed into the token datastore: those relevant to the query (:class:`RelevanceGate`),
+        or all of them when the gate is off (no relevance function, an empty query)."""
+        passages = [p for p, _ in hits]
+        if config.min_passage_relevance <= -1.0 or self.relevance is None or not hits or not query.strip():
+            return GateDecision(passages)
+        decision = RelevanceGate.from_config(config)(query, passages, self.relevance(query, [p.text for p in passages]))
+        if len(decision.kept) < len(hits):
+            logger.info("relevance gate kept %d of %d passages", len(decision.kept), len(hits))
+        return decision
+
+    # ------------------------------------------------------------------ the loop
+    def _prepare(self, gen: Generation, prompt: PromptLike, query: Optional[str], passages: Optional[ScoredPassages]) -> list[Passage]:
+        """First stage: retrieve, gate, build the candidate set and plan the opening; returns the
+        prompt passages (rag modes). A datastore mode without entries records why in
+        ``stats.fallback_reason`` and generates with the LM alone."""
+        config = gen.config
+        stats = gen.stats
+        context: list[Passage] = []
+        if config.mode == "base":
+            return context
+        t0 = time.perf_counter()
+        q = query if query is not None else self._default_query(prompt)
+        hits = self._retrieve(q, passages, config)
+        stats.retrieval_s = time.perf_counter() - t0
+        if config.uses_prompt_passages:
+            context = [p for p, _ in hits[: config.rag_passages]]
+        if not config.uses_datastore:
+            return context
+        self.ensure_calibration(config)
+        decision = self._gate(q, hits, config)
+        gated = decision.kept
+        stats.retrieval_s = time.perf_counter() - t0
+        stats.gate_retrieved, stats.gate_kept = len(hits), len(gated)
+        gen.candidates = self._candidates(gated, config, stats)
+        if gen.candidates is None or len(gen.candidates) == 0:
+            gen.candidates = None
+            if passages is None and self.retriever is None:
+                stats.fallback_reason = "no_retriever"
+            elif not hits:
+                stats.fallback_reason = "nothing_retrieved"
+            elif decision.reason is not None:
+                stats.fallback_reason = decision.reason
+            else:
+                stats.fallback_reason = "empty_datastore"
+            logger.info("no datastore entries for this prompt (%s): generating with the LM alone", stats.fallback_reason)
+            return context
+        stats.copied_from_datastore = True
+        if config.mode not in ("nest", "ra_nest"):
+            return context
+        if self._is_chat(prompt, config):
+            self._plan_opening(gen, q, gated)
+        else:
+            gen.lead_in = str(prompt)
+        return context
+
+    def _plan_windows(self, candidates: CandidateSet, windows: Sequence[Window]) -> list[tuple[tuple[int, int], Optional[tuple[int, int]]]]:
+        """``(opening, window_end)`` token positions of each answer window to copy, in order.
+
+        A window that holds none of the question's own words only says where to open, and one
+        that ends mid-sentence ("(e.g.") would stop unfinished: its ``window_end`` is None, the
+        copy goes on past it, and no window follows it. A later window opens at the line breaks
+        before it when they are tokens of their own, so it does not run into the text before it."""
+        planned: list[tuple[tuple[int, int], Optional[tuple[int, int]]]] = []
+        for window in windows:
+            pidx = self.datastore.index_of(window.passage_id)  # type: ignore[union-attr]
+            assert pidx is not None
+            encoded, text = candidates.passage(pidx), self.datastore.passages[pidx].text  # type: ignore[union-attr]
+            first, last = _token_range(encoded, window.start, window.end)
+            if planned:
+                first = first_copyable(text, encoded.char_spans, first)
+                while 0 < first < len(encoded.token_ids) and not text[slice(*encoded.char_spans[first - 1])].strip():
+                    first -= 1
+            stops = window.answers and closes_answer(text, window.end)
+            planned.append(((pidx, first), (pidx, last) if stops else None))
+            if not stops:
+                break
+        return planned
+
+    def _plan_opening(self, gen: Generation, query: str, kept: list[Passage]) -> None:
+        """Where the answer's first copy is proposed (checked by the LM like any span).
+
+        A question (:func:`wants_focus`) opens at its best answer window
+        (:func:`focus_windows`, ``config.answer_windows`` of them): entries outside
+        the windows are masked, copying a window's last token moves on to the next
+        window, and copying the last window's last token ends the answer. A request about someone or
+        something by name (:func:`subject_name`) opens at the start of the best
+        kept passage, so a biography opens with its subject's own first
+        sentence instead of a copy that starts mid-way. Other requests open
+        wherever the kNN search leads (within the seam rules).
+        """
+        assert gen.candidates is not None and self.datastore is not None
+        candidates = gen.candidates
+        if gen.config.answer_focus and wants_focus(query):
+            planned = self._plan_windows(candidates, focus_windows(query, kept, self.relevance, count=gen.config.answer_windows))
+            if not planned:
+                return
+            for other in candidates.passage_indices:  # mask all but the windows (and what follows an open one)
+                length = len(candidates.passage(other).token_ids)
+                position = 0
+                for first, last in sorted((first, end[1] if end else length - 1) for (pidx, first), end in planned if pidx == other):
+                    candidates.mark_used(other, position, first - 1)
+                    position = max(position, last + 1)
+                candidates.mark_used(other, position, length - 1)
+            (gen.opening, gen.window_end), *gen.next_windows = planned
+        elif subject_name(query) is not None:
+            pidx = self.datastore.index_of(kept[0].id)
+            if pidx is not None and len(candidates.passage(pidx).token_ids):
+                gen.opening = (pidx, 0)
+
+    def _candidates(self, passages: list[Passage], config: NestConfig, stats: GenerationStats) -> Optional[CandidateSet]:
+        if self.datastore is None or not passages:
+            return None
+        encode = EncodeStats()
+        indices = [self.datastore.add(p) for p in passages]
+        candidates = self.datastore.candidates(indices, stats=encode)
+        stats.encode_passes += encode.encode_passes
+        stats.encoded_passages += encode.encoded_passages
+        stats.encode_s += encode.encode_s
+        return candidates
+
+    def _forward(self, ids: list[int], cache: Any, stats: GenerationStats, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One LM call over ``ids`` (the whole prompt on prefill) with the KV cache.
+
+        Returns logits (keep, V) float32 and query vectors (keep, d) for the
+        last ``keep`` positions (1 on prefill, so a long prompt never
+        materialises a (T, V) logit matrix).
+        """
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.lm.device)
+        with torch.inference_mode(), self.lm.forward_lock, self.reader.capture() as captured:
+            outputs = self.lm.model(
+                input_ids=input_ids,
+                use_cache=True,
+                **{self.cache_arg: cache},
+                logits_to_keep=keep,
+                **self.reader.forward_kwargs(),
+            )
+            keys = self.reader.keys_from(captured, outputs)
+        stats.forward_passes += 1
+        return outputs.logits[0, -keep:].float().cpu(), keys[0, -keep:].float().cpu()
+
+    def mixture(self, logits: torch.Tensor, queries: torch.Tensor, gen: Generation) -> Step:
+        """p_M, lambda and neighbours at each of T positions (one batched search)."""
+        config = gen.config
+        p_lm = torch.softmax(logits, dim=-1)
+        t = p_lm.shape[0]
+        no_neighbours = torch.full((t, 0), -1, dtype=torch.long)
+        if gen.candidates is None:
+            return Step(p_lm, torch.ones(t), no_neighbours, no_neighbours, torch.ones(t))
+        nb = gen.candidates.search(queries, config.token_k)
+        p_knn = knn_distribution(nb.scores, nb.values, p_lm.shape[1], config.knn_temperature)
+        if config.mode == "knnlm":
+            lam = torch.full((t,), config.knnlm_lambda)
+        else:
+            lam = rrc_lambda(nb.scores, *self.rrc_parameters(config))
+        has = torch.isfinite(nb.scores).any(-1)
+        lam = torch.where(has, lam, torch.ones_like(lam))
+        values = nb.values.masked_fill(~torch.isfinite(nb.scores), -1)
+        return Step(mix(p_lm, p_knn, lam), lam, values, nb.entries, distance_ratio(nb.scores))
+
+    def verify(
+        self, gen: Generation, step: Step, first: TokenRecord, draft: Sequence[TokenRecord]
+    ) -> tuple[int, Optional[tuple[int, int]]]:
+        """Verify ``draft`` (fed after ``first``; ``step`` holds p_M at each fed position)
+        by relaxed speculative acceptance and commit its longest acceptable prefix.
+
+        Returns the accepted length (which is also where in ``step`` the next
+        token's distribution sits) and where a copy goes on without a new span
+        selection: after a fully accepted draft, or after a copied single token.
+        """
+        config = gen.config
+        accepted = 0
+        if draft:
+            ratios = relaxed_accept_ratio(step.p_m[: len(draft)], torch.tensor([r.token_id for r in draft]), config.effective_gamma)
+            accepted = accepted_prefix_length(ratios, config.accept_threshold)
+            self.commit(gen, draft[:accepted])
+        continuation = None
+        if draft and accepted == len(draft) and draft[-1].passage_index is not None:
+            continuation = (draft[-1].passage_index, draft[-1].position + 1)
+        elif not draft and first.passage_index is not None:
+            continuation = (first.passage_index, first.position + 1)
+        return accepted, continuation  # type: ignore[return-value]
+
+    def propose(
+        self,
+        gen: Generation,
+        step: Step,
+        row: int,
+        continuation: Optional[tuple[int, int]],
+        generator: Optional[torch.Generator],
+    ) -> tuple[TokenRecord, list[TokenRecord]]:
+        """The next token (from a span or from p_M) and the draft that follows it."""
+        config = gen.config
+        p_m = step.p_m[row]
+        proposal = None
+        if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
+            if gen.opening is not None:
+                (pidx, pos), gen.opening = gen.opening, None
+                proposal = (pidx, self._opening_token(gen.candidates.passage(pidx), self.datastore.passages[pidx].text, pos))  # type: ignore[union-attr]
+            elif continuation is not None and (resumed := self._continue_at(gen.candidates, *continuation)) is not None:
+                proposal = resumed
+            elif float(step.lam[row]) <= config.delta:
+                proposal = self._select_span(gen, p_m, step.values[row], step.entries[row])
+        if proposal is not None:
+            pidx, pos = proposal
+            tokens = gen.candidates.passage(pidx).token_ids  # type: ignore[union-attr]
+            end = self._copy_end(gen, pidx, pos)
+            span = [TokenRecord(int(tokens[i]), pidx, i) for i in range(pos, end)]
+            first_ok = relaxed_accept_ratio(p_m[None], torch.tensor([span[0].token_id]), config.effective_gamma) if span else None
+            if first_ok is not None and float(first_ok[0]) > config.accept_threshold:
+                return span[0], span[1:]
+        if config.mode in ("nest", "ra_nest") and (repeats := repeating_tokens(gen.ids, config.lm_repeat_ngram)):
+            p_m = p_m.index_fill(0, torch.tensor(sorted(repeats)), 0.0)
+        return TokenRecord(self._pick(p_m, config, generator)), []
+
+    @staticmethod
+    def _opening_token(encoded: EncodedPassage, text: str, pos: int) -> int:
+        """Where a copy planned at token ``pos`` starts: ``pos`` when it is the line break
+        before a later answer window, else the first token there a copy may start with (an
+        opening planned at a Markdown heading starts below it: :func:`first_copyable`)."""
+        if not text[slice(*encoded.char_spans[pos])].strip():
+            return pos
+        return first_copyable(text, encoded.char_spans, pos)
+
+    def _copy_end(self, gen: Generation, pidx: int, pos: int) -> int:
+        """Where a copy from token ``pos`` of passage ``pidx`` must end (exclusive): at most
+        ``span_length`` tokens, never past the passage, never into Markdown a reader does not
+        see (:func:`~nest_integrations.corpus.markdown_structure.copyable_end`), never into a token this
+        answer has already copied (a used entry), never completing a run of ``repeat_ngram`` tokens the
+        answer already holds (:func:`~nest_integrations.policy.repetition.repeat_free_length`)."""
+        candidates, config = gen.candidates, gen.config
+        assert candidates is not None
+        tokens = candidates.passage(pidx).token_ids
+        end = min(len(tokens), pos + config.span_length)
+        end = copyable_end(self.datastore.passages[pidx].text, candidates.passage(pidx).char_spans, pos, end)  # type: ignore[union-attr]
+        end = next((i for i in range(pos, end) if candidates.is_used(pidx, i)), end)
+        return pos + repeat_free_length(gen.ids, [int(t) for t in tokens[pos:end]], config.repeat_ngram)
+
+    @staticmethod
+    def _passage_has(candidates: CandidateSet, pidx: int, pos: int) -> bool:
+        return pos < len(candidates.passage(pidx).token_ids)
+
+    def _select_span(self, gen: Generation, p_m: torch.Tensor, values: torch.Tensor, entries: torch.Tensor) -> Optional[tuple[int, int]]:
+        """(passage index, start position) of the neighbour whose value has the highest p_M
+        among those where a copy may start (:meth:`_seam_ok`; the first ``_SEAM_TRIES``),
+        preferring one whose source continues the text so far (:meth:`_continues`)."""
+        assert gen.candidates is not None
+        live = values >= 0
+        if not bool(live.any()):
+            return None
+        probs = torch.where(live, p_m[values.clamp_min(0)], torch.full_like(values, -1.0, dtype=p_m.dtype))
+        order = probs.argsort(descending=True)[: int(live.sum())]
+        allowed = [
+            source for source in (gen.candidates.entry_source(int(entries[best])) for best in order[:_SEAM_TRIES].tolist())
+            if self._seam_ok(gen, *source)
+        ]
+        # A neighbour where its source really continues the text so far beats a mere sentence start.
+        return next((source for source in allowed if self._continues(gen, *source)), allowed[0] if allowed else None)
+
+    def _continues(self, gen: Generation, pidx: int, pos: int) -> bool:
+        """Whether token ``pos`` of passage ``pidx`` starts where its source continues the text so far."""
+        assert gen.candidates is not None and self.datastore is not None
+        char_pos = int(gen.candidates.passage(pidx).char_spans[pos, 0])
+        return continues(gen.lead_in + gen.text, self.datastore.passages[pidx].text, char_pos)
+
+    def _seam_ok(self, gen: Generation, pidx: int, pos: int) -> bool:
+        """Whether a copy from token ``pos`` of passage ``pidx`` may follow the text so far
+        (:func:`acceptable_start`; always when ``config.seams`` is off)."""
+        if not gen.config.seams:
+            return True
+        assert gen.candidates is not None and self.datastore is not None
+        text = self.datastore.passages[pidx].text
+        starts = gen.starts.setdefault(pidx, sentence_starts(text))
+        return acceptable_start(gen.lead_in + gen.text, text, int(gen.candidates.passage(pidx).char_spans[pos, 0]), starts)
+
+    @staticmethod
+    def _pick(p_m: torch.Tensor, config: NestConfig, generator: Optional[torch.Generator]) -> int:
+        if not config.do_sample or config.temperature == 0:
+            return int(p_m.argmax())
+        probs = p_m.pow(1.0 / config.temperature)
+        probs = probs / probs.sum()
+        if config.top_p < 1.0:
+            sorted_p, order = probs.sort(descending=True)
+            keep = sorted_p.cumsum(0) - sorted_p < config.top_p
+            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+    def commit(self, gen: Generation, records: Sequence[TokenRecord]) -> None:
+        """Append accepted tokens; stop at EOS, a stop string, max_new_tokens or the end of the source."""
+        tokenizer = self.lm.tokenizer
+        for record in records:
+            if record.token_id in self.eos_ids:
+                gen.finish("eos")
+                return
+            gen.records.append(record)
+            gen.ids.append(record.token_id)
+            text = tokenizer.decode(gen.ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            # A token ending inside a multi-byte character decodes to U+FFFD until
+            # the next token completes it; it owns no characters until then.
+            partial = text.endswith("\ufffd")
+            gen.boundaries.append((gen.boundaries[-1] if gen.boundaries else 0) if partial else len(text))
+            gen.text = text
+            copied = record.passage_index is not None and gen.candidates is not None
+            if copied:
+                gen.candidates.mark_used(record.passage_index, record.position, record.position)  # type: ignore[union-attr, arg-type]
+            if any(s in gen.text for s in gen.config.stop):
+                gen.finish("stop")
+            elif len(gen.records) >= gen.config.max_new_tokens:
+                gen.finish("length")
+            elif copied and gen.window_end == (record.passage_index, record.position):
+                if not gen.next_windows:
+                    gen.finish("answered")
+                else:
+                    (gen.opening, gen.window_end), *gen.next_windows = gen.next_windows
+            elif copied and gen.config.stop_at_source_end and self._source_exhausted(gen.candidates, record):  # type: ignore[arg-type]
+                gen.finish("source_end")
+            if gen.finished:
+                return
+
+    def _source_exhausted(self, candidates: CandidateSet, record: TokenRecord) -> bool:
+        """Whether ``record`` copied the last token of its passage and no candidate
+        passage continues it (the next chunk of the same document), or the last token
+        of a Markdown section (a heading follows: :func:`section_ends_at`)."""
+        pidx, pos = int(record.passage_index), int(record.position)  # type: ignore[arg-type]
+        text = self.datastore.passages[pidx].text  # type: ignore[union-attr]
+        return self._continue_at(candidates, pidx, pos + 1) is None or section_ends_at(text, int(candidates.passage(pidx).char_spans[pos, 1]))
+
+    def _continue_at(self, candidates: CandidateSet, pidx: int, pos: int) -> Optional[tuple[int, int]]:
+        """Where a copy that reached token ``pos`` of passage ``pidx`` goes on: that token,
+        or past a passage's end the first new token of the next chunk of its document
+        (:meth:`_next_chunk`); None when the source ends there."""
+        return (pidx, pos) if self._passage_has(candidates, pidx, pos) else self._next_chunk(candidates, pidx)
+
+    def _next_chunk(self, candidates: CandidateSet, pidx: int) -> Optional[tuple[int, int]]:
+        """(passage index, token position) where the chunk after passage ``pidx`` in its
+        document starts anew, when that chunk is a candidate.
+
+        Chunks chain by ``doc_id`` and ``doc_char_start`` (the CLI's chunking,
+        LangChain's ``add_start_index``, LlamaIndex's ``start_char_idx``). The
+        next chunk starts at most 2 characters (whitespace) after this one ends,
+        or before it when the splitter overlaps chunks: its tokens that repeat
+        this chunk's end are skipped.
+        """
+        passages = self.datastore.passages  # type: ignore[union-attr]
+        here = passages[pidx]
+        if not here.doc_id:
+            return None
+        following = [
+            q for q in candidates.passage_indices
+            if passages[q].doc_id == here.doc_id and here.doc_char_start < passages[q].doc_char_start <= here.doc_char_end + 2
+        ]
+        if not following:
+            return None
+        nxt = min(following, key=lambda q: passages[q].doc_char_start)
+        token_ends = passages[nxt].doc_char_start + candidates.passage(nxt).char_spans[:, 1]
+        pos = int(np.searchsorted(token_ends, here.doc_char_end, side="right"))
+        return (nxt, pos) if self._passage_has(candidates, nxt, pos) else None
+
+    # ------------------------------------------------------------------ output
+    def _final_text(self, gen: Generation) -> str:
+        cut = min((gen.text.find(s) for s in gen.config.stop if s and s in gen.text), default=-1)
+        return gen.text[:cut] if cut >= 0 else gen.text
+
+    def stable_length(self, gen: Generation) -> int:
+        """Characters that can be streamed: not past a possible stop-string start."""
+        text = self._final_text(gen)
+        if len(text) < len(gen.text) or gen.finished:
+            return len(text)
+        text = text[: gen.boundaries[-1] if gen.boundaries else 0]
+        hold = 0
+        for stop in gen.config.stop:
+            for n in range(min(len(stop) - 1, len(text)), 0, -1):
+                if text.endswith(stop[:n]):
+                    hold = max(hold, n)
+                    break
+        return len(text) - hold
+
+    def spans(self, gen: Generation) -> tuple[list[Span], list[int]]:
+        """The spans tiling the text so far (up to a stop string), and each span's length in tokens."""
+        text = self._final_text(gen)
+        passages = self.datastore.passages if self.datastore is not None else []
+
+        def char_spans_of(pidx: int) -> Any:
+            assert gen.candidates is not None
+            return gen.candidates.passage(pidx).char_spans
+
+        # The last token owns whatever its decode left unassigned (a trailing partial character).
+        boundaries = gen.boundaries[:-1] + [len(gen.text)] if gen.boundaries else []
+        return build_spans(text, boundaries, gen.records, passages, char_spans_of)
+
+    def build_output(self, gen: Generation) -> NestOutput:
+        """The output contract of ``gen``: final text, spans, attribution and stats."""
+        spans, lengths = self.spans(gen)
+        ratio, mean_span, sources = summarize(spans, lengths)
+        gen.stats.new_tokens = len(gen.records)
+        return NestOutput(
+            text=self._final_text(gen),
+            mode=gen.config.mode,
+            spans=spans,
+            attribution_ratio=ratio,
+            mean_copied_span_tokens=mean_span,
+            sources=sources,
+            stats=gen.stats,
+        )
+
+
+# ------------------------------------------------------------------ prompt checks
+def _check_text(text: str, what: str) -> None:
+    """Refuse text the tokenizer cannot encode: a lone surrogate is not Unicode text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(
+            f"{what} holds a lone surrogate ({text[err.start]!r} at character {err.start}), which is not valid "
+            "Unicode; decode the source with errors='replace' or remove it"
+        ) from None
+
+
+def check_prompt(prompt: Any) -> None:
+    """Check a prompt: a string, or a non-empty list of ``{"role": str, "content": str}`` messages.
+
+    Raises:
+        TypeError: the prompt is neither a string nor a list (e.g. a single message dict or bytes).
+        ValueError: no messages; a message that is not a mapping, lacks a non-empty string ``role``
+            or a string ``content`` (named by its index); or text with a lone surrogate.
+    """
+    if isinstance(prompt, str):
+        _check_text(prompt, "the prompt")
+        return
+    if isinstance(prompt, (bytes, bytearray, Mapping)) or not isinstance(prompt, Sequence):
+        raise TypeError(
+            f"the prompt must be a string or a list of {{'role', 'content'}} messages, got {type(prompt).__name__}"
+        )
+    if not prompt:
+        raise ValueError("the prompt has no messages")
+    for i, message in enumerate(prompt):
+        if not isinstance(message, Mapping):
+            raise ValueError(f"message {i} must be a {{'role', 'content'}} dict, got {type(message).__name__}")
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or not role:
+            raise ValueError(f"message {i} needs a non-empty string 'role', got {role!r}")
+        if not isinstance(content, str):
+            raise ValueError(f"message {i} needs a string 'content', got {type(content).__name__}")
+        _check_text(role, f"message {i} role")
+        _check_text(content, f"message {i} content")

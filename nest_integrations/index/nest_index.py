@@ -1,0 +1,625 @@
+"""NestIndex: a corpus, its passage retriever and its token datastore, saved as one folder.
+
+Folder layout (no pickle anywhere; loading never executes code from the folder)::
+
+    manifest.json      format version, LM and tokenizer fingerprints, key layer,
+                       encoding prefix, hidden size, dtype, counts, sha256 of every file
+    passages.jsonl     one Passage per line
+    dense.faiss        FAISS index of passage embeddings   (+ dense.json)
+    keys/*.npy         precomputed token keys (optional), memory-mapped on load
+    keys/shard-*/*.npy the same split in shards, as a distributed build writes them
+                       (format version 2; see :mod:`nest_integrations.store.shards`)
+    keys/codec/*.npy   the trained parameters of the key codec when keys/keys.npy
+                       (or every shard's keys.npy) holds codes instead of float16
+                       keys (format version 2; see :mod:`nest_integrations.store.key_codec`)
+
+Saving never replaces a folder that is not an index (nor an index without
+``overwrite=True``) and switches the new folder in atomically; loading checks
+every file against the manifest. See :mod:`nest_integrations.core.safe_io`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from typing_extensions import Annotated
+
+from nest_integrations.core.safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
+from nest_integrations.core.similarity import cosine_similarities
+from nest_integrations.corpus.passages import Passage, load_passages_jsonl, save_passages_jsonl
+from nest_integrations.model.lm import parse_key_layer
+from nest_integrations.policy.calibration import Calibration, CalibrationFile, retrieve_excluding
+from nest_integrations.store.datastore import PassageEncoder, PrecomputedKeys, TokenDatastore
+from nest_integrations.store.key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, codec_from_arrays, parse_spec, resolve_codec, saved_array_names
+from nest_integrations.store.shards import KEY_ARRAYS, ShardedKeys, ShardRecord, read_arrays, shard_files
+
+if TYPE_CHECKING:  # pragma: no cover
+    from nest_integrations.core.config import NestConfig
+    from nest_integrations.decoding.decoder import NestDecoder
+    from nest_integrations.model.lm import LoadedLM
+    from nest_integrations.retrieval import DenseRetriever
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "nest-index"
+FORMAT_VERSION = 2
+"""Newest version read. Version 1: float16 keys in one set of arrays (still written for
+such indexes, so older releases read them); version 2 adds sharded keys and compressed keys."""
+
+
+class NestIndex:
+    """Everything NEST needs over one corpus.
+
+    Attributes:
+        lm: the LM whose hidden states are the keys.
+        passages: the corpus.
+        dense: dense retriever (FAISS + sentence embeddings); the relevance gate
+            uses its embedder.
+        retriever: the first stage (hybrid dense + BM25 by default).
+        datastore: the token-level datastore (lazy, or precomputed).
+    """
+
+    def __init__(
+        self,
+        lm: "LoadedLM",
+        passages: Sequence[Passage],
+        dense: "DenseRetriever",
+        *,
+        retriever_kind: str = "hybrid",
+        key_layer: str = "ffn_input",
+        encoding_prefix: Optional[str] = "auto",
+        cache_mb: float = 1024.0,
+    ):
+        from nest_integrations.retrieval import BM25Retriever, HybridRetriever
+
+        if not passages:
+            raise ValueError("cannot build a NEST index over an empty corpus")
+        _check_retriever(retriever_kind)
+        self.lm = lm
+        self.passages = list(passages)
+        self.dense = dense
+        self.retriever_kind = retriever_kind
+        if retriever_kind == "dense":
+            self.retriever: Any = dense
+        else:
+            sparse = BM25Retriever(self.passages)
+            self.retriever = sparse if retriever_kind == "bm25" else HybridRetriever(dense, sparse)
+        self.encoding_prefix = encoding_prefix
+        self.precompute_rate: Optional[float] = None
+        """Tokens per second of the last key precomputation (None when keys are lazy)."""
+        self._vector_cache: dict[str, np.ndarray] = {}
+        self._passage_of_text: Optional[dict[str, Passage]] = None
+        self.folder: Optional[Path] = None
+        """Where the index was saved or loaded from (calibrations are written there); None in memory."""
+        self.calibrations: dict[str, Calibration] = {}
+        """Calibrations of this corpus by LM fingerprint (:mod:`~nest_integrations.policy.calibration`)."""
+        self.datastore = TokenDatastore(self.passages, PassageEncoder(lm, key_layer, encoding_prefix), cache_mb=cache_mb)
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def build(
+        cls,
+        passages: Sequence[Passage],
+        lm: "LoadedLM",
+        *,
+        embedder: Any = None,
+        index_factory: str = "auto",
+        faiss_options: Optional[dict[str, Any]] = None,
+        retriever_kind: str = "hybrid",
+        key_layer: str = "ffn_input",
+        encoding_prefix: Optional[str] = "auto",
+        precompute_keys: bool = False,
+        show_progress: bool = True,
+        cache_mb: float = 1024.0,
+        key_codec: KeyCodec | str = "float16",
+        codec_train_keys: int = DEFAULT_TRAIN_KEYS,
+    ) -> "NestIndex":
+        """Embed the corpus for the passage stage and, optionally, encode all token keys now.
+
+        Args:
+            key_codec: how precomputed keys are stored (``precompute_keys`` only):
+                ``"float16"`` (1,152 B/token on the default LM), ``"pq144"``,
+                ``"opq96"``, ``"sq8"``... (:mod:`nest_integrations.store.key_codec`);
+                trained on ``codec_train_keys`` keys of the first passages.
+            index_factory: the dense first stage's FAISS index: "auto" (flat
+                below 100k passages, IVF above), "flat", "ivf", "hnsw" or a
+                FAISS factory string (see :mod:`nest_integrations.retrieval.faiss_index`).
+            faiss_options: more :class:`~nest_integrations.retrieval.DenseRetriever`
+                index knobs: ``nlist``, ``nprobe``, ``hnsw_m``, ``ef_search``, ``on_disk``.
+        """
+        from nest_integrations.retrieval import DenseRetriever
+
+        if not passages:
+            raise ValueError("cannot build a NEST index over an empty corpus")
+        options = dict(faiss_options or {})
+        check_build_options(
+            len(passages), lm, index_factory=index_factory, faiss_options=options, retriever_kind=retriever_kind,
+            key_layer=key_layer, key_codec=key_codec if precompute_keys else None,
+        )
+        dense = DenseRetriever(passages, embedder, index_factory=index_factory, show_progress=show_progress, **options)
+        index = cls(
+            lm, passages, dense, retriever_kind=retriever_kind, key_layer=key_layer,
+            encoding_prefix=encoding_prefix, cache_mb=cache_mb,
+        )
+        if precompute_keys:
+            index.precompute_rate = index.datastore.precompute(
+                show_progress=show_progress, codec=key_codec, train_keys=codec_train_keys
+            )
+        elif key_codec not in ("float16", "none"):
+            raise ValueError("key_codec applies to precomputed keys; pass precompute_keys=True")
+        return index
+
+    # ------------------------------------------------------------------ use
+    def relevance(self, query: str, texts: Sequence[str]) -> list[float]:
+        """Cosine similarity of each text to ``query`` under the dense embedder
+        (a :data:`~nest_integrations.core.similarity.Relevance`, the decoder's relevance gate and answer windows).
+
+        A text that an indexed passage holds has that passage's vector, the one
+        it was retrieved by (its ``"title: text"`` embedding, read back from a
+        flat index, else embedded: :meth:`DenseRetriever.passage_vectors`); any
+        other text (an answer window) is embedded as it is. Both the query and
+        the vectors are the retriever's unit vectors, so each cosine is their
+        float32 dot product. Vectors are cached by text: the gate runs on every
+        generation, and re-embedding its passages each time would cost a
+        forward of the embedder per generation.
+        """
+        if not texts:
+            return []
+        q = self.dense.embed_queries([query])[0]
+        return cosine_similarities(q, self._text_vectors(texts), normalised=True)
+
+    def _text_vectors(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 (n, d) L2-normalised embeddings of ``texts`` (as :meth:`relevance` says), cached by text."""
+        missing = [text for text in dict.fromkeys(texts) if text not in self._vector_cache]
+        if missing:
+            if self._passage_of_text is None:  # built whole before it is shared: the gate runs in many threads
+                # The first of two passages with the same text stands for both (their vectors differ if their titles do).
+                held: dict[str, Passage] = {}
+                for passage in self.dense.passages:
+                    held.setdefault(passage.text, passage)
+                self._passage_of_text = held
+            # A text no passage holds goes in as an untitled passage the index has not got: embedded as it is.
+            passages = [self._passage_of_text.get(text) or Passage(id="\x00text", text=text) for text in missing]
+            self._vector_cache.update(zip(missing, self.dense.passage_vectors(passages)))
+        return np.stack([self._vector_cache[text] for text in texts])
+
+    def retrieve(self, query: str, k: int, *, exclude_ids: Sequence[str] = ()) -> list[tuple[Passage, float]]:
+        """Top-k passages for ``query``, skipping ``exclude_ids`` (for source-absent evaluation)."""
+        return retrieve_excluding(self.retriever.retrieve, query, k, exclude_ids)
+
+    def decoder(self, config: Optional["NestConfig"] = None) -> "NestDecoder":
+        """A :class:`NestDecoder` over this index (retrieval, relevance gate, datastore).
+
+        Where the config leaves alpha or tau to calibration (the default), the
+        decoder uses this index's calibration for its LM; when there is none, its
+        first nest or ra_nest generation fits one (:meth:`calibration`).
+        """
+        from nest_integrations.decoding.decoder import NestDecoder
+
+        return NestDecoder(
+            self.lm, self.datastore, self.retriever, config, relevance=self.relevance,
+            # No calibrations yet: no need to fingerprint the LM (about 1 s once per model) to look one up.
+            calibration=self.calibrations.get(self.lm.fingerprint()) if self.calibrations else None,
+            calibrator=self.calibration,
+        )
+
+    def calibration(self, *, show_progress: bool = True) -> Optional[Calibration]:
+        """alpha/tau for this index's LM on its corpus: the saved one, else fitted now (and saved).
+
+        The first call for an LM without one runs :meth:`calibrate` (a progress
+        bar; at most ``budget_s``, 90 s by default). Returns None, with a
+        warning, for a corpus too short to calibrate on (the defaults apply).
+        """
+        found = self.calibrations.get(self.lm.fingerprint())
+        if found is not None:
+            return found
+        try:
+            return self.calibrate(show_progress=show_progress)
+        except ValueError as err:
+            logger.warning("not calibrated (%s); using the default alpha/tau", err)
+            return None
+
+    def calibrate(self, *, n: int = 12, seed: int = 0, budget_s: Optional[float] = 90.0, show_progress: bool = True) -> Calibration:
+        """Fit alpha/tau for this index's LM on ``n`` of its passages (:func:`~nest_integrations.policy.calibration.calibrate`),
+        keep the result, and add it to the saved folder's calibrations when the index has one."""
+        from nest_integrations.policy.calibration import calibrate
+
+        fitted = calibrate(self, n=n, seed=seed, budget_s=budget_s, show_progress=show_progress)
+        self.calibrations[fitted.lm_fingerprint] = fitted
+        if self.folder is not None:
+            saved = CalibrationFile.read(self.folder)
+            saved.calibrations[fitted.lm_fingerprint] = fitted
+            saved.write(self.folder)
+        return fitted
+
+    def info(self) -> dict[str, Any]:
+        pre = self.datastore.precomputed
+        return {
+            "passages": len(self.passages),
+            "lm": self.lm.name,
+            "key_layer": self.datastore.encoder.key_layer,
+            "encoding_prefix": self.datastore.encoder.prefix_text,
+            "hidden_size": self.datastore.hidden_size,
+            "retriever": self.retriever_kind,
+            "embedder": self.dense.embedder_name,
+            "index_factory": self.dense.index_factory,
+            "faiss_memory_mapped": self.dense.memory_mapped,
+            "precomputed_keys": pre is not None,
+            "tokens": pre.num_tokens if pre is not None else None,
+            "datastore_entries": pre.num_entries if pre is not None else None,
+            "key_bytes": pre.key_bytes if pre is not None else None,
+            "key_shards": len(pre.shards) if isinstance(pre, ShardedKeys) else None,
+            "key_codec": self.datastore.codec.spec,
+            "key_bytes_per_token": self.datastore.codec.bytes_per_key,
+        }
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+        """Write the index folder atomically (see :mod:`nest_integrations.core.safe_io`).
+
+        Args:
+            overwrite: replace an index already saved at ``path``. Without it an
+                existing index is refused too: rebuilding one can take hours.
+
+        Raises:
+            ValueError: ``path`` is a non-empty folder that is not a NEST index
+                (never replaced), or an index and ``overwrite`` is False.
+        """
+        target = Path(path)
+        with atomic_folder(target, kind=FORMAT, overwrite=overwrite) as tmp:
+            self.write_into(tmp)
+            if self.calibrations:
+                CalibrationFile(calibrations=self.calibrations).write(tmp)
+        self.folder = target
+        return target
+
+    def write_into(self, folder: Path) -> None:
+        """Write every file of the index and its manifest into the new, empty ``folder``.
+
+        Sharded keys already in ``folder/keys`` (a distributed build writes them
+        there first) are kept as they are; sharded keys elsewhere are copied.
+        Use :meth:`save` unless ``folder`` is the temporary of an
+        :func:`~nest_integrations.core.safe_io.atomic_folder`.
+        """
+        encoder = self.datastore.encoder
+        pre = self.datastore.precomputed
+        codec = pre.codec if pre is not None else None
+        compressed = codec is not None and codec.compresses
+        manifest: dict[str, Any] = {
+            "format": FORMAT,
+            "format_version": 2 if isinstance(pre, ShardedKeys) or compressed else 1,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "lm": {"name": self.lm.name, "fingerprint": self.lm.fingerprint()},
+            "tokenizer_fingerprint": self.lm.tokenizer_fingerprint(),
+            "key_layer": encoder.key_layer,
+            "encoding_prefix": self.encoding_prefix,
+            "encoding_prefix_text": encoder.prefix_text,
+            "max_passage_tokens": encoder.max_passage_tokens,
+            "hidden_size": self.datastore.hidden_size,
+            "dtype": "float16",
+            "retriever": self.retriever_kind,
+            "counts": {
+                "passages": len(self.passages),
+                "tokens": pre.num_tokens if pre is not None else 0,
+                "entries": pre.num_entries if pre is not None else 0,
+            },
+            "precomputed_keys": pre is not None,
+        }
+        if compressed:
+            manifest["key_codec"] = codec.spec
+        save_passages_jsonl(self.passages, folder / "passages.jsonl")
+        self.dense.save(folder)
+        if isinstance(pre, ShardedKeys):
+            (folder / "keys").mkdir(exist_ok=True)
+            manifest["key_shards"] = [vars(r) for r in pre.copy_to(folder / "keys")]
+        elif pre is not None:
+            (folder / "keys").mkdir()
+            for name in KEY_ARRAYS:
+                np.save(folder / "keys" / f"{name}.npy", np.ascontiguousarray(getattr(pre, name)), allow_pickle=False)
+        if compressed:  # one codec for the flat arrays or for every shard
+            (folder / "keys" / "codec").mkdir()
+            for name, array in codec.arrays().items():
+                np.save(folder / "keys" / "codec" / f"{name}.npy", array, allow_pickle=False)
+        files = sorted(p for p in folder.rglob("*") if p.is_file())
+        manifest["checksums"] = {p.relative_to(folder).as_posix(): sha256_file(p) for p in files}
+        (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        lm: Optional["LoadedLM"] = None,
+        *,
+        verify_checksums: bool = True,
+        embedder: Any = None,
+        trust_paths: bool = False,
+        cache_mb: float = 1024.0,
+    ) -> "NestIndex":
+        """Load an index folder, trusting nothing in it.
+
+        Every file read must be listed in the manifest with its sha256 and lie
+        inside the folder; the manifest is validated field by field; the keys
+        must agree with the passages, the offsets and the LM.
+
+        Args:
+            lm: the LM to decode with. None loads the bundled default LM when the
+                index names it; an index naming another model (a path or hub id
+                written in the folder) needs ``lm=`` or ``trust_paths=True``.
+                An LM whose weights differ from those that built the keys is
+                refused (see :func:`nest_integrations.model.lm.fingerprints_match`).
+            verify_checksums: hash every file against the manifest (seconds per
+                GB); False still requires every file to be listed.
+            embedder: the passage embedder; None uses the bundled MiniLM when the
+                index names it (else as for ``lm``).
+            trust_paths: load a model or embedder named in the folder.
+            cache_mb: bound of the lazy key cache.
+
+        Raises:
+            ValueError: a missing, unlisted or corrupted file, an invalid or
+                newer manifest, inconsistent keys, another LM or tokenizer, or an
+                untrusted model path.
+        """
+        from nest_integrations.model.lm import embedded_model, fingerprints_match, load_lm
+        from nest_integrations.retrieval import DenseRetriever
+
+        folder = Path(path)
+        recover(folder)
+        manifest = read_manifest(folder / MANIFEST_FILE, IndexManifest, kind=FORMAT, supported_version=FORMAT_VERSION, what="NEST index")
+        needed = ["passages.jsonl", "dense.faiss", "dense.json"]
+        if manifest.key_shards is not None:
+            needed += [rel for number in range(len(manifest.key_shards)) for rel in shard_files(number)]
+        elif manifest.precomputed_keys:
+            needed += [f"keys/{name}.npy" for name in KEY_ARRAYS]
+        if manifest.precomputed_keys:
+            needed += [f"keys/codec/{name}.npy" for name in saved_array_names(manifest.key_codec)]
+        verify_files(folder, manifest.checksums, needed, hash_files=verify_checksums)
+        if lm is None:
+            if embedded_model(manifest.lm.name) is None and not trust_paths:
+                raise ValueError(
+                    f"{folder} names the LM {manifest.lm.name!r}; pass lm=load_lm(...) (CLI: --model) "
+                    "or trust_paths=True to load a model named in a saved folder"
+                )
+            lm = load_lm(manifest.lm.name)
+        if not fingerprints_match(manifest.lm.fingerprint, lm.fingerprint()):
+            raise ValueError(
+                f"{folder} was built with LM {manifest.lm.name!r} (fingerprint {manifest.lm.fingerprint}); "
+                f"the given LM {lm.name!r} has fingerprint {lm.fingerprint()}. Its keys would not match this LM's "
+                "hidden states: rebuild the index with this LM (or load the LM in float32)."
+            )
+        if lm.tokenizer_fingerprint() != manifest.tokenizer_fingerprint:
+            raise ValueError(f"{folder} was built with another tokenizer than {lm.name!r}'s")
+        passages = load_passages_jsonl(folder / "passages.jsonl")
+        if len(passages) != manifest.counts.passages:
+            raise ValueError(f"{folder}: manifest says {manifest.counts.passages} passages, found {len(passages)}")
+        dense = DenseRetriever.load(folder, passages, embedder=embedder, show_progress=False, trust_paths=trust_paths)
+        index = cls(
+            lm,
+            passages,
+            dense,
+            retriever_kind=manifest.retriever,
+            key_layer=manifest.key_layer,
+            encoding_prefix=manifest.encoding_prefix_text,
+            cache_mb=cache_mb,
+        )
+        if manifest.hidden_size != index.datastore.hidden_size:
+            raise ValueError(f"{folder}: keys are {manifest.hidden_size}-d, the LM's hidden size is {index.datastore.hidden_size}")
+        if manifest.precomputed_keys:
+            index.datastore.attach_precomputed(_load_keys(folder, manifest, passages, vocab_size=len(lm.tokenizer)))
+        index.folder = folder
+        index.calibrations = dict(CalibrationFile.read(folder).calibrations)
+        return index
+
+
+def _check_retriever(kind: str) -> None:
+    if kind not in ("hybrid", "dense", "bm25"):
+        raise ValueError(f"retriever_kind must be hybrid, dense or bm25, got {kind!r}")
+
+
+def check_build_options(
+    passages: int,
+    lm: "LoadedLM",
+    *,
+    index_factory: str = "auto",
+    faiss_options: Optional[dict[str, Any]] = None,
+    retriever_kind: str = "hybrid",
+    key_layer: str = "ffn_input",
+    key_codec: "KeyCodec | str | None" = None,
+) -> None:
+    """Refuse build settings that cannot work, before any passage is embedded or encoded.
+
+    A wrong ``nlist`` or key codec used to surface only once the whole corpus
+    was embedded (minutes to hours); every check here costs microseconds.
+
+    Args:
+        passages: how many passages the index will hold.
+        lm: the LM whose hidden size the key codec must fit.
+        faiss_options: ``nlist``, ``nprobe``, ``hnsw_m``, ``ef_search``, ``on_disk``
+            (:class:`~nest_integrations.retrieval.faiss_index.IndexSpec`).
+        key_codec: the precomputed keys' codec, None when keys are lazy.
+
+    Raises:
+        ValueError: an unknown FAISS option, retriever or key layer; ``nlist``
+            above ``passages`` or another knob out of range; a codec that does
+            not fit the LM's hidden size (e.g. ``pq7`` for 576 dimensions,
+            ``spq1``). The message names the setting.
+    """
+    from nest_integrations.retrieval.faiss_index import IndexSpec
+
+    options = dict(faiss_options or {})
+    unknown = sorted(set(options) - {"nlist", "nprobe", "hnsw_m", "ef_search", "on_disk"})
+    if unknown:
+        raise ValueError(f"unknown faiss_options {unknown}; accepted: nlist, nprobe, hnsw_m, ef_search, on_disk")
+    IndexSpec(index_factory, **{k: v for k, v in options.items() if v is not None}).factory_for(passages)
+    _check_retriever(retriever_kind)
+    parse_key_layer(key_layer)
+    if key_codec is not None:
+        try:
+            resolve_codec(key_codec, lm.hidden_size)
+        except ValueError as err:
+            raise ValueError(f"key_codec {getattr(key_codec, 'spec', key_codec)!r} (CLI: --key-compression): {err}") from None
+
+
+def index_identity(path: str | os.PathLike[str]) -> str:
+    """The identity of one build of an index: the sha256 of its ``manifest.json``.
+
+    The manifest lists the sha256 of every file, the LM's fingerprint and the
+    build time, so two folders share an identity only when one is a copy of the
+    other; a rebuild of the same corpus gets a new one. Resumable jobs record it
+    (:func:`nest_integrations.index.jobs.job_settings`) so that outputs of two indexes never mix.
+
+    Raises:
+        ValueError: ``path`` holds no manifest.
+    """
+    manifest = Path(path) / MANIFEST_FILE
+    if not manifest.is_file():
+        raise ValueError(f"{path} is not a NEST index (no {MANIFEST_FILE})")
+    return sha256_file(manifest)
+
+
+class _LMEntry(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    name: StrictStr
+    fingerprint: StrictStr
+
+
+class _Counts(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    passages: Annotated[StrictInt, Field(ge=1)]
+    tokens: Annotated[StrictInt, Field(ge=0)]
+    entries: Annotated[StrictInt, Field(ge=0)]
+
+
+class IndexManifest(ArtefactManifest):
+    """``manifest.json`` of an index folder, typed (see the module docstring)."""
+
+    format: Literal["nest-index"] = FORMAT  # absent in the first format-1 indexes
+    created: StrictStr
+    lm: _LMEntry
+    tokenizer_fingerprint: StrictStr
+    key_layer: StrictStr
+    encoding_prefix: Optional[StrictStr]
+    encoding_prefix_text: StrictStr
+    max_passage_tokens: Annotated[StrictInt, Field(ge=2)]
+    hidden_size: Annotated[StrictInt, Field(ge=1)]
+    dtype: Literal["float16"]
+    retriever: Literal["hybrid", "dense", "bm25"]
+    counts: _Counts
+    precomputed_keys: StrictBool
+    key_shards: Optional[Annotated[list[_Counts], Field(min_length=1)]] = None
+    """Passages, tokens and entries of each shard of sharded keys (format 2); None: one set of arrays."""
+    key_codec: StrictStr = "float16"
+    """How ``keys/keys.npy`` or every shard's ``keys.npy`` stores keys (format 2; absent: float16)."""
+
+    @field_validator("key_codec")
+    @classmethod
+    def _known_codec(cls, value: str) -> str:
+        parse_spec(value)
+        return value
+
+    @field_validator("key_layer")
+    @classmethod
+    def _known_key_layer(cls, value: str) -> str:
+        parse_key_layer(value)
+        return value
+
+
+def _load_keys(
+    folder: Path, manifest: IndexManifest, passages: Sequence[Passage], *, vocab_size: int
+) -> "PrecomputedKeys | ShardedKeys":
+    """Memory-map the saved keys (one set of arrays, or shards), each checked by :func:`check_key_arrays`.
+
+    Raises:
+        ValueError: an unreadable or inconsistent array, shards that do not cover
+            the passages, or totals differing from the manifest's counts.
+    """
+    keys: PrecomputedKeys | ShardedKeys
+    codec = load_codec(folder, manifest)
+    if manifest.key_shards is None:
+        arrays = read_arrays(folder / "keys", KEY_ARRAYS)
+        try:
+            check_key_arrays(arrays, passages, hidden_size=manifest.hidden_size, vocab_size=vocab_size, codec=codec)
+        except ValueError as err:
+            raise ValueError(f"{folder / 'keys'}: {err}") from err
+        keys = PrecomputedKeys(**arrays, codec=codec)
+    else:
+        if sum(shard.passages for shard in manifest.key_shards) != len(passages):
+            raise ValueError(f"{folder}: the key shards cover {sum(s.passages for s in manifest.key_shards)} passages, the index has {len(passages)}")
+
+        def check(arrays: dict[str, np.ndarray], first: int, count: int) -> None:
+            check_key_arrays(
+                arrays, passages[first : first + count], hidden_size=manifest.hidden_size, vocab_size=vocab_size, codec=codec
+            )
+
+        records = [ShardRecord(s.passages, s.tokens, s.entries) for s in manifest.key_shards]
+        keys = ShardedKeys.open(folder / "keys", records, check=check, codec=codec)
+    if manifest.counts.tokens != keys.num_tokens or manifest.counts.entries != keys.num_entries:
+        raise ValueError(
+            f"{folder / MANIFEST_FILE} counts {manifest.counts.tokens} tokens and {manifest.counts.entries} entries; "
+            f"the key arrays hold {keys.num_tokens} and {keys.num_entries}"
+        )
+    return keys
+
+
+def load_codec(folder: Path, manifest: IndexManifest) -> KeyCodec:
+    """The trained key codec named by the manifest, from ``keys/codec/*.npy`` (checked by :func:`codec_from_arrays`).
+
+    Raises:
+        ValueError: codec files other than the codec's, an unreadable codec
+            file, or parameters that do not fit the codec or the hidden size.
+    """
+    spec = manifest.key_codec
+    listed = sorted(rel for rel in manifest.checksums if rel.startswith("keys/codec/"))
+    expected = sorted(f"keys/codec/{name}.npy" for name in saved_array_names(spec))
+    if listed != expected:  # e.g. an opq index relabelled pq: its codes would be read unrotated
+        raise ValueError(f"{folder}: a {spec} key codec is saved as {expected or 'no files'}, the manifest lists {listed or 'none'}")
+    try:
+        arrays = {
+            name: np.load(folder / "keys" / "codec" / f"{name}.npy", allow_pickle=False) for name in saved_array_names(spec)
+        }
+        return codec_from_arrays(spec, manifest.hidden_size, arrays)
+    except (ValueError, EOFError, OSError) as err:  # numpy's words for a truncated or foreign .npy, or ours
+        raise ValueError(f"{folder}: its {spec} key codec cannot be loaded ({err})") from err
+
+
+def check_key_arrays(
+    arrays: dict[str, np.ndarray], passages: Sequence[Passage], *, hidden_size: int, vocab_size: int,
+    codec: KeyCodec | None = None,
+) -> None:
+    """Check one set of key arrays against each other, their passages, the key codec (None:
+    float16 keys of ``hidden_size``) and the vocabulary.
+
+    Raises:
+        ValueError: wrong dtype or shape, offsets that do not tile the tokens,
+            token ids outside the vocabulary, or character spans outside their
+            passage or not tiling it from its start (shifted offsets).
+    """
+    token_ids, char_spans, keys, valid, offsets = (arrays[name] for name in KEY_ARRAYS)
+    codec = codec if codec is not None else Float16Codec(hidden_size)
+    m = len(token_ids)
+    shapes_ok = (
+        token_ids.dtype == np.int32 and token_ids.ndim == 1
+        and char_spans.dtype == np.int32 and char_spans.shape == (m, 2)
+        and keys.dtype == codec.code_dtype and keys.shape == (m, codec.code_width)
+        and valid.dtype == np.bool_ and valid.shape == (m,)
+        and offsets.dtype == np.int64 and offsets.shape == (len(passages) + 1,)
+    )
+    if not shapes_ok:
+        raise ValueError("the index's key arrays have the wrong dtype or shape")
+    if offsets[0] != 0 or offsets[-1] != m or (np.diff(offsets) < 0).any():
+        raise ValueError(f"the index's key offsets do not tile its {m} tokens over {len(passages)} passages")
+    if m and (token_ids.min() < 0 or token_ids.max() >= vocab_size):
+        raise ValueError(f"the index's token ids fall outside the LM's vocabulary of {vocab_size}")
+    limits = np.repeat(np.asarray([len(p.text) for p in passages], dtype=np.int64), np.diff(offsets))
+    if m and ((char_spans[:, 0] < 0) | (char_spans[:, 0] > char_spans[:, 1]) | (char_spans[:, 1] > limits)).any():
+        raise ValueError("the index's character spans fall outside their passages")
+    first = np.zeros(m, dtype=bool)
+    first[offsets[:-1][np.diff(offsets) > 0]] = True
+    if m and ((char_spans[first, 0] != 0).any() or (char_spans[1:, 0] != char_spans[:-1, 1])[~first[1:]].any()):
+        raise ValueError("the index's character spans do not tile each passage from its start: offsets and spans disagree")
