@@ -2,7 +2,7 @@
 
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.policy.conversation import is_follow_up, retrieval_query
-from nest_integrations.policy.copy_policy import acceptable_start, closes_answer, focus_window, is_question, naming_words, sentence_starts, wants_focus
+from nest_integrations.policy.copy_policy import acceptable_start, closes_answer, focus_window, focus_windows, is_question, naming_words, sentence_starts, wants_focus
 
 ADA = (
     "Augusta Ada King, Countess of Lovelace (née Byron; 10 December 1815 – 27 November 1852) was an English "
@@ -122,3 +122,15 @@ def test_an_answer_stops_only_where_a_sentence_or_line_ends():
     assert closes_answer(text, text.index("hook:") + 5) is False, "a colon announces what follows"
     assert closes_answer(text, text.index("payload") + 7) is True, "a list item ends at its line's end"
     assert closes_answer(text, len(text) - 2) is False, "mid-word"
+
+
+def test_a_second_window_never_repeats_the_first_from_an_overlapping_chunk():
+    """Splitters overlap chunks: the same sentence is a window in two passages, copied once."""
+    sentence = "Be aware that if routes are wrapped with fastify-plugin, the prefix option will not work."
+    lead = "Register routes with a prefix option. "
+    first = Passage(id="a#0", text=f"{lead}{sentence}", doc_id="a", doc_char_start=0)
+    second = Passage(id="a#1", text=f"{sentence} Wrap a plugin in a plugin to make the prefix option work.", doc_id="a", doc_char_start=len(lead))
+    question = "Does the prefix option work when routes are wrapped with fastify-plugin?"
+    windows = focus_windows(question, [first, second], count=2)
+    texts = [(first if w.passage_id == "a#0" else second).text[w.start : w.end] for w in windows]
+    assert sum(sentence in text for text in texts) == 1, texts

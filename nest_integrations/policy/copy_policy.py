@@ -245,15 +245,28 @@ def focus_windows(query: str, passages: Sequence[Passage], similarity: Similarit
         combined = {i: scores[i] / scores[ranked[0]] + float(c) for i, c in zip(ranked, cosines)}
         ranked = sorted(ranked, key=lambda i: (-combined[i], i))
     chosen: list[Window] = []
+    taken: list[tuple[str, int, int]] = []  # (document, start, end) of the chosen windows
     for i in ranked:
         passage, start, end, _ = windows[i]
         start, end = _whole_blocks(passage.text, start, end)
-        if any(w.passage_id == passage.id and w.start < end and start < w.end for w in chosen):
-            continue
+        here = _in_document(passage, start, end)
+        if any(doc == here[0] and s < here[2] and here[1] < e for doc, s, e in taken):
+            continue  # the same characters, also through a chunk that overlaps the first's: no repeats
         chosen.append(Window(passage.id, start, end, scores[i], answers or not topical))
+        taken.append(here)
         if len(chosen) == count:
             break
     return chosen
+
+
+def _in_document(passage: Passage, start: int, end: int) -> tuple[str, int, int]:
+    """``(document, start, end)`` of characters ``[start, end)`` of ``passage`` in its document
+    (``doc_id`` and ``doc_char_start``; the passage itself when it has no document). Chunk
+    splitters overlap their chunks (LangChain's and LlamaIndex's by 200 characters), so one
+    sentence can be a window in two passages: in document offsets the two windows overlap."""
+    if not passage.doc_id:
+        return passage.id, start, end
+    return passage.doc_id, passage.doc_char_start + start, passage.doc_char_start + end
 
 
 def _whole_blocks(text: str, start: int, end: int) -> tuple[int, int]:
