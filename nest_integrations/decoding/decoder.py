@@ -25,9 +25,9 @@ Beyond the paper, each decision the loop takes is a small rule of its own:
   (none left: the LM writes alone and ``stats.fallback_reason`` says why);
 * where a copy may start: :func:`~nest_integrations.policy.copy_policy.acceptable_start`
   (``seams``), and where an answer opens: the start of the best kept passage for
-  a named subject, the answer window (:func:`~nest_integrations.policy.copy_policy.focus_window`)
-  for a question (``answer_focus``);
-* when it ends: copying the answer window's last token (``answered``), or the
+  a named subject, the best answer window (:func:`~nest_integrations.policy.copy_policy.focus_windows`)
+  for a question (``answer_focus``; ``answer_windows`` of them are copied in turn);
+* when it ends: copying the last answer window's last token (``answered``), or the
   last token of a passage whose document's next chunk was not retrieved
   (``stop_at_source_end``): what a small LM writes after a fully copied source
   is its own, and mostly invented. A copy reaching a chunk's end goes on into

@@ -14,15 +14,17 @@ a whole passage from its first word to its last. Two small rules fix that:
   repeat what the text so far already says. In Markdown, never inside markup
   a reader does not see, and inside a code block only at a line's start
   (:func:`~nest_integrations.corpus.markdown_structure.start_allowed`).
-* **Answer focus** (:func:`focus_window`): for a question, the sentence of the
-  kept passages that shares the most (rarest) words with it, extended while
-  it is shorter than ``MIN_WINDOW_WORDS``, and taking in the line that heads
-  it (a function's signature, a term, a title); the question's names that a
-  kept passage opens with are left out of the score (:func:`naming_words`),
-  and a question for a year wants a window that holds one. The decoder copies
-  from there and ends the answer when the copy reaches the window's end
-  (``NestConfig.answer_focus``), instead of running on into what the passage
-  says next; a window that holds none of the question's other words
+* **Answer focus** (:func:`focus_windows`): for a question, the sentences of the
+  kept passages that share the most (rarest) words with it, each extended while
+  it is shorter than ``MIN_WINDOW_WORDS``, taking in the line that heads it (a
+  function's signature, a term, a title) and, in Markdown, the whole blocks it
+  touches; the question's names that a kept passage opens with are left out of
+  the score (:func:`naming_words`), and a question for a year wants a window
+  that holds one. The decoder copies the best ``NestConfig.answer_windows`` of
+  them in turn and ends the answer when the last one is copied
+  (``NestConfig.answer_focus``; only where it ends a sentence or a line:
+  :func:`closes_answer`), instead of running on into what the passage says
+  next; a window that holds none of the question's other words
   (:attr:`Window.answers` false) only opens the answer.
 
 All offsets are character offsets into a passage's text.
@@ -276,10 +278,7 @@ def _whole_blocks(text: str, start: int, end: int) -> tuple[int, int]:
     Documentation states a fact over a paragraph: the sentence that shares the question's words
     ("That way, both /foo and /foo/ point to the same route") often leans on the one before it
     for the name that answers ("set this flag to true"), or the answer ends the paragraph."""
-    layout = copy_layout(text)
-    if layout is None:
-        return start, end
-    touched = [(s, e) for s, e in readable_blocks(text) if s < end and e > start]
+    touched = [(s, e) for s, e in readable_blocks(text) if s < end and e > start]  # none for prose
     if not touched:
         return start, end
     wide = (min(start, touched[0][0]), max(end, touched[-1][1]))
