@@ -1,9 +1,11 @@
-"""Tests for the markdown-docs evaluation domain: the bundled Fastify docs, their
-questions, the task's items, and the repetition, copied-markup and unanswerable metrics."""
+"""Tests for the markdown-docs evaluation domains: the bundled Fastify docs and the second
+domain's Pino docs, their questions, the tasks' items, and the repetition, copied-markup and
+unanswerable metrics."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -11,8 +13,11 @@ from nest_integrations.evaluation.markdown_docs import (
     FASTIFY_DOCS_DIR,
     FASTIFY_QA_PATH,
     MARKDOWN_CHUNKINGS,
+    PINO_DOCS_DIR,
+    PINO_QA_PATH,
     fastify_documents,
     markdown_passages,
+    pino_documents,
 )
 from nest_integrations.evaluation.metrics import (
     copied_markup,
@@ -22,11 +27,32 @@ from nest_integrations.evaluation.metrics import (
     repeated_ngram,
     unanswerable_scores,
 )
-from nest_integrations.evaluation.runner import passages_fingerprint, run_eval, score_item, summarize_records
-from nest_integrations.evaluation.tasks import MARKDOWN_QA_KINDS, markdown_docs_items, markdown_qa_items
+from nest_integrations.evaluation.runner import (
+    docs_domain_passages,
+    load_items,
+    passages_fingerprint,
+    run_eval,
+    score_item,
+    summarize_records,
+)
+from nest_integrations.evaluation.tasks import (
+    MARKDOWN_QA_KINDS,
+    QA_TASKS,
+    TASK_MAX_NEW_TOKENS,
+    markdown_docs_items,
+    markdown_docs_pino_items,
+    markdown_qa_items,
+)
 from nest_integrations.index.nest_index import NestIndex
 
-RECORDS = [json.loads(line) for line in FASTIFY_QA_PATH.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+RECORDS = _records(FASTIFY_QA_PATH)
+PINO_RECORDS = _records(PINO_QA_PATH)
 
 
 # --------------------------------------------------------------------------- corpus and questions
@@ -43,12 +69,16 @@ def test_corpus_is_the_unmodified_package_files():
     assert 250_000 <= sum(len(d.text.encode()) for d in documents) <= 350_000
 
 
-@pytest.mark.parametrize("record", RECORDS, ids=[r["id"] for r in RECORDS])
-def test_every_gold_answer_occurs_verbatim_in_its_document(record):
+@pytest.mark.parametrize(
+    "docs_dir, record",
+    [(FASTIFY_DOCS_DIR, r) for r in RECORDS] + [(PINO_DOCS_DIR, r) for r in PINO_RECORDS],
+    ids=[f"fastify-{r['id']}" for r in RECORDS] + [f"pino-{r['id']}" for r in PINO_RECORDS],
+)
+def test_every_gold_answer_occurs_verbatim_in_its_document(docs_dir, record):
     if record["kind"] == "unanswerable":
         assert record["answers"] == [] and record["doc"] is None and record["unanswerable"] is True
         return
-    text = (FASTIFY_DOCS_DIR / record["doc"]).read_text(encoding="utf-8")
+    text = (docs_dir / record["doc"]).read_text(encoding="utf-8")
     for answer in record["answers"]:
         assert answer in text, f"{answer!r} is not in {record['doc']}"
 
@@ -58,6 +88,54 @@ def test_question_mix():
     assert len(RECORDS) == 40 and len({r["id"] for r in RECORDS}) == 40
     assert kinds.count("howto") >= 24 and kinds.count("followup") >= 6 and kinds.count("unanswerable") >= 8
     assert len({r["doc"] for r in RECORDS if r["doc"]}) >= 10  # spread over the files
+
+
+def test_pino_corpus_is_the_whole_docs_folder_unmodified():
+    documents = pino_documents()
+    assert [d.id for d in documents] == sorted(p.name for p in PINO_DOCS_DIR.glob("*.md")) and len(documents) == 14
+    for document in documents:
+        assert document.text == (PINO_DOCS_DIR / document.id).read_text(encoding="utf-8")
+        assert document.metadata["source"] == "pino@10.4.0"
+    assert "MIT License" in (PINO_DOCS_DIR.parent / "LICENSE").read_text()
+    assert "pino@10.4.0" in (PINO_DOCS_DIR.parent / "SOURCE.md").read_text()
+    assert 150_000 <= sum(len(d.text.encode()) for d in documents) <= 170_000
+
+
+# What each unanswerable Pino question hinges on: in the question, nowhere in the docs.
+PINO_UNANSWERED_TERMS = {
+    "unanswerable-winston-rotate": "winston-daily-rotate-file",
+    "unanswerable-sample-rate": "sampleRate",
+    "unanswerable-python": "Django",
+    "unanswerable-logback": "Logback",
+    "unanswerable-encrypt": "encryptAtRest",
+    "unanswerable-splunk-hec": "Splunk",
+    "unanswerable-go-slog": "log/slog",
+    "unanswerable-colorize-errors": "colorizeStack",
+}
+
+
+def test_pino_question_mix():
+    kinds = [r["kind"] for r in PINO_RECORDS]
+    assert len(PINO_RECORDS) == 40 and len({r["id"] for r in PINO_RECORDS}) == 40
+    assert kinds.count("howto") >= 24 and kinds.count("followup") >= 4 and kinds.count("unanswerable") == 8
+    assert len({r["doc"] for r in PINO_RECORDS if r["doc"]}) >= 8  # spread over the files
+    # several answers are a function's or option's name that stands in a heading
+    headings = {
+        name: [line for line in (PINO_DOCS_DIR / name).read_text().splitlines() if line.startswith("#")]
+        for name in {r["doc"] for r in PINO_RECORDS if r["doc"]}
+    }
+    in_heading = [r for r in PINO_RECORDS if r["doc"] and any(f"`{a}`" in h or f".{a}(" in h
+                                                                for a in r["answers"] for h in headings[r["doc"]])]
+    assert len(in_heading) >= 8
+
+
+def test_pino_unanswerable_questions_name_what_the_docs_lack():
+    corpus = "\n".join(d.text for d in pino_documents()).lower()
+    unanswerable = {r["id"]: r["question"] for r in PINO_RECORDS if r["kind"] == "unanswerable"}
+    assert set(unanswerable) == set(PINO_UNANSWERED_TERMS)
+    for record_id, term in PINO_UNANSWERED_TERMS.items():
+        assert term in unanswerable[record_id]
+        assert not re.search(rf"(?<![\w-]){re.escape(term.lower())}(?![\w-])", corpus), term
 
 
 @pytest.mark.parametrize("chunking", MARKDOWN_CHUNKINGS)
@@ -73,6 +151,21 @@ def test_every_chunking_keeps_document_offsets(chunking):
 def test_unknown_chunking_is_named():
     with pytest.raises(ValueError, match="'paragraph'"):
         markdown_passages("paragraph")
+    with pytest.raises(ValueError, match="'express'"):
+        markdown_passages("cli", "express")
+
+
+def test_pino_task_is_a_markdown_domain_of_its_own():
+    assert "markdown-docs-pino" in QA_TASKS and TASK_MAX_NEW_TOKENS["markdown-docs-pino"] == 64
+    items = load_items("markdown-docs-pino")
+    assert [i.id for i in items] == [r["id"] for r in PINO_RECORDS] == [i.id for i in markdown_docs_pino_items()]
+    drawn = markdown_docs_pino_items(12, seed=3)
+    assert len(drawn) == 12 and {i.meta["kind"] for i in drawn} == set(MARKDOWN_QA_KINDS)
+    passages = docs_domain_passages("markdown-docs-pino", "splitter")
+    assert {p.doc_id for p in passages} == {d.id for d in pino_documents()}
+    texts = {d.id: d.text for d in pino_documents()}
+    for passage in passages:
+        assert texts[passage.doc_id][passage.doc_char_start : passage.doc_char_end] == passage.text
 
 
 # --------------------------------------------------------------------------- items

@@ -1,12 +1,21 @@
-"""A Markdown documentation corpus: the Fastify web framework's reference docs.
+"""Markdown documentation corpora: the Fastify web framework's reference docs, and
+the Pino logger's API docs as a second domain.
 
 Users keep documentation as Markdown files full of markup a reader never
 quotes: HTML anchors (``<a id="x"></a>``), link-reference definitions
-(``[1]: https://...``), tables of contents, code fences. This corpus is 14
-files of ``docs/Reference/`` of the npm package ``fastify@5.12.8`` (MIT),
-unmodified, bundled under ``data/fastify-docs/`` with its licence and a
-``SOURCE.md``; :func:`fastify_documents` reads them as ``nest index build``
-reads a folder (one passage per file, id = file name).
+(``[1]: https://...``), tables of contents, code fences. Two sets of such files
+(:data:`MARKDOWN_DOCS_SETS`), each bundled unmodified with its licence and a
+``SOURCE.md`` and read as ``nest index build`` reads a folder (one passage per
+file, id = file name):
+
+* ``"fastify"`` -- 14 files of ``docs/Reference/`` of the npm package
+  ``fastify@5.12.8`` (MIT) under ``data/fastify-docs/``, :func:`fastify_documents`;
+  guides and references with prose sections;
+* ``"pino"`` -- the whole ``docs/`` folder (14 files) of the npm package
+  ``pino@10.4.0`` (MIT) under ``data/pino-docs/``, :func:`pino_documents`; an
+  API reference with a heading per function or option
+  (``### `logger.child(bindings, [options]) => logger```), so that questions
+  tuned on one project's layout are checked on another's.
 
 Three passage views of the same documents (:func:`markdown_passages`), the
 chunkings a user of each entry point gets by default:
@@ -38,8 +47,13 @@ __all__ = [
     "FASTIFY_QA_PATH",
     "FASTIFY_VERSION",
     "MARKDOWN_CHUNKINGS",
+    "MARKDOWN_DOCS_SETS",
+    "PINO_DOCS_DIR",
+    "PINO_QA_PATH",
+    "PINO_VERSION",
     "fastify_documents",
     "markdown_passages",
+    "pino_documents",
     "sentence_splitter_chunks",
 ]
 
@@ -58,9 +72,28 @@ FASTIFY_QA_PATH = _DATA / "fastify_qa.jsonl"
 ``{"id", "question", "answers", "doc", "kind", "messages"?, "unanswerable"?}``
 (read by :func:`~.tasks.markdown_docs_items`; every answer string occurs in its ``doc``, tested)."""
 
+PINO_VERSION = "10.4.0"
+"""The npm package version the bundled Pino files were copied from."""
+
+PINO_DOCS_DIR = _DATA / "pino-docs" / "docs"
+"""The bundled Pino Markdown files (``SOURCE.md`` and ``LICENSE`` sit one folder up, outside the corpus)."""
+
+PINO_QA_PATH = _DATA / "pino_qa.jsonl"
+"""Hand-written questions about :data:`PINO_DOCS_DIR`, in the format of :data:`FASTIFY_QA_PATH`
+(read by :func:`~.tasks.markdown_docs_pino_items`; every answer string occurs in its ``doc``, tested)."""
+
+MARKDOWN_DOCS_SETS: tuple[str, ...] = ("fastify", "pino")
+"""The bundled documentation sets :func:`markdown_passages` cuts (see the module docstring)."""
+
 MARKDOWN_CHUNKINGS: tuple[str, ...] = ("cli", "splitter", "sentence")
 """Passage views of :func:`markdown_passages`: ``nest index build``'s chunks, LangChain's
 default splitter's, LlamaIndex's default ``SentenceSplitter``'s."""
+
+
+def _package_documents(folder: Path, source: str) -> list[Passage]:
+    """The Markdown files of ``folder`` as whole documents (:func:`load_documents`), sorted
+    by file name, each with ``metadata["source"] = source`` (``"package@version"``)."""
+    return [replace(doc, metadata={**doc.metadata, "source": source}) for doc in load_documents(folder)]
 
 
 def fastify_documents() -> list[Passage]:
@@ -71,8 +104,18 @@ def fastify_documents() -> list[Passage]:
         ``title`` = stem, text verbatim; metadata ``{"path", "source":
         "fastify@<version>"}``.
     """
-    source = f"fastify@{FASTIFY_VERSION}"
-    return [replace(doc, metadata={**doc.metadata, "source": source}) for doc in load_documents(FASTIFY_DOCS_DIR)]
+    return _package_documents(FASTIFY_DOCS_DIR, f"fastify@{FASTIFY_VERSION}")
+
+
+def pino_documents() -> list[Passage]:
+    """The bundled Pino docs as whole documents, sorted by file name.
+
+    Returns:
+        One :class:`Passage` per file: ``id`` = file name (``"api.md"``),
+        ``title`` = stem, text verbatim; metadata ``{"path", "source":
+        "pino@<version>"}``.
+    """
+    return _package_documents(PINO_DOCS_DIR, f"pino@{PINO_VERSION}")
 
 
 def sentence_splitter_chunks(documents: Sequence[Passage]) -> list[Passage]:
@@ -111,15 +154,19 @@ def sentence_splitter_chunks(documents: Sequence[Passage]) -> list[Passage]:
     return chunks
 
 
-def markdown_passages(chunking: str = "cli") -> list[Passage]:
-    """The Fastify corpus as passages to index, cut as ``chunking`` says (see the module docstring).
+def markdown_passages(chunking: str = "cli", docs_set: str = "fastify") -> list[Passage]:
+    """The ``docs_set`` corpus (Fastify's by default) as passages to index, cut as
+    ``chunking`` says (see the module docstring).
 
     Raises:
-        ValueError: for a ``chunking`` not in :data:`MARKDOWN_CHUNKINGS`.
+        ValueError: for a ``chunking`` not in :data:`MARKDOWN_CHUNKINGS` or a
+            ``docs_set`` not in :data:`MARKDOWN_DOCS_SETS`.
     """
     if chunking not in MARKDOWN_CHUNKINGS:
         raise ValueError(f"unknown markdown-docs chunking {chunking!r}; choose from {MARKDOWN_CHUNKINGS}")
-    documents = fastify_documents()
+    if docs_set not in MARKDOWN_DOCS_SETS:
+        raise ValueError(f"unknown Markdown docs set {docs_set!r}; choose from {MARKDOWN_DOCS_SETS}")
+    documents = fastify_documents() if docs_set == "fastify" else pino_documents()
     if chunking == "splitter":
         from .docs_corpus import docs_splitter_chunks
 

@@ -20,7 +20,9 @@ Domains and their commands (all five modes on the same items):
 * Markdown documentation as users keep it (the Fastify reference docs, with
   follow-up and unanswerable questions): ``nest eval --task markdown-docs``
   with ``--docs-chunking cli``, ``splitter`` (LangChain) or ``sentence``
-  (LlamaIndex), see :func:`~nest_integrations.evaluation.markdown_docs.markdown_passages`.
+  (LlamaIndex), see :func:`~nest_integrations.evaluation.markdown_docs.markdown_passages`;
+  the same over a second project's docs (the Pino logger's API reference):
+  ``nest eval --task markdown-docs-pino``.
 
 Every task reports attribution, :func:`~.metrics.seam_ok_rate` (copies that
 start where a reader accepts them), the repetition rate
@@ -92,6 +94,7 @@ from .tasks import QA_TASKS, TASK_MAX_NEW_TOKENS, EvalItem, get_task, qa_items
 __all__ = [
     "CONDITIONS",
     "DOCS_DOMAIN_CHUNKINGS",
+    "MARKDOWN_TASK_DOCS_SETS",
     "TASK_METRICS",
     "docs_domain_passages",
     "evaluate_item",
@@ -184,7 +187,13 @@ PROTOCOL = (
 )
 
 
-DOCS_DOMAIN_CHUNKINGS: dict[str, tuple[str, ...]] = {"docs": DOCS_CHUNKINGS, "markdown-docs": MARKDOWN_CHUNKINGS}
+MARKDOWN_TASK_DOCS_SETS: dict[str, str] = {"markdown-docs": "fastify", "markdown-docs-pino": "pino"}
+"""The Markdown documentation tasks and the bundled docs set (:func:`~.markdown_docs.markdown_passages`)
+each one asks about."""
+
+DOCS_DOMAIN_CHUNKINGS: dict[str, tuple[str, ...]] = {
+    "docs": DOCS_CHUNKINGS, **{task: MARKDOWN_CHUNKINGS for task in MARKDOWN_TASK_DOCS_SETS}
+}
 """The documentation tasks whose index the CLI builds from bundled documents, and their chunkings."""
 
 
@@ -273,7 +282,7 @@ def load_items(
     Args:
         task: a name of :data:`~.tasks.TASKS`.
         n: number of items, >= 1; None gives the task's default: every question
-            for qa, docs, markdown-docs and wiki-qa-hard, :data:`DEFAULT_N` drawn items otherwise.
+            for qa, docs, markdown-docs(-pino) and wiki-qa-hard, :data:`DEFAULT_N` drawn items otherwise.
         seed: sampling seed (bio, completion, wiki-qa; docs when ``n`` is given).
         passages: pool the bio/completion/wiki-qa items are drawn from
             (normally the index's corpus, so every item's source passage is in
@@ -287,7 +296,7 @@ def load_items(
     builder = get_task(task)
     if n is not None and n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    if task in ("docs", "markdown-docs", "wiki-qa-hard"):
+    if task in ("docs", "wiki-qa-hard", *MARKDOWN_TASK_DOCS_SETS):
         return builder(n, seed)
     if task != "qa":
         if qa_path is not None:
@@ -313,7 +322,9 @@ def docs_domain_passages(task: str, chunking: str) -> list[Passage]:
         raise ValueError(f"{task!r} has no bundled documents; choose from {sorted(DOCS_DOMAIN_CHUNKINGS)}")
     if chunking not in DOCS_DOMAIN_CHUNKINGS[task]:
         raise ValueError(f"unknown {task} chunking {chunking!r}; choose from {DOCS_DOMAIN_CHUNKINGS[task]}")
-    return docs_passages(chunking) if task == "docs" else markdown_passages(chunking)
+    if task == "docs":
+        return docs_passages(chunking)
+    return markdown_passages(chunking, MARKDOWN_TASK_DOCS_SETS[task])
 
 
 def passages_fingerprint(passages: Sequence[Passage]) -> str:

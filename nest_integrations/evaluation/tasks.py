@@ -26,12 +26,17 @@ The tasks registered in :data:`TASKS` (``nest eval --task NAME``):
   (:mod:`.markdown_docs`): how-to questions, follow-ups that need the chat
   history, and questions the docs do not answer.
   ``nest eval --task markdown-docs [--docs-chunking cli|splitter|sentence]``.
+* ``"markdown-docs-pino"`` (:func:`markdown_docs_pino_items`): the same kinds of
+  questions about a second project's Markdown docs, the Pino logger's API
+  reference (a heading per function or option), so that what is measured on
+  Fastify is checked on another layout.
+  ``nest eval --task markdown-docs-pino [--docs-chunking cli|splitter|sentence]``.
 * ``"wiki-qa-hard"`` (:func:`wiki_qa_hard_items`): hand-written factual
   questions about people of the bundled summaries whose answers sit after the
   summary's first sentence, plus questions about people the corpus does not
   hold. ``nest eval --task wiki-qa-hard`` (the default index of the people).
 
-The question tasks (qa, wiki-qa, docs, markdown-docs, wiki-qa-hard) are scored by answer recall with a
+The question tasks (qa, wiki-qa, docs, markdown-docs, markdown-docs-pino, wiki-qa-hard) are scored by answer recall with a
 short answer budget by default (:data:`TASK_MAX_NEW_TOKENS`).
 
 Sampling is deterministic: candidates are sorted by id and drawn with
@@ -67,6 +72,7 @@ __all__ = [
     "get_task",
     "is_person_title",
     "markdown_docs_items",
+    "markdown_docs_pino_items",
     "markdown_qa_items",
     "qa_items",
     "split_sentences",
@@ -764,6 +770,21 @@ def markdown_docs_items(n: int | None = None, seed: int = 0) -> list[EvalItem]:
     return _drawn(markdown_qa_items(FASTIFY_QA_PATH), n, seed, "markdown-docs", _stratified_sample)
 
 
+def markdown_docs_pino_items(n: int | None = None, seed: int = 0) -> list[EvalItem]:
+    """Questions about the Pino logger's Markdown API docs (:mod:`.markdown_docs`), the
+    second Markdown domain; drawn as :func:`markdown_docs_items` draws.
+
+    Returns:
+        Items of :func:`markdown_qa_items` over :data:`~.markdown_docs.PINO_QA_PATH`.
+
+    Raises:
+        ValueError: if ``n < 0`` or larger than the number of questions.
+    """
+    from .markdown_docs import PINO_QA_PATH
+
+    return _drawn(markdown_qa_items(PINO_QA_PATH), n, seed, "markdown-docs-pino", _stratified_sample)
+
+
 # --------------------------------------------------------------------------- wiki-qa-hard
 
 WIKI_QA_HARD_PATH = Path(__file__).with_name("data") / "wiki_qa_hard.jsonl"
@@ -836,16 +857,19 @@ TASKS: dict[str, Callable[..., list[EvalItem]]] = {
     "wiki-qa": wiki_qa_items,
     "docs": docs_items,
     "markdown-docs": markdown_docs_items,
+    "markdown-docs-pino": markdown_docs_pino_items,
     "wiki-qa-hard": wiki_qa_hard_items,
 }
 
-QA_TASKS: frozenset[str] = frozenset({"qa", "wiki-qa", "docs", "markdown-docs", "wiki-qa-hard"})
-"""Tasks whose items carry gold ``answers`` (scored by answer recall; markdown-docs and
+QA_TASKS: frozenset[str] = frozenset(
+    {"qa", "wiki-qa", "docs", "markdown-docs", "markdown-docs-pino", "wiki-qa-hard"}
+)
+"""Tasks whose items carry gold ``answers`` (scored by answer recall; markdown-docs(-pino) and
 wiki-qa-hard items marked ``meta["unanswerable"]`` have none and are scored apart)."""
 
 TASK_MAX_NEW_TOKENS: dict[str, int] = {
     "bio": 128, "completion": 128, "qa": 64, "wiki-qa": 64, "docs": 64, "markdown-docs": 64,
-    "wiki-qa-hard": 64,
+    "markdown-docs-pino": 64, "wiki-qa-hard": 64,
 }
 """Default generation budget per task: questions get short answers."""
 
