@@ -1,5 +1,6 @@
 """What the ``nest`` commands share: the consoles, failing, logging, option parsing, the
-default index, and the start-up trace that ``nest bench startup`` reads.
+default index and the documentation domains' indexes, and the start-up trace that ``nest bench
+startup`` reads.
 
 Imports only what every command needs (typer, rich): each command imports its own
 libraries (torch, transformers, FAISS...) when it runs, so ``nest --help`` or a
@@ -221,3 +222,18 @@ def build_default_index(folder: Path, model: Optional[str] = None) -> None:
     console.print(f"Building the default index over the Wikipedia summaries about people in {folder} (once)...")
     index = NestIndex.build(load_wikipedia_summaries(topic=DEMO_TOPIC), load_lm(model or "default"))
     index.save(folder)
+
+
+def docs_index(task: str, chunking: str, model: Optional[str] = None) -> Path:
+    """The folder of a documentation task's default index, built into the cache once per
+    version of its passages (docs: standard-library docstrings; markdown-docs: Fastify's docs)."""
+    from nest_integrations.evaluation.runner import docs_domain_passages, passages_fingerprint
+    from nest_integrations.index.nest_index import NestIndex
+    from nest_integrations.model.lm import cache_dir, load_lm
+
+    passages = docs_domain_passages(task, chunking)
+    folder = cache_dir() / "indexes" / f"{task}-{chunking}-{passages_fingerprint(passages)}{model_tag(model)}"
+    if not (folder / "manifest.json").exists():
+        console.print(f"Building the {task} index ({len(passages)} passages, {chunking}) in {folder} (once)...")
+        NestIndex.build(passages, load_lm(model or "default")).save(folder)
+    return folder

@@ -8,25 +8,10 @@ from typing import Optional
 import typer
 
 from nest_integrations.store.key_codec import CODEC_HELP
-from .common import comma_list, console, fail, load_index, model_tag
+from .common import comma_list, console, docs_index, fail, load_index
 
 app = typer.Typer()
 """The command of this module, merged into ``nest``."""
-
-def _docs_index(task: str, chunking: str, model: Optional[str] = None) -> Path:
-    """The folder of a documentation task's default index, built into the cache once per
-    version of its passages (docs: standard-library docstrings; markdown-docs: Fastify's docs)."""
-    from nest_integrations.evaluation.runner import docs_domain_passages, passages_fingerprint
-    from nest_integrations.index.nest_index import NestIndex
-    from nest_integrations.model.lm import cache_dir, load_lm
-
-    passages = docs_domain_passages(task, chunking)
-    folder = cache_dir() / "indexes" / f"{task}-{chunking}-{passages_fingerprint(passages)}{model_tag(model)}"
-    if not (folder / "manifest.json").exists():
-        console.print(f"Building the {task} index ({len(passages)} passages, {chunking}) in {folder} (once)...")
-        NestIndex.build(passages, load_lm(model or "default")).save(folder)
-    return folder
-
 
 @app.command("eval")
 def evaluate(
@@ -82,7 +67,7 @@ def evaluate(
     if docs_chunking not in chunkings:
         fail(f"unknown --docs-chunking {docs_chunking!r} for {task}; choose from {', '.join(chunkings)}")
     if task in DOCS_DOMAIN_CHUNKINGS and datastore is None:
-        datastore = _docs_index(task, docs_chunking, model)
+        datastore = docs_index(task, docs_chunking, model)
     index = load_index(datastore, model)
     try:
         if key_compression is not None:
