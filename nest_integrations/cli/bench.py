@@ -2,10 +2,11 @@
 
 ``speed`` (the modes against plain transformers generate), ``batching`` (throughput), ``scale``
 (first stage against corpus size), ``ray``, ``keys`` (compressed keys), ``store`` (the quick
-starts' saved stores), ``gate`` (the relevance gate), ``device`` (an accelerator), ``startup``
-(the command's own start-up). The spellings of earlier releases (``nest bench`` with
-``--batching`` / ``--scale``, ``nest bench-ray``...) still run, hidden, with a deprecation
-warning on stderr; they go in the next release.
+starts' saved stores), ``gate`` (the relevance gate), ``windows`` (the answer windows the
+decoder plans), ``device`` (an accelerator), ``startup`` (the command's own start-up). The
+spellings of earlier releases (``nest bench`` with ``--batching`` / ``--scale``, ``nest
+bench-ray``...) still run, hidden, with a deprecation warning on stderr; they go in the next
+release.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import typer
 
 from nest_integrations.store.key_codec import CODEC_HELP
 from .common import (
-    STARTUP_T0_ENV, STARTUP_TRACE_ENV, comma_list, console, default_index_path, fail, given, load_index, numbers,
+    STARTUP_T0_ENV, STARTUP_TRACE_ENV, comma_list, console, default_index_path, docs_index, fail, given, load_index, numbers,
 )
 
 bench_app = typer.Typer(
-    help="Benchmarks: speed, batching, scale, ray, keys, store, gate, device, startup.", invoke_without_command=True,
+    help="Benchmarks: speed, batching, scale, ray, keys, store, gate, windows, device, startup.", invoke_without_command=True,
 )
 app = typer.Typer()
 """The deprecated ``bench-*`` commands, merged into ``nest`` (hidden)."""
@@ -284,6 +285,46 @@ def gate(
     except ValueError as err:
         fail(str(err))
     console.print((out / "gate.md").read_text())
+
+
+WINDOW_DOMAINS = ("markdown-docs", "docs", "wiki-qa-hard", "wiki-qa")
+"""The question domains ``nest bench windows`` runs on (those with gold answers and a built-in index)."""
+
+
+@bench_app.command("windows")
+def windows(
+    domains: list[str] = typer.Option(
+        ["markdown-docs"], "--domain", metavar="DOMAIN", help=f"A question domain ({', '.join(WINDOW_DOMAINS)}); repeat for several."
+    ),
+    max_new_tokens: Optional[int] = typer.Option(
+        None, min=1, help="Token budget the planned windows are cut at (default: nest eval's for the domains, 64)."
+    ),
+    limit: Optional[int] = typer.Option(None, min=1, help="Questions per domain (default: as nest eval, every one but wiki-qa's 100)."),
+    seed: int = typer.Option(0, help="Sampling seed of the questions (with --limit, and for wiki-qa)."),
+    out: Path = typer.Option(Path("runs/bench-windows"), help="Output folder (windows.json, README.md)."),
+) -> None:
+    """Whether the gold answer is in the answer windows the decoder plans to copy, per domain: the
+    first stage, the relevance gate and the window plan as in the decoder, no generation."""
+    from nest_integrations.evaluation.runner import DOCS_DOMAIN_CHUNKINGS, load_items, run_config
+    from nest_integrations.evaluation.tasks import TASK_MAX_NEW_TOKENS
+    from nest_integrations.evaluation.window_bench import domain_report, write_window_bench
+
+    if unknown := [d for d in domains if d not in WINDOW_DOMAINS]:
+        fail(f"unknown --domain {', '.join(unknown)}; choose from {', '.join(WINDOW_DOMAINS)}")
+    if len(set(domains)) != len(domains):
+        fail(f"--domain repeats: {', '.join(domains)}")
+    config = run_config(None, max_new_tokens or max(TASK_MAX_NEW_TOKENS[d] for d in domains))
+    reports, model = {}, ""
+    for domain in domains:
+        index = load_index(docs_index(domain, "cli") if domain in DOCS_DOMAIN_CHUNKINGS else None)
+        try:
+            items = load_items(domain, limit, seed=seed, passages=index.passages)
+        except ValueError as err:
+            fail(f"{domain}: {err}")
+        reports[domain] = {"passages": len(index.passages), **domain_report(index, items, config)}
+        model = index.lm.name
+    write_window_bench(reports, config, model, out)
+    console.print((out / "README.md").read_text())
 
 
 @bench_app.command("device")

@@ -1,0 +1,253 @@
+"""Whether the answer window the decoder plans holds the answer, measured without generating
+(``nest bench windows``).
+
+For each question of an evaluation domain (:func:`~.runner.load_items`) the bench runs what
+:class:`~nest_integrations.decoding.decoder.NestDecoder` runs before its first token, in the
+same order, and stops there:
+
+1. the first stage, ``config.passage_k`` passages (:func:`~.runner.first_stage`, ``present``);
+2. the relevance gate (:func:`gate_kept`, as ``NestDecoder._gate``);
+3. for a chat question (:func:`~nest_integrations.policy.copy_policy.wants_focus`, with
+   ``config.answer_focus``), the answer windows
+   (:func:`~nest_integrations.policy.copy_policy.focus_windows`, ``config.answer_windows`` of
+   them) as the decoder plans them in tokens (:func:`plan_windows`, as
+   ``NestDecoder._plan_windows``): a window that does not close an answer runs on to its
+   passage's end and no window follows it;
+4. the planned tokens, in copy order, cut at ``config.max_new_tokens`` (:func:`planned_text`).
+
+Window recall is :func:`~.metrics.answer_recall` of that text: whether the answer is in what
+the decoder sets out to copy. It bounds NEST's answer recall from the plan alone: a generation
+may still lose the answer (the LM's check rejects a span, the LM writes instead) or find it
+elsewhere (a question answered without a plan). Only retrieval and the embedder run, so a
+domain takes seconds once its index is built.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from nest_integrations.core.config import NestConfig
+from nest_integrations.corpus.markdown_structure import first_copyable
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.index.nest_index import NestIndex
+from nest_integrations.policy.copy_policy import Window, closes_answer, focus_windows, wants_focus
+from nest_integrations.policy.relevance import RelevanceGate
+from .metrics import answer_recall
+from .runner import first_stage, format_cell, gold_passage_ids, markdown_table
+from .tasks import EvalItem
+
+__all__ = [
+    "PlannedWindow",
+    "domain_report",
+    "gate_kept",
+    "item_row",
+    "plan_windows",
+    "planned_text",
+    "summarize",
+    "window_bench_markdown",
+    "write_window_bench",
+]
+
+
+@dataclass(frozen=True)
+class PlannedWindow:
+    """One answer window as the decoder copies it: tokens ``first..last`` (inclusive) of
+    passage ``passage_id`` under the LM's tokenizer. ``stops``: the answer ends after
+    ``last`` (else ``last`` is the passage's last token: the copy runs on)."""
+
+    passage_id: str
+    first: int
+    last: int
+    stops: bool
+    window: Window
+
+
+def gate_kept(index: NestIndex, query: str, passages: Sequence[Passage], config: NestConfig) -> list[Passage]:
+    """The passages the decoder lets into its datastore: those the relevance gate keeps
+    (:class:`RelevanceGate` over ``index.relevance``), or all of them when the gate is off
+    (``min_passage_relevance <= -1``) or the query is blank; none of none."""
+    if config.min_passage_relevance <= -1.0 or not passages or not query.strip():
+        return list(passages)
+    return RelevanceGate.from_config(config)(query, list(passages), index.relevance(query, [p.text for p in passages])).kept
+
+
+def token_range(char_spans: np.ndarray, char_start: int, char_end: int) -> tuple[int, int]:
+    """First and last token (int32 (L, 2) tiling ``char_spans``) overlapping characters
+    ``[char_start, char_end)``, as the decoder maps a window to tokens."""
+    first = int(np.searchsorted(char_spans[:, 1], char_start, side="right"))
+    last = int(np.searchsorted(char_spans[:, 0], char_end, side="left")) - 1
+    return min(first, len(char_spans) - 1), max(last, first)
+
+
+def plan_windows(index: NestIndex, query: str, kept: Sequence[Passage], config: NestConfig) -> list[PlannedWindow]:
+    """The answer windows the decoder plans for ``query`` over the kept passages, in copy order;
+    empty when it plans none (no kept passage, not a question, ``answer_focus`` off, no window
+    shares a word with the query).
+
+    A later window opens at its first copyable token and at the line breaks before it when
+    they are tokens of their own; a window that holds no word of the query or ends mid-sentence
+    (:func:`closes_answer`) runs on to its passage's end and is the last."""
+    if not kept or not config.answer_focus or not wants_focus(query):
+        return []
+    by_id = {p.id: p for p in kept}
+    planned: list[PlannedWindow] = []
+    for window in focus_windows(query, kept, index.relevance, count=config.answer_windows):
+        text = by_id[window.passage_id].text
+        _, spans = index.datastore.encoder.tokenize(text)
+        if not len(spans):
+            continue
+        first, last = token_range(spans, window.start, window.end)
+        if planned:
+            first = first_copyable(text, spans, first)
+            while 0 < first < len(spans) and not text[slice(*spans[first - 1])].strip():
+                first -= 1
+        stops = window.answers and closes_answer(text, window.end)
+        planned.append(PlannedWindow(window.passage_id, first, last if stops else len(spans) - 1, stops, window))
+        if not stops:
+            break
+    return planned
+
+
+def planned_text(index: NestIndex, kept: Sequence[Passage], planned: Sequence[PlannedWindow], max_new_tokens: int) -> tuple[str, int]:
+    """The text of the planned windows' tokens, in copy order, cut after ``max_new_tokens`` of
+    them, and its length in tokens. Each window's tokens are a verbatim slice of its passage
+    (the token spans tile the text); windows are joined as copied, without a separator."""
+    by_id = {p.id: p for p in kept}
+    pieces, budget = [], max_new_tokens
+    for window in planned:
+        if budget <= 0:
+            break
+        text = by_id[window.passage_id].text
+        _, spans = index.datastore.encoder.tokenize(text)
+        last = min(window.last, window.first + budget - 1)
+        if window.first > last or window.first >= len(spans):
+            continue
+        pieces.append(text[spans[window.first, 0]: spans[last, 1]])
+        budget -= last - window.first + 1
+    return "".join(pieces), max_new_tokens - budget
+
+
+def item_row(index: NestIndex, item: EvalItem, config: NestConfig) -> dict[str, Any]:
+    """What the decoder would plan for ``item`` (see the module docstring), as a JSON row.
+
+    Keys: ``item_id``, ``query``, ``unanswerable``, ``answers``, ``retrieved`` and ``kept``
+    (passage ids), ``windows`` (``passage_id``, ``chars`` [start, end), ``tokens`` [first, last],
+    ``answers``, ``stops``), ``planned_tokens`` and ``planned_text``; for an answerable item
+    ``window_recall`` (0/1: the answer in the planned text), ``answer_kept`` (the answer in a kept
+    passage) and ``source_kept`` (the item's own passage kept; None when it names none); for an
+    unanswerable one ``kept_any`` (the gate kept something NEST could copy from)."""
+    hits, _ = first_stage(index, item, "present", config.passage_k)
+    kept = gate_kept(index, item.query, [p for p, _ in hits], config)
+    chat = bool(item.meta.get("chat", True))
+    planned = plan_windows(index, item.query, kept, config) if chat else []
+    text, tokens = planned_text(index, kept, planned, config.max_new_tokens)
+    unanswerable = bool(item.meta.get("unanswerable", False))
+    row: dict[str, Any] = {
+        "item_id": item.id,
+        "query": item.query,
+        "unanswerable": unanswerable,
+        "answers": list(item.meta.get("answers") or []),
+        "retrieved": [p.id for p, _ in hits],
+        "kept": [p.id for p in kept],
+        "windows": [
+            {"passage_id": w.passage_id, "chars": [w.window.start, w.window.end], "tokens": [w.first, w.last],
+             "answers": w.window.answers, "stops": w.stops}
+            for w in planned
+        ],
+        "planned_tokens": tokens,
+        "planned_text": text,
+    }
+    if unanswerable:
+        row["kept_any"] = bool(kept)
+        return row
+    answers = item.meta["answers"]
+    source = item.meta.get("passage_id")
+    row["window_recall"] = answer_recall(text, answers) if text else 0.0
+    row["answer_kept"] = any(answer_recall(p.text, answers) for p in kept)
+    row["source_kept"] = None if source is None else bool(set(gold_passage_ids(index.passages, source)) & set(row["kept"]))
+    return row
+
+
+def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Counts over one domain's rows (:func:`item_row`): ``items``, ``answerable``, ``planned``
+    (answerable items with a window plan), ``window_recall`` (count of answerable items whose
+    planned text holds the answer) and ``window_recall_rate`` (that over ``answerable``; None
+    without answerable items), ``answer_kept``, ``source_kept`` (over the items naming a source,
+    ``with_source``), ``unanswerable`` and ``unanswerable_kept`` (those where the gate kept a passage)."""
+    answerable = [r for r in rows if not r["unanswerable"]]
+    sourced = [r for r in answerable if r["source_kept"] is not None]
+    recalled = int(sum(r["window_recall"] for r in answerable))
+    return {
+        "items": len(rows),
+        "answerable": len(answerable),
+        "planned": sum(bool(r["windows"]) for r in answerable),
+        "window_recall": recalled,
+        "window_recall_rate": recalled / len(answerable) if answerable else None,
+        "answer_kept": sum(r["answer_kept"] for r in answerable),
+        "with_source": len(sourced),
+        "source_kept": sum(r["source_kept"] for r in sourced),
+        "unanswerable": len(rows) - len(answerable),
+        "unanswerable_kept": sum(r["kept_any"] for r in rows if r["unanswerable"]),
+    }
+
+
+def domain_report(index: NestIndex, items: Sequence[EvalItem], config: NestConfig) -> dict[str, Any]:
+    """``{"summary": summarize(rows), "items": rows}`` over ``items`` (one :func:`item_row` each)."""
+    rows = [item_row(index, item, config) for item in items]
+    return {"summary": summarize(rows), "items": rows}
+
+
+def window_bench_markdown(report: Mapping[str, Any]) -> str:
+    """The bench's table, one row per domain, under the command and settings that made it."""
+    headers = ["domain", "index", "answerable", "window recall", "rate", "planned", "answer kept", "source kept", "unanswerable kept"]
+    rows = []
+    for name, domain in report["domains"].items():
+        s = domain["summary"]
+        rows.append([
+            name, f"{domain['passages']} passages", s["answerable"], f"{s['window_recall']} of {s['answerable']}",
+            s["window_recall_rate"], f"{s['planned']} of {s['answerable']}", f"{s['answer_kept']} of {s['answerable']}",
+            f"{s['source_kept']} of {s['with_source']}" if s["with_source"] else None,
+            f"{s['unanswerable_kept']} of {s['unanswerable']}" if s["unanswerable"] else None,
+        ])
+    config = report["config"]
+    return "\n".join([
+        "# Answer windows: is the answer in what the decoder plans to copy?",
+        "",
+        f"- command: `{report['command']}`",
+        f"- date: {report['date']}; model: {report['model']}",
+        f"- max_new_tokens {config['max_new_tokens']}, passage_k {config['passage_k']}, answer_windows "
+        f"{config['answer_windows']}, min_passage_relevance {format_cell(float(config['min_passage_relevance']))}",
+        "",
+        markdown_table(headers, rows),
+        "",
+        "Window recall: the gold answer is in the planned windows' tokens, cut at max_new_tokens (no generation). "
+        "Planned: a window plan exists. Answer kept: the answer is in a passage the gate kept. Source kept: the "
+        "item's own passage was kept. Unanswerable kept: the gate kept a passage for a question the corpus does "
+        "not answer. Per item: windows.json.",
+        "",
+    ])
+
+
+def write_window_bench(domains: Mapping[str, Mapping[str, Any]], config: NestConfig, model: str, out_dir: Path) -> dict[str, Any]:
+    """Write ``windows.json`` (per domain: summary and items) and ``README.md`` (the table) to
+    ``out_dir``; ``domains`` maps a domain to its :func:`domain_report` plus ``passages`` (the
+    index's size). Returns the report written."""
+    report = {
+        "command": shlex.join(["nest", *sys.argv[1:]]),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": model,
+        "config": config.model_dump(mode="json", exclude={"mode"}),
+        "domains": dict(domains),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "windows.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out_dir / "README.md").write_text(window_bench_markdown(report), encoding="utf-8")
+    return report

@@ -1,0 +1,91 @@
+"""``nest bench windows`` on a hand-made domain: the window the decoder plans, whether the answer
+is in it, at a budget that holds it and one that cuts it, and what the gate keeps for a question
+the passages do not answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from nest_integrations.cli import app
+from nest_integrations.core.config import NestConfig
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.evaluation.tasks import EvalItem
+from nest_integrations.evaluation.window_bench import domain_report, write_window_bench
+from nest_integrations.index.nest_index import NestIndex
+
+PASSAGES = [
+    Passage(id="curie", title="Marie Curie", text=(
+        "Marie Curie was a Polish and naturalised-French physicist and chemist who conducted pioneering research "
+        "on radioactivity. She was born in 1867 in Warsaw, the youngest of five children of two teachers.")),
+    Passage(id="turing", title="Alan Turing", text=(
+        "Alan Turing was an English mathematician, computer scientist and cryptanalyst. He was born in 1912 in "
+        "Maida Vale, London, and formalised the concepts of algorithm and computation with the Turing machine.")),
+    Passage(id="lovelace", title="Ada Lovelace", text=(
+        "Ada Lovelace was an English mathematician and writer, chiefly known for her work on Charles Babbage's "
+        "proposed mechanical general-purpose computer, the Analytical Engine.")),
+]
+
+
+def question(item_id, query, answers, source=None):
+    meta = {"answers": answers, "passage_id": source} if answers else {"answers": [], "unanswerable": True}
+    return EvalItem(id=item_id, prompt=query, query=query, reference="", meta=meta)
+
+
+ITEMS = [
+    question("born", "Where was Marie Curie born?", ["Warsaw"], "curie"),
+    # The answer is in the kept passage but not in the sentence that answers the question best.
+    question("elsewhere", "Where was Marie Curie born?", ["radioactivity"], "curie"),
+    question("django", "How do I turn on CSRF protection in Django's settings.py?", []),
+]
+
+
+@pytest.fixture(scope="module")
+def index(tiny_lm):
+    return NestIndex.build(PASSAGES, tiny_lm, show_progress=False)
+
+
+def rows(report):
+    return {row["item_id"]: row for row in report["items"]}
+
+
+def test_the_answer_is_in_the_planned_window_only_where_the_window_holds_it(index):
+    report = domain_report(index, ITEMS, NestConfig(max_new_tokens=64, answer_windows=1))
+    born, elsewhere, django = (rows(report)[i] for i in ("born", "elsewhere", "django"))
+    assert born["kept"] and born["kept"][0] == "curie" and born["source_kept"]
+    assert [w["passage_id"] for w in born["windows"]] == ["curie"]
+    assert "Warsaw" in born["planned_text"] and "radioactivity" not in born["planned_text"]
+    assert born["window_recall"] == 1.0 and born["answer_kept"]
+    assert elsewhere["planned_text"] == born["planned_text"]
+    assert elsewhere["window_recall"] == 0.0 and elsewhere["answer_kept"]
+    assert django["unanswerable"] and not django["kept_any"] and not django["windows"]
+    assert report["summary"] == {
+        "items": 3, "answerable": 2, "planned": 2, "window_recall": 1, "window_recall_rate": 0.5,
+        "answer_kept": 2, "with_source": 2, "source_kept": 2, "unanswerable": 1, "unanswerable_kept": 0,
+    }
+
+
+def test_the_token_budget_cuts_the_planned_text(index):
+    full = rows(domain_report(index, ITEMS[:1], NestConfig(max_new_tokens=64, answer_windows=1)))["born"]
+    cut = rows(domain_report(index, ITEMS[:1], NestConfig(max_new_tokens=3, answer_windows=1)))["born"]
+    assert full["planned_tokens"] > 3 and cut["planned_tokens"] == 3
+    assert full["planned_text"].startswith(cut["planned_text"]) and "Warsaw" not in cut["planned_text"]
+    assert cut["window_recall"] == 0.0 and cut["answer_kept"]
+
+
+def test_the_report_is_written_as_json_and_a_table(index, tmp_path):
+    config = NestConfig(max_new_tokens=64, answer_windows=1)
+    domain = {"passages": len(PASSAGES), **domain_report(index, ITEMS, config)}
+    write_window_bench({"toy": domain}, config, index.lm.name, tmp_path)
+    saved = json.loads((tmp_path / "windows.json").read_text())
+    assert saved["domains"]["toy"]["summary"]["window_recall"] == 1
+    assert saved["config"]["max_new_tokens"] == 64
+    table = (tmp_path / "README.md").read_text()
+    assert "| toy | 3 passages | 2 | 1 of 2 | 0.500 |" in table and "0 of 1" in table
+
+
+def test_an_unknown_domain_fails_before_loading_anything():
+    result = CliRunner().invoke(app, ["bench", "windows", "--domain", "bio"])
+    assert result.exit_code == 2 and "unknown --domain bio" in result.output
