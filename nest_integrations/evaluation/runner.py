@@ -182,7 +182,7 @@ PROTOCOL = (
     "same condition), so a mode that stops earlier gains nothing from writing less; speedup_vs_rag the same "
     "against rag; repetitive: the text repeats a word 4-gram 3+ times or two copied spans share 16+ source "
     "characters; markup_copied: a copied span takes an HTML comment, front matter, link-reference definition, "
-    "HTML tag or heading line from outside its source's code fences; answer_recall over answerable questions; "
+    "HTML tag or heading line from outside its source's code fences; answer_recall and attribution over answerable questions; "
     "cited_unanswerable (attribution > 0) and unanswerable_attribution over unanswerable ones."
 )
 
@@ -464,7 +464,8 @@ def score_item(
             are found; None compares passages alone.
 
     Returns:
-        ``attribution_ratio`` and ``mean_copied_span_tokens`` (from the output),
+        ``attribution_ratio`` (from the output; None for an unanswerable item, whose
+        attribution is ``unanswerable_attribution``) and ``mean_copied_span_tokens``,
         ``span_integrity`` in [0, 1], ``spans_tile`` (bool), ``seam_ok_rate``
         (in [0, 1], None when nothing was copied), ``repetitive`` (bool,
         :func:`~.metrics.is_repetitive`), ``markup_copied`` (bool) and
@@ -491,8 +492,11 @@ def score_item(
     if not isinstance(output.get("stats"), Mapping):
         raise ValueError("output has no 'stats' mapping")
     markup = copied_markup(output, passages_by_id)
+    unanswerable = bool(item.meta.get("unanswerable", False))
     return {
-        "attribution_ratio": float(output.get("attribution_ratio", 0.0)),
+        # An unanswerable question's attribution should be 0: it is reported apart
+        # (unanswerable_attribution), not averaged into the attribution of answers.
+        "attribution_ratio": None if unanswerable else float(output.get("attribution_ratio", 0.0)),
         "mean_copied_span_tokens": float(output.get("mean_copied_span_tokens", 0.0)),
         "span_integrity": integrity,
         "spans_tile": spans_tile_text(output),
@@ -500,7 +504,7 @@ def score_item(
         "repetitive": is_repetitive(output, doc_positions),
         "markup_copied": bool(markup),
         "copied_markup": markup,
-        **unanswerable_scores(output, bool(item.meta.get("unanswerable", False))),
+        **unanswerable_scores(output, unanswerable),
         **_task_scores(item, output["text"], task),
         **_speed_scores(output["stats"], first_stage_s),
     }
