@@ -99,6 +99,20 @@ def test_a_follow_up_is_answered_by_what_it_asks_now():
     assert window is not None and "removeContentTypeParser" in parsers.text[window.start : window.end]
 
 
+def test_a_follow_up_window_is_ranked_by_what_is_asked_now_as_well_as_by_the_conversation():
+    hooks = Passage(id="hooks", text="Use fastify.addHook(name, fn) to add a function to the lifecycle, and check the hooks page.")
+    decorators = Passage(id="deco", text="Use fastify.hasDecorator(name) to check for the existence of a decoration.")
+    query = "How do I add a utility function to the Fastify instance?\nHow do I check later that it exists?"
+    conversation, now = query, query.splitlines()[-1]
+    cosines = {(conversation, "hooks"): 0.75, (conversation, "deco"): 0.58, (now, "hooks"): 0.2, (now, "deco"): 0.7}
+
+    def similarity(q: str, texts: list[str]) -> list[float]:
+        return [cosines[q, "hooks" if "addHook" in t else "deco"] for t in texts]
+
+    window = focus_window(query, [hooks, decorators], similarity)
+    assert window is not None and window.passage_id == "deco"
+
+
 def test_a_markdown_window_takes_in_its_whole_paragraph():
     """The sentence sharing the question's words leans on the one before it for the answer."""
     doc = Passage(id="s", text=(

@@ -217,7 +217,9 @@ def focus_windows(query: str, passages: Sequence[Passage], similarity: Similarit
     embedder), the ``FOCUS_CANDIDATES`` best windows are re-ranked by that
     score relative to the best one plus their cosine to the query (lexical
     overlap alone ties "load(fp)" with "dump(obj, fp)" for "write JSON into a
-    file"). Ties go to the earlier passage (retrieval order) and window. A
+    file"); a follow-up's cosine is the mean of its cosines to the conversation
+    and to its last question, so "How do I check later that it exists?" after a
+    question about adding a function is not ranked by the first question alone. Ties go to the earlier passage (retrieval order) and window. A
     Markdown window then takes in the whole blocks it touches (:func:`_whole_blocks`).
     """
     wanted = content_words(query)
@@ -243,7 +245,11 @@ def focus_windows(query: str, passages: Sequence[Passage], similarity: Similarit
     scores = [sum(weight.get(w, 0.0) for w in wanted & words) for *_, words in windows]
     ranked = sorted((i for i, score in enumerate(scores) if score > 0), key=lambda i: -scores[i])[:FOCUS_CANDIDATES]
     if similarity is not None and len(ranked) > 1:
-        cosines = similarity(query, [windows[i][0].text[windows[i][1] : windows[i][2]] for i in ranked])
+        texts = [windows[i][0].text[windows[i][1] : windows[i][2]] for i in ranked]
+        cosines = similarity(query, texts)
+        asked_last = query.strip().splitlines()[-1]
+        if asked_last != query.strip():
+            cosines = [(whole + last) / 2 for whole, last in zip(cosines, similarity(asked_last, texts))]
         combined = {i: scores[i] / scores[ranked[0]] + float(c) for i, c in zip(ranked, cosines)}
         ranked = sorted(ranked, key=lambda i: (-combined[i], i))
     chosen: list[Window] = []
