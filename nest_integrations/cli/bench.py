@@ -287,7 +287,7 @@ def gate(
     console.print((out / "gate.md").read_text())
 
 
-WINDOW_DOMAINS = ("markdown-docs", "docs", "wiki-qa-hard", "wiki-qa")
+WINDOW_DOMAINS = ("markdown-docs", "markdown-docs-pino", "docs", "wiki-qa-hard", "wiki-qa")
 """The question domains ``nest bench windows`` runs on (those with gold answers and a built-in index)."""
 
 
