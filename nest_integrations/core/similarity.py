@@ -29,14 +29,18 @@ closer) of each text to ``query`` under one embedding model, one per text and in
 (``NestConfig.min_passage_relevance``...), so an implementation keeps its arithmetic fixed."""
 
 
-def unit_rows(vectors: np.ndarray | Sequence[Sequence[float]]) -> np.ndarray:
+def unit_rows(vectors: np.ndarray | Sequence[Sequence[float]], *, min_norm: float = float(np.finfo(np.float32).tiny)) -> np.ndarray:
     """``vectors`` (n, d) as float32 rows of unit L2 norm (a row of zeros stays zero).
 
-    The rows are converted to float32 first and divided by their float32 norm.
+    The rows are converted to float32 first and divided by their float32 norm,
+    or by ``min_norm`` (as float32) when that is larger. The default, float32's
+    smallest normal number, makes every nonzero row a unit vector; with a larger
+    floor (the dense retriever's ``1e-12``) a row shorter than the floor stays
+    shorter than unit (its norm over the floor).
     """
     vectors = np.asarray(vectors, dtype=np.float32)
     norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
-    return vectors / np.maximum(norms, np.finfo(np.float32).tiny)
+    return vectors / np.maximum(norms, np.float32(min_norm))
 
 
 def cosine_similarities(

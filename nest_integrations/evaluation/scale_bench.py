@@ -49,9 +49,10 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 
 from nest_integrations.core.config import NestConfig
+from nest_integrations.core.similarity import unit_rows as l2_normalise
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.retrieval.base import index_text
-from nest_integrations.retrieval.dense import DenseRetriever, embed_texts, l2_normalise, resolve_embedder
+from nest_integrations.retrieval.dense import DenseRetriever, embed_texts, resolve_embedder
 from .runner import decoder_over, fresh_lazy_datastore, load_items, markdown_table, ratio, write_json
 
 __all__ = ["ASSUMPTIONS", "COMPRESSED_KEY_BYTES", "DEFAULT_SIZES", "PAPER_PASSAGES", "extrapolate", "run_scale_bench"]

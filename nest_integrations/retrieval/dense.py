@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from typing_extensions import Annotated
 
 from nest_integrations.core.safe_io import validation_message
+from nest_integrations.core.similarity import unit_rows
 from nest_integrations.corpus.passages import Passage
 from .base import BatchRetrieverMixin, ScoredPassage, check_passages, index_text, with_added, without_ids
 from .faiss_index import DEFAULT_HNSW_M, IndexSpec, index_bytes, read_index, set_search_params, stores_vectors
@@ -121,11 +122,9 @@ def _encode(embedder: Embedder, texts: list[str]) -> np.ndarray:
     return vectors
 
 
-def l2_normalise(vectors: np.ndarray) -> np.ndarray:
-    """Row-wise L2 normalisation of float32 (n, d); all-zero rows stay zero."""
-    assert vectors.dtype == np.float32 and vectors.ndim == 2, (vectors.dtype, vectors.shape)
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return np.ascontiguousarray(vectors / np.maximum(norms, np.float32(1e-12)), dtype=np.float32)
+_EMBEDDING_MIN_NORM = 1e-12
+"""The norm floor of :func:`embed_texts`' normalisation (``unit_rows(..., min_norm=)``): an
+embedding shorter than this is divided by it, not scaled to unit length, as the saved indexes were built."""
 
 
 def embed_texts(
@@ -149,7 +148,7 @@ def embed_texts(
     with tqdm(total=len(texts), desc="Embedding passages", unit="passage", disable=not show_progress) as bar:
         for start in range(0, len(texts), batch_size):
             batch = [texts[i] for i in order[start : start + batch_size]]
-            batches.append(l2_normalise(_encode(embedder, batch)))
+            batches.append(unit_rows(_encode(embedder, batch), min_norm=_EMBEDDING_MIN_NORM))
             bar.update(len(batch))
     dims = {b.shape[1] for b in batches}
     if len(dims) != 1:
