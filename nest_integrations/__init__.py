@@ -10,7 +10,8 @@ The names a user needs are importable from the package itself::
 
 * Build and decode: :class:`NestIndex` (corpus, retriever and token datastore
   saved as one folder), :class:`NestDecoder` (generation, streaming, batching,
-  scoring), :class:`NestConfig` (every hyperparameter), :func:`load_lm`.
+  scoring), :class:`NestConfig` (every hyperparameter), :func:`load_lm`, and
+  :func:`store_decoder` (a decoder over a vector store you already have).
 * Corpora: :class:`Passage`, :func:`load_corpus`, :func:`load_documents`,
   :func:`load_wikipedia_summaries`.
 * The output contract: :class:`NestOutput`, its :class:`Span` s and
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see; at run 
     from .corpus.passages import Passage, load_corpus, load_documents, load_wikipedia_summaries
     from .decoding.decoder import NestDecoder
     from .decoding.generation import StreamChunk
+    from .index.foreign_store import store_decoder
     from .index.nest_index import NestIndex
     from .model.lm import LoadedLM, load_lm
 
@@ -55,6 +57,7 @@ _EXPORTS = {
     "load_wikipedia_summaries": "corpus.passages",
     "NestDecoder": "decoding.decoder",
     "StreamChunk": "decoding.generation",
+    "store_decoder": "index.foreign_store",
     "NestIndex": "index.nest_index",
     "LoadedLM": "model.lm",
     "load_lm": "model.lm",

@@ -35,8 +35,7 @@ from llama_index.core.vector_stores.types import (
 )
 
 from nest_integrations.decoding.attribution import NestOutput, Span, cited_documents, merge_spans
-from nest_integrations.llama_index import NestLLM, NestQueryEngine, NestVectorStore
-from nest_integrations.llama_index._common import node_to_passage
+from nest_integrations.llama_index import NestLLM, NestQueryEngine, NestVectorStore, node_to_passage
 
 PROMPT = "Tell me about Marie Curie."
 # Retrieval dominates the random tiny LM: spans get proposed and accepted.

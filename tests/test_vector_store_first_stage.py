@@ -10,17 +10,12 @@ from __future__ import annotations
 
 import pytest
 
+from nest_integrations import store_decoder
 from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
+from nest_integrations.langchain import LangChainVectorStoreRetriever, open_qdrant, write_qdrant
+from nest_integrations.langchain.qdrant import qdrant_point_id
 from nest_integrations.retrieval import PassageRetriever
-from nest_integrations.retrieval.vector_store import (
-    LangChainVectorStoreRetriever,
-    LlamaIndexVectorStoreRetriever,
-    open_qdrant,
-    qdrant_point_id,
-    store_decoder,
-    write_qdrant,
-)
 
 pytest.importorskip("langchain_qdrant")
 
@@ -107,7 +102,7 @@ def test_llama_index_vector_store_first_stage(small_passages, tiny_lm):
     from llama_index.core import VectorStoreIndex
     from llama_index.core.schema import TextNode
 
-    from nest_integrations.llama_index._common import default_embed_model
+    from nest_integrations.llama_index import LlamaIndexVectorStoreRetriever, default_embed_model
 
     embed = default_embed_model()
     nodes = [TextNode(id_=p.id, text=p.text, metadata={"title": p.title}) for p in small_passages]

@@ -229,7 +229,8 @@ def _tallied(runner: Any) -> tuple[Any, _BatchTally]:
 def _qdrant_decoder(path: Path, collection: Optional[str], model: Optional[str]) -> Any:
     """A decoder whose first stage is a local Qdrant collection (lazy token datastore)."""
     from nest_integrations.model.lm import load_lm
-    from nest_integrations.retrieval.vector_store import LangChainVectorStoreRetriever, open_qdrant, store_decoder
+    from nest_integrations.index.foreign_store import store_decoder
+    from nest_integrations.langchain import LangChainVectorStoreRetriever, open_qdrant
 
     try:
         retriever = LangChainVectorStoreRetriever(open_qdrant(path, str(collection)))

@@ -160,7 +160,7 @@ def index_to_qdrant(
     from nest_integrations.core.safe_io import manifest_format
     from nest_integrations.corpus.passages import load_passages_jsonl
     from nest_integrations.index.nest_index import FORMAT as INDEX_FORMAT
-    from nest_integrations.retrieval.vector_store import write_qdrant
+    from nest_integrations.langchain.qdrant import write_qdrant
 
     if manifest_format(path) != INDEX_FORMAT:
         fail(f"{path} is not a NEST index")

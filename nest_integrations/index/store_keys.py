@@ -19,6 +19,10 @@ and know nothing of each other. It does what both need:
   checked against the LM that binds them (weights, tokenizer, key layer,
   encoding prefix) before any is used.
 
+A first stage that cannot list its documents (a foreign vector store, any
+retriever) gets :func:`lazy_datastore` instead: the same binding to one LM, over
+a datastore that starts empty and takes each passage as it is retrieved.
+
 Locking: the store passes its own lock. Every change of the datastore happens
 under it; LM forwards run outside it (one encoding at a time), so searches go
 on while keys are being encoded.
@@ -44,6 +48,28 @@ if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.model.lm import LoadedLM
 
 logger = logging.getLogger(__name__)
+
+
+def lazy_datastore(
+    lm: "LoadedLM",
+    *,
+    key_layer: str = "ffn_input",
+    encoding_prefix: Optional[str] = "auto",
+    cache_mb: float = 1024.0,
+) -> TokenDatastore:
+    """A token datastore keyed by ``lm`` that starts empty, for a first stage that cannot list its documents.
+
+    The decoder adds each passage its first stage returns; ``lm`` encodes the
+    passage the first time it is searched, and its keys stay in an LRU cache of
+    ``cache_mb`` megabytes (``2 * hidden_size`` bytes per token). What both
+    integrations' models build for a retriever other than their ``NestVectorStore``,
+    and :func:`~nest_integrations.index.foreign_store.store_decoder` for a foreign store.
+
+    Args:
+        key_layer: layer read as keys (``"ffn_input"`` or ``"layer:<i>"``).
+        encoding_prefix: see :func:`nest_integrations.store.datastore.resolve_encoding_prefix`.
+    """
+    return TokenDatastore([], PassageEncoder(lm, key_layer, encoding_prefix), cache_mb=cache_mb)
 
 
 class SavedKeysInfo(BaseModel):
@@ -283,6 +309,17 @@ class StoreKeys:
             if self._datastore is None:
                 self._datastore = self._create(self._lm)
             return self._datastore
+
+    def encode_all(self, lm: Optional["LoadedLM"] = None, *, show_progress: Optional[bool] = None) -> int:
+        """Bind ``lm`` (see :meth:`bind`) and encode now the keys of every document that has none,
+        whatever ``precompute`` says: a store's ``precompute_token_keys``. Call without the store's
+        lock; returns how many documents were encoded (after any encoding already running).
+
+        Args:
+            show_progress: None: the store's setting.
+        """
+        self.bind(lm)
+        return self.encode_missing(show_progress=show_progress)
 
     def _create(self, lm: "LoadedLM") -> TokenDatastore:
         """A datastore over the live passages, serving saved keys when there are some (lock held)."""

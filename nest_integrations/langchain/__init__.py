@@ -5,6 +5,9 @@
 * :class:`NestVectorStore` -- a ``VectorStore`` that keeps NEST's token datastore in step.
 * :class:`MarkdownSectionSplitter` -- a ``TextSplitter`` cutting Markdown along its sections, exact offsets.
 * :mod:`.chains` -- :func:`format_docs`, :func:`rag_chain`, :func:`history_aware_retriever`, :func:`attributed_chain`, :data:`cite`.
+* :class:`LangChainVectorStoreRetriever` -- a store you already have as the first stage of
+  :func:`~nest_integrations.index.foreign_store.store_decoder`; :func:`write_qdrant` and
+  :func:`open_qdrant` for Qdrant's local mode (extra ``qdrant``).
 
 Any LangChain ``BaseRetriever`` or ``VectorStore`` can serve the passage stage.
 Needs ``pip install nest-integrations[langchain]``.
@@ -20,12 +23,15 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
 from .documents import default_embeddings, document_to_passage
 from .chains import attributed_chain, cite, cite_text, format_docs, history_aware_retriever, nest_output_of, rag_chain
 from .chat_models import ChatNest
+from .first_stage import LangChainVectorStoreRetriever
 from .llms import NestLLM
+from .qdrant import open_qdrant, write_qdrant
 from .splitters import MarkdownSectionSplitter
 from .vectorstores import NestVectorStore
 
 __all__ = [
     "ChatNest",
+    "LangChainVectorStoreRetriever",
     "MarkdownSectionSplitter",
     "NestLLM",
     "NestVectorStore",
@@ -37,5 +43,7 @@ __all__ = [
     "format_docs",
     "history_aware_retriever",
     "nest_output_of",
+    "open_qdrant",
     "rag_chain",
+    "write_qdrant",
 ]

@@ -1,14 +1,9 @@
 """Helpers shared by :class:`NestLLM` and :class:`ChatNest`.
 
-* :func:`retrieve_passages` turns the output of any LangChain ``BaseRetriever``
-  or ``VectorStore`` into the ``(Passage, score)`` pairs
-  :meth:`NestDecoder.stream` accepts as its first stage (each document through
-  :func:`~nest_integrations.langchain.documents.document_to_passage`).
-* :func:`relevance_function` gives the decoder's relevance gate its
-  :data:`~nest_integrations.core.similarity.Relevance`, from the store's ``Embeddings``.
-* :class:`NestModelBase` holds the fields, the lazy LM loading and the call
-  preparation both model classes share; :func:`report_tokens` and
-  :func:`areport_tokens` drive their streams (the async one off the event loop).
+:class:`NestModelBase` holds the fields, the lazy LM loading and the call
+preparation both model classes share (the first stage through
+:mod:`.first_stage`); :func:`report_tokens` and :func:`areport_tokens` drive
+their streams (the async one off the event loop).
 """
 
 from __future__ import annotations
@@ -17,21 +12,18 @@ import asyncio
 import logging
 import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Optional, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Optional, TypeVar
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.documents import Document
 from langchain_core.outputs import ChatGenerationChunk, GenerationChunk
-from langchain_core.retrievers import BaseRetriever
-from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
+from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from typing_extensions import Self
 
 from nest_integrations.core.config import NestConfig, fold_config_fields
-from nest_integrations.core.similarity import Relevance, embedding_relevance
 from nest_integrations.core.standard_params import effective_temperature, to_nest_names
-from nest_integrations.corpus.passages import Passage
-from .documents import document_to_passage
+from nest_integrations.index.store_keys import lazy_datastore
+from .first_stage import PassageSource, relevance_function, retrieve_passages
 from .vectorstores import NestVectorStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,54 +37,6 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 ChunkT = TypeVar("ChunkT", GenerationChunk, ChatGenerationChunk)
-
-PassageSource = Union[BaseRetriever, VectorStore]
-"""What may serve NEST's first stage: any LangChain retriever or vector store."""
-
-
-# --------------------------------------------------------------------------- first stage
-def retrieve_passages(source: PassageSource, query: str, k: int) -> list[tuple[Passage, float]]:
-    """The first stage: the top ``k`` documents of ``source`` for ``query`` as passages, best first.
-
-    A ``VectorStore`` is searched with ``similarity_search_with_score`` (its own
-    score scale; stores without scores fall back to ``similarity_search``). A
-    ``BaseRetriever`` is invoked and its documents are cut to ``k``; they are
-    scored ``1 / rank``. The decoder only uses the order.
-    """
-    if not query.strip():
-        return []
-    if isinstance(source, VectorStore):
-        try:
-            hits = source.similarity_search_with_score(query, k=k)
-        except NotImplementedError:
-            hits = _rank_scored(source.similarity_search(query, k=k))
-    else:
-        hits = _rank_scored(source.invoke(query)[:k])
-    return [(document_to_passage(doc), float(score)) for doc, score in hits]
-
-
-def _rank_scored(documents: Sequence[Document]) -> list[tuple[Document, float]]:
-    return [(doc, 1.0 / rank) for rank, doc in enumerate(documents, start=1)]
-
-
-# --------------------------------------------------------------------------- relevance
-def relevance_function(source: Optional[PassageSource]) -> Optional[Relevance]:
-    """The relevance gate's cosine function for ``source``, or None (gate off).
-
-    A :class:`~nest_integrations.langchain.NestVectorStore` compares the query
-    embedding with its stored vectors (:meth:`NestVectorStore.relevance`). Another
-    vector store (or a ``VectorStoreRetriever`` over one) that exposes ``embeddings``
-    embeds the query and re-embeds the texts (``embed_query`` / ``embed_documents``,
-    :func:`~nest_integrations.core.similarity.embedding_relevance`). Other retrievers
-    have no embeddings to compare with.
-    """
-    store = source.vectorstore if isinstance(source, VectorStoreRetriever) else source
-    if isinstance(store, NestVectorStore):
-        return store.relevance
-    embeddings = store.embeddings if isinstance(store, VectorStore) else None
-    if embeddings is None:
-        return None
-    return embedding_relevance(embeddings.embed_query, embeddings.embed_documents)
 
 
 # --------------------------------------------------------------------------- streaming
@@ -250,9 +194,7 @@ class NestModelBase(BaseModel):
         """The model's own datastore, for a retriever other than a :class:`NestVectorStore`."""
         with self._lock:
             if self._datastore is None:
-                from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
-
-                self._datastore = TokenDatastore([], PassageEncoder(lm, self.key_layer))
+                self._datastore = lazy_datastore(lm, key_layer=self.key_layer)
             return self._datastore
 
     # ------------------------------------------------------------------ calls

@@ -410,8 +410,7 @@ class NestVectorStore(VectorStore):
             lm: as for :meth:`token_datastore`.
             show_progress: None: the store's setting.
         """
-        self._keys.bind(lm)
-        return self._keys.encode_missing(show_progress=show_progress)
+        return self._keys.encode_all(lm, show_progress=show_progress)
 
     @property
     def calibrations(self) -> dict[str, "Calibration"]:

@@ -14,6 +14,10 @@
 * :func:`rag_query_engine` and :class:`RagChatEngine`: the conventional RAG
   baselines, with file paths and ids kept out of the LM's prompt and follow-ups
   retrieved as NEST retrieves them.
+* :class:`LlamaIndexVectorStoreRetriever`: a vector store you already have (or
+  its ``VectorStoreIndex``) as the first stage of
+  :func:`~nest_integrations.index.foreign_store.store_decoder`.
+* :func:`node_to_passage`: a node as the passage the token datastore holds.
 
 Needs ``llama-index-core``: ``pip install nest-integrations[llama-index]``.
 """
@@ -25,12 +29,13 @@ except ImportError as err:
         "nest_integrations.llama_index needs llama-index-core: pip install nest-integrations[llama-index]"
     ) from err
 
-from ._common import default_embed_model
+from ._common import default_embed_model, node_to_passage
 from .baselines import HideMetadataFromLLM, RagChatEngine, rag_query_engine
 from .chat_engine import NestChatEngine
+from .first_stage import LlamaIndexVectorStoreRetriever
 from .llms import NestLLM, citation_blocks
 from .node_parsers import MarkdownSectionNodeParser
 from .query_engine import NestQueryEngine, span_citations
 from .vector_stores import NestVectorStore
 
-__all__ = ["HideMetadataFromLLM", "MarkdownSectionNodeParser", "NestChatEngine", "NestLLM", "NestQueryEngine", "NestVectorStore", "RagChatEngine", "citation_blocks", "default_embed_model", "rag_query_engine", "span_citations"]
+__all__ = ["HideMetadataFromLLM", "LlamaIndexVectorStoreRetriever", "MarkdownSectionNodeParser", "NestChatEngine", "NestLLM", "NestQueryEngine", "NestVectorStore", "RagChatEngine", "citation_blocks", "default_embed_model", "node_to_passage", "rag_query_engine", "span_citations"]

@@ -1,23 +1,16 @@
-"""Helpers shared by the LlamaIndex adapters: nodes as passages, LlamaIndex
-retrievers as NEST's first stage, the bundled embed model, and (from
-:mod:`nest_integrations.core.similarity`) the L2 normalisation the vector store searches with."""
+"""Helpers shared by the LlamaIndex adapters: nodes as passages and the bundled embed model."""
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
-from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 
-from nest_integrations.core.similarity import unit_rows  # noqa: F401 - the one normaliser; the vector store searches with it
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.retrieval.base import BatchRetrieverMixin, ScoredPassage
+from nest_integrations.retrieval.base import ScoredPassage
 
 if TYPE_CHECKING:  # pragma: no cover
     from llama_index.embeddings.huggingface import HuggingFaceEmbedding
-
-logger = logging.getLogger(__name__)
 
 
 def default_embed_model(**kwargs: Any) -> "HuggingFaceEmbedding":
@@ -55,23 +48,3 @@ def nodes_to_scored_passages(nodes: Sequence[NodeWithScore]) -> list[ScoredPassa
     """``(Passage, score)`` pairs for retrieved nodes, in the retriever's order
     (a missing score counts as 0)."""
     return [(node_to_passage(hit.node), hit.get_score()) for hit in nodes]
-
-
-class LlamaIndexPassageRetriever(BatchRetrieverMixin):
-    """Any LlamaIndex retriever as a NEST first stage (:class:`PassageRetriever`).
-
-    Retrieved nodes become passages with :func:`node_to_passage` and enter the
-    token datastore lazily. The LlamaIndex retriever decides how many nodes it
-    returns (e.g. ``similarity_top_k``); at most ``k`` of them are kept.
-    """
-
-    def __init__(self, retriever: BaseRetriever):
-        self.retriever = retriever
-
-    def _retrieve_nonempty(self, queries: list[str], k: int) -> list[list[ScoredPassage]]:
-        results = []
-        for query in queries:
-            hits = nodes_to_scored_passages(self.retriever.retrieve(query))[:k]
-            logger.debug("retrieved %d node(s) for %r", len(hits), query[:80])
-            results.append(hits)
-        return results

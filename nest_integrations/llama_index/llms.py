@@ -66,9 +66,11 @@ from nest_integrations.core.config import NestConfig, fold_config_fields
 from nest_integrations.core.similarity import embedding_relevance
 from nest_integrations.core.standard_params import to_nest_names
 from nest_integrations.decoding.attribution import DocumentNumbers, NestOutput, Span, merge_spans
+from nest_integrations.index.store_keys import lazy_datastore
 from nest_integrations.model.lm import DEFAULT_MODEL, LoadedLM, load_lm
-from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
-from ._common import LlamaIndexPassageRetriever, default_embed_model, nodes_to_scored_passages
+from nest_integrations.store.datastore import TokenDatastore
+from ._common import default_embed_model, nodes_to_scored_passages
+from .first_stage import LlamaIndexPassageRetriever
 from .vector_stores import NestVectorStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -267,8 +269,9 @@ class NestLLM(CustomLLM):
         """The LLM's own datastore, for a retriever other than a :class:`NestVectorStore` index."""
         with self._lock:
             if self._datastore is None:
-                encoder = PassageEncoder(lm, self.key_layer, self.encoding_prefix)
-                self._datastore = TokenDatastore([], encoder, cache_mb=self.cache_mb)
+                self._datastore = lazy_datastore(
+                    lm, key_layer=self.key_layer, encoding_prefix=self.encoding_prefix, cache_mb=self.cache_mb
+                )
             return self._datastore
 
     @property

@@ -61,13 +61,14 @@ from llama_index.core.vector_stores.utils import (
 )
 
 from nest_integrations.core.safe_io import ArtefactManifest, locked_folder, parse_manifest, sha256_file, write_file_atomic
+from nest_integrations.core.similarity import unit_rows
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.index.store_calibration import CalibrationsFile, Search, StoreCalibrations
 from nest_integrations.index.store_keys import SavedKeysInfo, StoreKeys
 from nest_integrations.model.lm import parse_key_layer
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.shards import KEY_ARRAYS
-from ._common import node_to_passage, unit_rows
+from ._common import node_to_passage
 
 if TYPE_CHECKING:  # pragma: no cover
     from llama_index.core.base.embeddings.base import BaseEmbedding
@@ -389,8 +390,7 @@ class NestVectorStore(BasePydanticVectorStore):
             lm: as for :meth:`token_datastore`.
             show_progress: None: the store's setting.
         """
-        self._keys.bind(lm)
-        return self._keys.encode_missing(show_progress=show_progress)
+        return self._keys.encode_all(lm, show_progress=show_progress)
 
     # ------------------------------------------------------------------ calibration
     @property

@@ -1,4 +1,4 @@
-"""Passage retrievers: dense (FAISS + sentence embeddings), sparse (BM25), hybrid, and foreign vector stores.
+"""Passage retrievers: dense (FAISS + sentence embeddings), sparse (BM25) and hybrid.
 
 Importing this package is cheap: faiss, bm25s and the embedder's libraries
 (transformers for the bundled MiniLM, sentence_transformers for other models)
