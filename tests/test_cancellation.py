@@ -16,6 +16,7 @@ from nest_integrations.decoding import batching
 from nest_integrations.decoding.batching import RowListener
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.decoding.serving import shared_service
+from nest_integrations.decoding.step import StepRules
 from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 from conftest import ListRetriever, held_back
 from test_batching import MIXED, PROMPTS, _one_by_one, _same
@@ -221,7 +222,7 @@ def test_a_listener_that_raises_fails_its_row_only(decoder):
 
 def test_a_row_whose_decisions_raise_fails_alone(decoder, monkeypatch):
     single = _one_by_one(decoder, PROMPTS[:4], **OVERRIDES)
-    accept = NestDecoder.verify
+    accept = StepRules.verify
     doomed = {}
 
     def flaky(self, gen, *args):
@@ -229,7 +230,7 @@ def test_a_row_whose_decisions_raise_fails_alone(decoder, monkeypatch):
             raise RuntimeError("a bug in one row's verification")
         return accept(self, gen, *args)
 
-    monkeypatch.setattr(NestDecoder, "verify", flaky)
+    monkeypatch.setattr(StepRules, "verify", flaky)
     service = shared_service(decoder)
     config = decoder._call_config(OVERRIDES)
     rows = [decoder.prepare_row(PROMPTS[i], None, None, config) for i in range(4)]

@@ -209,7 +209,7 @@ def test_a_copy_continues_past_the_overlap_into_the_next_chunk(tiny_lm):
     second = Passage(id="d#1", text=text[overlap:], doc_id="d", doc_char_start=overlap)
     dec = NestDecoder(tiny_lm, TokenDatastore([first, second], PassageEncoder(tiny_lm)), ListRetriever([first, second]))
     candidates = dec.datastore.candidates([0, 1])
-    pidx, pos = dec._next_chunk(candidates, 0)
+    pidx, pos = dec.rules.next_chunk(candidates, 0)
     span = candidates.passage(pidx).char_spans[pos]
     assert pidx == 1 and second.text[span[0]:].startswith(" Their keeper"), "the repeated words are skipped"
     out = dec.generate("Quixotic zebras", max_new_tokens=40, use_chat_template=False, **COPY)

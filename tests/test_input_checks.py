@@ -14,6 +14,7 @@ from conftest import make_tiny_lm
 from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.decoding.decoder import NestDecoder, check_prompt
+from nest_integrations.decoding.step import StepRules
 from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 
 BASE = dict(mode="base", max_new_tokens=2)
@@ -196,13 +197,13 @@ def test_score_never_holds_a_whole_logit_matrix(nest_decoder, monkeypatch):
     chunked = NestDecoder(decoder.lm, decoder.datastore)
     chunked.SCORE_CHUNK = 16
     widest: list[int] = []
-    original = NestDecoder.mixture
+    original = StepRules.mixture
 
     def spy(self, logits, queries, gen):
         widest.append(logits.shape[0])
         return original(self, logits, queries, gen)
 
-    monkeypatch.setattr(NestDecoder, "mixture", spy)
+    monkeypatch.setattr(StepRules, "mixture", spy)
     scored = chunked.score("Minutes:", LONG, passages=hits, use_chat_template=False, **COPY)
     assert len(scored.token_ids) > 64 and max(widest) == 16
 

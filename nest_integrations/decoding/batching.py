@@ -4,8 +4,9 @@ Each prompt is a :class:`Row`: its own :class:`~nest_integrations.decoding.gener
 (candidate set, used-entry mask, opening, records), its own sampling generator and
 its own next-step distribution. Every decision a row takes is its decoder's own,
 called per row: :meth:`NestDecoder.prepare_row` (retrieval, gate, candidates,
-opening; in the caller's thread), then the rules of
-:class:`~nest_integrations.decoding.generation.RowDecoder`: ``propose`` (next token and
+opening; in the caller's thread), then the row's ``rules`` (the decoder's
+:class:`~nest_integrations.decoding.step.StepRules`, seen here through the
+:class:`~nest_integrations.decoding.generation.RowDecoder` protocol): ``propose`` (next token and
 draft), ``commit`` (append, stop rules), ``mixture`` (p_M at the row's positions),
 ``verify`` (relaxed verification) and ``build_output``. Rows of different
 decoders (other datastores, other configs) share a batch when they share the LM
@@ -111,10 +112,12 @@ class Row:
     """One prompt's place in the batch: a prepared generation and where it stands.
 
     Built by :meth:`NestDecoder.prepare_row` (retrieval, gate, candidates and the
-    prompt's token ids, all in the caller's thread); the scheduler runs the rest.
+    prompt's token ids, all in the caller's thread); the scheduler runs the rest,
+    applying the row's ``rules`` at each step.
     """
 
-    decoder: RowDecoder
+    rules: RowDecoder
+    """The per-step rules of the row's decoder (:class:`~nest_integrations.decoding.step.StepRules`)."""
     gen: Generation
     prompt_ids: list[int]
     generator: Optional[torch.Generator]
@@ -331,8 +334,8 @@ class RowScheduler:
         """The row's next token and draft (its own decisions); False when it finished or failed."""
         assert row.step is not None
         try:
-            first, draft = row.decoder.propose(row.gen, row.step, row.at, row.continuation, row.generator)
-            row.decoder.commit(row.gen, [first])
+            first, draft = row.rules.propose(row.gen, row.step, row.at, row.continuation, row.generator)
+            row.rules.commit(row.gen, [first])
         except Exception as error:
             self._fail(row, error)
             return False
@@ -348,11 +351,11 @@ class RowScheduler:
         first distribution (a prefill) or the verification of its draft. ``start`` is the
         row's first new cache column. False when the row finished."""
         row.gen.stats.forward_passes += 1
-        row.step = row.decoder.mixture(logits, keys, row.gen)
+        row.step = row.rules.mixture(logits, keys, row.gen)
         if not feed.keep_all:  # a prefill: the row proposes its first token at the next step
             row.at, row.continuation = 0, None
             return True
-        row.at, row.continuation = row.decoder.verify(row.gen, row.step, row.first, row.draft)  # type: ignore[arg-type]
+        row.at, row.continuation = row.rules.verify(row.gen, row.step, row.first, row.draft)  # type: ignore[arg-type]
         # The row keeps its token and its accepted draft; its other new columns die.
         self.batch.owner[start + 1 + row.at : start + len(feed.tokens)] = -1
         if row.at:
@@ -378,7 +381,7 @@ class RowScheduler:
         if row.cancelled:
             return
         try:
-            row.output = row.decoder.build_output(row.gen)
+            row.output = row.rules.build_output(row.gen)
             if row.listener is not None:
                 row.listener.finished(row, row.output)
         except Exception as error:  # building or handing over this row's output failed: its caller hears why
@@ -458,9 +461,9 @@ def _shared_forward(batch: _PackedCache, rows: Sequence[Row], feeds: Sequence[_F
     columns of ``batch``, owned by their rows.
     """
     # Rows of one scheduler share the LM and its key layer (one service per both), so
-    # any row's decoder reads the keys of all.
-    decoder = rows[0].decoder
-    lm = decoder.lm
+    # any row's rules read the keys of all.
+    rules = rows[0].rules
+    lm = rules.lm
     tokens = [t for feed in feeds for t in feed.tokens]
     owners = torch.tensor([row.owner for row, feed in zip(rows, feeds) for _ in feed.tokens], dtype=torch.long)
     positions = torch.tensor([feed.position + j for feed in feeds for j in range(len(feed.tokens))], dtype=torch.long)
@@ -473,16 +476,16 @@ def _shared_forward(batch: _PackedCache, rows: Sequence[Row], feeds: Sequence[_F
         allowed = (columns[None, :] == owners[:, None]) & (torch.arange(past + q)[None, :] <= past + torch.arange(q)[:, None])
         dtype = lm.model.dtype if lm.model.dtype.is_floating_point else torch.float32
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[None, None].to(lm.device)
-    with torch.inference_mode(), lm.forward_lock, decoder.reader.capture() as captured:
+    with torch.inference_mode(), lm.forward_lock, rules.reader.capture() as captured:
         outputs = lm.model(
             input_ids=torch.tensor([tokens], dtype=torch.long, device=lm.device),
             attention_mask=mask,
             position_ids=positions[None].to(lm.device),
             use_cache=True,
-            **{decoder.cache_arg: batch.cache},
+            **{rules.cache_arg: batch.cache},
             logits_to_keep=kept.to(lm.device) if len(kept) < q else q,
-            **decoder.reader.forward_kwargs(),
+            **rules.reader.forward_kwargs(),
         )
-        keys = decoder.reader.keys_from(captured, outputs)
+        keys = rules.reader.keys_from(captured, outputs)
     batch.owner = columns
     return outputs.logits[0, -len(kept) :].float().cpu(), keys[0, kept.to(keys.device)].float().cpu()

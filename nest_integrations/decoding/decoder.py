@@ -1,37 +1,25 @@
-"""The NEST decoder: one loop serving the modes base, rag, knnlm, nest and ra_nest.
+"""The NEST decoder: the entry points of generation over the modes base, rag, knnlm, nest and ra_nest.
 
-Each step has the LM's next-token distribution p_LM and its query vector q
-(the hidden state at the datastore's key layer). In the datastore modes the
-kNN search over the generation's :class:`~nest_integrations.store.datastore.CandidateSet`
-gives p_kNN and the RRC weight lambda; p_M mixes them (nest-algorithm.md 2).
+:class:`NestDecoder` is a facade. Its entry points (:meth:`~NestDecoder.generate`,
+:meth:`~NestDecoder.submit`, :meth:`~NestDecoder.agenerate`,
+:meth:`~NestDecoder.generate_batch`, :meth:`~NestDecoder.stream`,
+:meth:`~NestDecoder.astream`, :meth:`~NestDecoder.score`) check the prompt and
+prepare each generation in the caller's thread (:meth:`~NestDecoder.prepare_row`):
 
-Then (section 3-4), in ``nest`` / ``ra_nest``:
+* retrieval, then the relevance gate: which retrieved passages may be copied at
+  all (:class:`~nest_integrations.policy.relevance.RelevanceGate`; none left: the LM
+  writes alone and ``stats.fallback_reason`` says why);
+* the candidate set of the kept passages' datastore entries, and where the answer
+  opens (:mod:`~nest_integrations.decoding.prepare`: the start of the best kept passage
+  for a named subject, the best answer windows for a question);
+* the prompt the LM reads (:meth:`~NestDecoder.format_prompt`: chat template,
+  passages in the prompt in the rag modes) and its token ids, cut to fit the
+  context (:meth:`~NestDecoder.encode_prompt`).
 
-* lambda > delta: emit one token from p_M;
-* otherwise propose the passage continuation that starts at the neighbour
-  value with the highest p_M (at most ``span_length`` tokens, never past the
-  passage end). Its first token is checked against the current p_M; the rest
-  are fed to the LM in **one** forward together with it, their kNN lookups done
-  as one batched search, and accepted while
-  ``min(1, p_M(x_i) / (gamma * max p_M)) > 0.5``. The p_M at the first rejected
-  position is the next step's distribution, so every forward advances by at
-  least one token. The KV cache is cropped back to the accepted length.
-* A fully accepted span is continued from the same passage without a new
-  span selection; copied entries are masked so a span is not copied twice.
-
-Beyond the paper, each decision the loop takes is a small rule of its own:
-
-* which retrieved passages may be copied at all: :class:`~nest_integrations.policy.relevance.RelevanceGate`
-  (none left: the LM writes alone and ``stats.fallback_reason`` says why);
-* where a copy may start: :func:`~nest_integrations.policy.copy_policy.acceptable_start`
-  (``seams``), and where an answer opens: the start of the best kept passage for
-  a named subject, the best answer window (:func:`~nest_integrations.policy.copy_policy.focus_windows`)
-  for a question (``answer_focus``; ``answer_windows`` of them are copied in turn);
-* when it ends: copying the last answer window's last token (``answered``), or the
-  last token of a passage whose document's next chunk was not retrieved
-  (``stop_at_source_end``): what a small LM writes after a fully copied source
-  is its own, and mostly invented. A copy reaching a chunk's end goes on into
-  the next chunk of its document when that was retrieved.
+What happens at each step -- the mixture p_M, proposing a copied span, verifying
+it, committing and the stop rules, the output contract -- is
+:class:`~nest_integrations.decoding.step.StepRules` (``decoder.rules``), which the
+row scheduler drives.
 
 Generations share forward passes: :meth:`NestDecoder.generate_batch` and
 concurrent callers (threads, :meth:`~NestDecoder.agenerate` tasks) run as rows
@@ -53,29 +41,19 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Mapping, Optional, Sequence, Union
 
-import numpy as np
 import torch
 
 from nest_integrations.core.config import DEFAULT_ALPHA, DEFAULT_TAU, MODES, NestConfig
-from nest_integrations.core.mixture import accepted_prefix_length, distance_ratio, knn_distribution, mix, relaxed_accept_ratio, rrc_lambda
 from nest_integrations.core.similarity import Relevance
-from nest_integrations.corpus.markdown_structure import copyable_end, first_copyable, section_ends_at
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.model.lm import KeyReader, cache_argument
 from nest_integrations.policy.conversation import TRANSCRIPT_STOP, plain_transcript, retrieval_query
-from nest_integrations.policy.copy_policy import Window, acceptable_start, closes_answer, continues, focus_windows, sentence_starts, wants_focus
-from nest_integrations.policy.relevance import GateDecision, RelevanceGate, subject_name
-from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
-from nest_integrations.store.datastore import CandidateSet, EncodedPassage, EncodeStats, TokenDatastore
-from .attribution import (
-    GenerationStats,
-    NestOutput,
-    Span,
-    TokenRecord,
-    build_spans,
-    summarize,
-)
-from .generation import Generation, Step, StreamChunk, StreamCursor
+from nest_integrations.policy.relevance import GateDecision, RelevanceGate
+from nest_integrations.store.datastore import CandidateSet, EncodeStats, TokenDatastore
+from .attribution import GenerationStats, NestOutput
+from .generation import Generation, StreamChunk, StreamCursor
+from .prepare import plan_opening
+from .step import StepRules
 
 if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.model.lm import LoadedLM
@@ -84,9 +62,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .batching import Row
 
 logger = logging.getLogger(__name__)
-
-_SEAM_TRIES = 32
-"""Neighbours tried, best p_M first, for one where a copy may start; beyond, the LM writes a token."""
 
 Message = Mapping[str, str]
 PromptLike = Union[str, Sequence[Message]]
@@ -110,14 +85,6 @@ class TeacherForced:
     def perplexity(self, *, lm_only: bool = False) -> float:
         logp = self.logp_lm if lm_only else self.logp_mixture
         return float(torch.exp(-logp.mean()))
-
-
-def _token_range(passage: EncodedPassage, char_start: int, char_end: int) -> tuple[int, int]:
-    """First and last token positions of ``passage`` overlapping characters ``[char_start, char_end)``."""
-    spans = passage.char_spans
-    first = int(np.searchsorted(spans[:, 1], char_start, side="right"))
-    last = int(np.searchsorted(spans[:, 0], char_end, side="left")) - 1
-    return min(first, len(spans) - 1), max(last, first)
 
 
 class NestDecoder:
@@ -170,6 +137,9 @@ class NestDecoder:
         """Token ids that end a generation: the tokenizer's EOS and the model's ``generation_config`` ones."""
         self._score_head_ok: Optional[bool] = None  # see _head_reproduces_logits
         self._supports_batching: Optional[bool] = None  # see _batches
+        self.rules = StepRules(lm, datastore, self.reader, self.cache_arg, self.eos_ids, self.rrc_parameters)
+        """The per-step rules of this decoder's generations (:class:`~nest_integrations.decoding.step.StepRules`):
+        what the row scheduler drives, and what :meth:`score` mixes with."""
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -223,7 +193,7 @@ class NestDecoder:
             return future
         from .serving import shared_service
 
-        return shared_service(self).submit(self.prepare_row(prompt, query, passages, self._call_config(overrides)))
+        return shared_service(self.rules).submit(self.prepare_row(prompt, query, passages, self._call_config(overrides)))
 
     async def agenerate(
         self,
@@ -244,7 +214,7 @@ class NestDecoder:
         from .serving import shared_service
 
         row = await asyncio.to_thread(self.prepare_row, prompt, query, passages, self._call_config(overrides))
-        return await asyncio.wrap_future(shared_service(self).submit(row))
+        return await asyncio.wrap_future(shared_service(self.rules).submit(row))
 
     def generate_batch(
         self,
@@ -297,7 +267,7 @@ class NestDecoder:
         if max_batch is None:
             from .serving import shared_service
 
-            service = shared_service(self)
+            service = shared_service(self.rules)
             futures = [service.submit(self.prepare_row(p, q, None, config)) for p, q in zip(prompts, queries)]
             return [future.result() for future in futures]
         from .batching import batched_generate
@@ -325,12 +295,12 @@ class NestDecoder:
         if self._batches:
             from .serving import shared_service
 
-            yield from shared_service(self).stream(self.prepare_row(prompt, query, passages, config))
+            yield from shared_service(self.rules).stream(self.prepare_row(prompt, query, passages, config))
             return
         from .batching import run_rows
 
         prepared = self.prepare_row(prompt, query, passages, config)
-        cursor = StreamCursor(self)
+        cursor = StreamCursor(self.rules)
         for _ in run_rows([prepared], max_batch=1):
             if (chunk := cursor.advance(prepared.gen)) is not None:
                 yield chunk
@@ -360,7 +330,7 @@ class NestDecoder:
         from .serving import shared_service
 
         row = await asyncio.to_thread(self.prepare_row, prompt, query, passages, config)
-        async for chunk in shared_service(self).astream(row):
+        async for chunk in shared_service(self.rules).astream(row):
             yield chunk
 
     def prepare_row(
@@ -376,7 +346,7 @@ class NestDecoder:
         context = self._prepare(gen, prompt, query, passages)
         prompt_ids = self.encode_prompt(self.format_prompt(prompt, config, context), config, gen.stats)
         generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
-        return Row(self, gen, prompt_ids, generator, submitted=started)
+        return Row(self.rules, gen, prompt_ids, generator, submitted=started)
 
     def _call_config(self, overrides: Mapping[str, Any]) -> NestConfig:
         config = self.config.updated(**overrides) if overrides else self.config
@@ -446,7 +416,7 @@ class NestDecoder:
             hi = min(lo + chunk, len(target))
             with torch.inference_mode():
                 logits = head(rows[lo:hi])
-            step = self.mixture(logits, queries[lo:hi], gen)
+            step = self.rules.mixture(logits, queries[lo:hi], gen)
             ids = torch.tensor(target[lo:hi])
             p_true = step.p_m.gather(1, ids[:, None]).squeeze(1)
             p_lm_true = torch.softmax(logits, -1).gather(1, ids[:, None]).squeeze(1)
@@ -487,6 +457,26 @@ class NestDecoder:
 
         logits, queries = self._forward(ids, DynamicCache(), stats, keep=keep)
         return logits, queries, lambda rows: rows
+
+    def _forward(self, ids: list[int], cache: Any, stats: GenerationStats, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One LM call over ``ids`` with the KV cache ``cache``: :meth:`_score_forward`'s path
+        for a model whose logits are not its output embedding of the last hidden state.
+
+        Returns logits (keep, V) float32 and query vectors (keep, d) for the
+        last ``keep`` positions.
+        """
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.lm.device)
+        with torch.inference_mode(), self.lm.forward_lock, self.reader.capture() as captured:
+            outputs = self.lm.model(
+                input_ids=input_ids,
+                use_cache=True,
+                **{self.cache_arg: cache},
+                logits_to_keep=keep,
+                **self.reader.forward_kwargs(),
+            )
+            keys = self.reader.keys_from(captured, outputs)
+        stats.forward_passes += 1
+        return outputs.logits[0, -keep:].float().cpu(), keys[0, -keep:].float().cpu()
 
     def _head_reproduces_logits(self) -> bool:
         """Whether the output embedding applied to ``get_decoder()``'s last hidden state gives the
@@ -653,9 +643,10 @@ class NestDecoder:
             logger.info("relevance gate kept %d of %d passages", len(decision.kept), len(hits))
         return decision
 
-    # ------------------------------------------------------------------ the loop
+    # ------------------------------------------------------------------ preparation
     def _prepare(self, gen: Generation, prompt: PromptLike, query: Optional[str], passages: Optional[ScoredPassages]) -> list[Passage]:
-        """First stage: retrieve, gate, build the candidate set and plan the opening; returns the
+        """First stage: retrieve, gate, build the candidate set and plan the opening
+        (:func:`~nest_integrations.decoding.prepare.plan_opening`); returns the
         prompt passages (rag modes). A datastore mode without entries records why in
         ``stats.fallback_reason`` and generates with the LM alone."""
         config = gen.config
@@ -693,64 +684,10 @@ class NestDecoder:
         if config.mode not in ("nest", "ra_nest"):
             return context
         if self._is_chat(prompt, config):
-            self._plan_opening(gen, q, gated)
+            plan_opening(gen, q, gated, self.datastore, self.relevance)  # type: ignore[arg-type]
         else:
             gen.lead_in = str(prompt)
         return context
-
-    def _plan_windows(self, candidates: CandidateSet, windows: Sequence[Window]) -> list[tuple[tuple[int, int], Optional[tuple[int, int]]]]:
-        """``(opening, window_end)`` token positions of each answer window to copy, in order.
-
-        A window that holds none of the question's own words only says where to open, and one
-        that ends mid-sentence ("(e.g.") would stop unfinished: its ``window_end`` is None, the
-        copy goes on past it, and no window follows it. A later window opens at the line breaks
-        before it when they are tokens of their own, so it does not run into the text before it."""
-        planned: list[tuple[tuple[int, int], Optional[tuple[int, int]]]] = []
-        for window in windows:
-            pidx = self.datastore.index_of(window.passage_id)  # type: ignore[union-attr]
-            assert pidx is not None
-            encoded, text = candidates.passage(pidx), self.datastore.passages[pidx].text  # type: ignore[union-attr]
-            first, last = _token_range(encoded, window.start, window.end)
-            if planned:
-                first = first_copyable(text, encoded.char_spans, first)
-                while 0 < first < len(encoded.token_ids) and not text[slice(*encoded.char_spans[first - 1])].strip():
-                    first -= 1
-            stops = window.answers and closes_answer(text, window.end)
-            planned.append(((pidx, first), (pidx, last) if stops else None))
-            if not stops:
-                break
-        return planned
-
-    def _plan_opening(self, gen: Generation, query: str, kept: list[Passage]) -> None:
-        """Where the answer's first copy is proposed (checked by the LM like any span).
-
-        A question (:func:`wants_focus`) opens at its best answer window
-        (:func:`focus_windows`, ``config.answer_windows`` of them): entries outside
-        the windows are masked, copying a window's last token moves on to the next
-        window, and copying the last window's last token ends the answer. A request about someone or
-        something by name (:func:`subject_name`) opens at the start of the best
-        kept passage, so a biography opens with its subject's own first
-        sentence instead of a copy that starts mid-way. Other requests open
-        wherever the kNN search leads (within the seam rules).
-        """
-        assert gen.candidates is not None and self.datastore is not None
-        candidates = gen.candidates
-        if gen.config.answer_focus and wants_focus(query):
-            planned = self._plan_windows(candidates, focus_windows(query, kept, self.relevance, count=gen.config.answer_windows))
-            if not planned:
-                return
-            for other in candidates.passage_indices:  # mask all but the windows (and what follows an open one)
-                length = len(candidates.passage(other).token_ids)
-                position = 0
-                for first, last in sorted((first, end[1] if end else length - 1) for (pidx, first), end in planned if pidx == other):
-                    candidates.mark_used(other, position, first - 1)
-                    position = max(position, last + 1)
-                candidates.mark_used(other, position, length - 1)
-            (gen.opening, gen.window_end), *gen.next_windows = planned
-        elif subject_name(query) is not None:
-            pidx = self.datastore.index_of(kept[0].id)
-            if pidx is not None and len(candidates.passage(pidx).token_ids):
-                gen.opening = (pidx, 0)
 
     def _candidates(self, passages: list[Passage], config: NestConfig, stats: GenerationStats) -> Optional[CandidateSet]:
         if self.datastore is None or not passages:
@@ -762,290 +699,6 @@ class NestDecoder:
         stats.encoded_passages += encode.encoded_passages
         stats.encode_s += encode.encode_s
         return candidates
-
-    def _forward(self, ids: list[int], cache: Any, stats: GenerationStats, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One LM call over ``ids`` (the whole prompt on prefill) with the KV cache.
-
-        Returns logits (keep, V) float32 and query vectors (keep, d) for the
-        last ``keep`` positions (1 on prefill, so a long prompt never
-        materialises a (T, V) logit matrix).
-        """
-        input_ids = torch.tensor([ids], dtype=torch.long, device=self.lm.device)
-        with torch.inference_mode(), self.lm.forward_lock, self.reader.capture() as captured:
-            outputs = self.lm.model(
-                input_ids=input_ids,
-                use_cache=True,
-                **{self.cache_arg: cache},
-                logits_to_keep=keep,
-                **self.reader.forward_kwargs(),
-            )
-            keys = self.reader.keys_from(captured, outputs)
-        stats.forward_passes += 1
-        return outputs.logits[0, -keep:].float().cpu(), keys[0, -keep:].float().cpu()
-
-    def mixture(self, logits: torch.Tensor, queries: torch.Tensor, gen: Generation) -> Step:
-        """p_M, lambda and neighbours at each of T positions (one batched search)."""
-        config = gen.config
-        p_lm = torch.softmax(logits, dim=-1)
-        t = p_lm.shape[0]
-        no_neighbours = torch.full((t, 0), -1, dtype=torch.long)
-        if gen.candidates is None:
-            return Step(p_lm, torch.ones(t), no_neighbours, no_neighbours, torch.ones(t))
-        nb = gen.candidates.search(queries, config.token_k)
-        p_knn = knn_distribution(nb.scores, nb.values, p_lm.shape[1], config.knn_temperature)
-        if config.mode == "knnlm":
-            lam = torch.full((t,), config.knnlm_lambda)
-        else:
-            lam = rrc_lambda(nb.scores, *self.rrc_parameters(config))
-        has = torch.isfinite(nb.scores).any(-1)
-        lam = torch.where(has, lam, torch.ones_like(lam))
-        values = nb.values.masked_fill(~torch.isfinite(nb.scores), -1)
-        return Step(mix(p_lm, p_knn, lam), lam, values, nb.entries, distance_ratio(nb.scores))
-
-    def verify(
-        self, gen: Generation, step: Step, first: TokenRecord, draft: Sequence[TokenRecord]
-    ) -> tuple[int, Optional[tuple[int, int]]]:
-        """Verify ``draft`` (fed after ``first``; ``step`` holds p_M at each fed position)
-        by relaxed speculative acceptance and commit its longest acceptable prefix.
-
-        Returns the accepted length (which is also where in ``step`` the next
-        token's distribution sits) and where a copy goes on without a new span
-        selection: after a fully accepted draft, or after a copied single token.
-        """
-        config = gen.config
-        accepted = 0
-        if draft:
-            ratios = relaxed_accept_ratio(step.p_m[: len(draft)], torch.tensor([r.token_id for r in draft]), config.effective_gamma)
-            accepted = accepted_prefix_length(ratios, config.accept_threshold)
-            self.commit(gen, draft[:accepted])
-        continuation = None
-        if draft and accepted == len(draft) and draft[-1].passage_index is not None:
-            continuation = (draft[-1].passage_index, draft[-1].position + 1)
-        elif not draft and first.passage_index is not None:
-            continuation = (first.passage_index, first.position + 1)
-        return accepted, continuation  # type: ignore[return-value]
-
-    def propose(
-        self,
-        gen: Generation,
-        step: Step,
-        row: int,
-        continuation: Optional[tuple[int, int]],
-        generator: Optional[torch.Generator],
-    ) -> tuple[TokenRecord, list[TokenRecord]]:
-        """The next token (from a span or from p_M) and the draft that follows it."""
-        config = gen.config
-        p_m = step.p_m[row]
-        proposal = None
-        if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
-            if gen.opening is not None:
-                (pidx, pos), gen.opening = gen.opening, None
-                proposal = (pidx, self._opening_token(gen.candidates.passage(pidx), self.datastore.passages[pidx].text, pos))  # type: ignore[union-attr]
-            elif continuation is not None and (resumed := self._continue_at(gen.candidates, *continuation)) is not None:
-                proposal = resumed
-            elif float(step.lam[row]) <= config.delta:
-                proposal = self._select_span(gen, p_m, step.values[row], step.entries[row])
-        if proposal is not None:
-            pidx, pos = proposal
-            tokens = gen.candidates.passage(pidx).token_ids  # type: ignore[union-attr]
-            end = self._copy_end(gen, pidx, pos)
-            span = [TokenRecord(int(tokens[i]), pidx, i) for i in range(pos, end)]
-            first_ok = relaxed_accept_ratio(p_m[None], torch.tensor([span[0].token_id]), config.effective_gamma) if span else None
-            if first_ok is not None and float(first_ok[0]) > config.accept_threshold:
-                return span[0], span[1:]
-        if config.mode in ("nest", "ra_nest") and (repeats := repeating_tokens(gen.ids, config.lm_repeat_ngram)):
-            p_m = p_m.index_fill(0, torch.tensor(sorted(repeats)), 0.0)
-        return TokenRecord(self._pick(p_m, config, generator)), []
-
-    @staticmethod
-    def _opening_token(encoded: EncodedPassage, text: str, pos: int) -> int:
-        """Where a copy planned at token ``pos`` starts: ``pos`` when it is the line break
-        before a later answer window, else the first token there a copy may start with (an
-        opening planned at a Markdown heading starts below it: :func:`first_copyable`)."""
-        if not text[slice(*encoded.char_spans[pos])].strip():
-            return pos
-        return first_copyable(text, encoded.char_spans, pos)
-
-    def _copy_end(self, gen: Generation, pidx: int, pos: int) -> int:
-        """Where a copy from token ``pos`` of passage ``pidx`` must end (exclusive): at most
-        ``span_length`` tokens, never past the passage, never into Markdown a reader does not
-        see (:func:`~nest_integrations.corpus.markdown_structure.copyable_end`), never into a token this
-        answer has already copied (a used entry), never completing a run of ``repeat_ngram`` tokens the
-        answer already holds (:func:`~nest_integrations.policy.repetition.repeat_free_length`)."""
-        candidates, config = gen.candidates, gen.config
-        assert candidates is not None
-        tokens = candidates.passage(pidx).token_ids
-        end = min(len(tokens), pos + config.span_length)
-        end = copyable_end(self.datastore.passages[pidx].text, candidates.passage(pidx).char_spans, pos, end)  # type: ignore[union-attr]
-        end = next((i for i in range(pos, end) if candidates.is_used(pidx, i)), end)
-        return pos + repeat_free_length(gen.ids, [int(t) for t in tokens[pos:end]], config.repeat_ngram)
-
-    @staticmethod
-    def _passage_has(candidates: CandidateSet, pidx: int, pos: int) -> bool:
-        return pos < len(candidates.passage(pidx).token_ids)
-
-    def _select_span(self, gen: Generation, p_m: torch.Tensor, values: torch.Tensor, entries: torch.Tensor) -> Optional[tuple[int, int]]:
-        """(passage index, start position) of the neighbour whose value has the highest p_M
-        among those where a copy may start (:meth:`_seam_ok`; the first ``_SEAM_TRIES``),
-        preferring one whose source continues the text so far (:meth:`_continues`)."""
-        assert gen.candidates is not None
-        live = values >= 0
-        if not bool(live.any()):
-            return None
-        probs = torch.where(live, p_m[values.clamp_min(0)], torch.full_like(values, -1.0, dtype=p_m.dtype))
-        order = probs.argsort(descending=True)[: int(live.sum())]
-        allowed = [
-            source for source in (gen.candidates.entry_source(int(entries[best])) for best in order[:_SEAM_TRIES].tolist())
-            if self._seam_ok(gen, *source)
-        ]
-        # A neighbour where its source really continues the text so far beats a mere sentence start.
-        return next((source for source in allowed if self._continues(gen, *source)), allowed[0] if allowed else None)
-
-    def _continues(self, gen: Generation, pidx: int, pos: int) -> bool:
-        """Whether token ``pos`` of passage ``pidx`` starts where its source continues the text so far."""
-        assert gen.candidates is not None and self.datastore is not None
-        char_pos = int(gen.candidates.passage(pidx).char_spans[pos, 0])
-        return continues(gen.lead_in + gen.text, self.datastore.passages[pidx].text, char_pos)
-
-    def _seam_ok(self, gen: Generation, pidx: int, pos: int) -> bool:
-        """Whether a copy from token ``pos`` of passage ``pidx`` may follow the text so far
-        (:func:`acceptable_start`; always when ``config.seams`` is off)."""
-        if not gen.config.seams:
-            return True
-        assert gen.candidates is not None and self.datastore is not None
-        text = self.datastore.passages[pidx].text
-        starts = gen.starts.setdefault(pidx, sentence_starts(text))
-        return acceptable_start(gen.lead_in + gen.text, text, int(gen.candidates.passage(pidx).char_spans[pos, 0]), starts)
-
-    @staticmethod
-    def _pick(p_m: torch.Tensor, config: NestConfig, generator: Optional[torch.Generator]) -> int:
-        if not config.do_sample or config.temperature == 0:
-            return int(p_m.argmax())
-        probs = p_m.pow(1.0 / config.temperature)
-        probs = probs / probs.sum()
-        if config.top_p < 1.0:
-            sorted_p, order = probs.sort(descending=True)
-            keep = sorted_p.cumsum(0) - sorted_p < config.top_p
-            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
-        return int(torch.multinomial(probs, 1, generator=generator))
-
-    def commit(self, gen: Generation, records: Sequence[TokenRecord]) -> None:
-        """Append accepted tokens; stop at EOS, a stop string, max_new_tokens or the end of the source."""
-        tokenizer = self.lm.tokenizer
-        for record in records:
-            if record.token_id in self.eos_ids:
-                gen.finish("eos")
-                return
-            gen.records.append(record)
-            gen.ids.append(record.token_id)
-            text = tokenizer.decode(gen.ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-            # A token ending inside a multi-byte character decodes to U+FFFD until
-            # the next token completes it; it owns no characters until then.
-            partial = text.endswith("\ufffd")
-            gen.boundaries.append((gen.boundaries[-1] if gen.boundaries else 0) if partial else len(text))
-            gen.text = text
-            copied = record.passage_index is not None and gen.candidates is not None
-            if copied:
-                gen.candidates.mark_used(record.passage_index, record.position, record.position)  # type: ignore[union-attr, arg-type]
-            if any(s in gen.text for s in gen.config.stop):
-                gen.finish("stop")
-            elif len(gen.records) >= gen.config.max_new_tokens:
-                gen.finish("length")
-            elif copied and gen.window_end == (record.passage_index, record.position):
-                if not gen.next_windows:
-                    gen.finish("answered")
-                else:
-                    (gen.opening, gen.window_end), *gen.next_windows = gen.next_windows
-            elif copied and gen.config.stop_at_source_end and self._source_exhausted(gen.candidates, record):  # type: ignore[arg-type]
-                gen.finish("source_end")
-            if gen.finished:
-                return
-
-    def _source_exhausted(self, candidates: CandidateSet, record: TokenRecord) -> bool:
-        """Whether ``record`` copied the last token of its passage and no candidate
-        passage continues it (the next chunk of the same document), or the last token
-        of a Markdown section (a heading follows: :func:`section_ends_at`)."""
-        pidx, pos = int(record.passage_index), int(record.position)  # type: ignore[arg-type]
-        text = self.datastore.passages[pidx].text  # type: ignore[union-attr]
-        return self._continue_at(candidates, pidx, pos + 1) is None or section_ends_at(text, int(candidates.passage(pidx).char_spans[pos, 1]))
-
-    def _continue_at(self, candidates: CandidateSet, pidx: int, pos: int) -> Optional[tuple[int, int]]:
-        """Where a copy that reached token ``pos`` of passage ``pidx`` goes on: that token,
-        or past a passage's end the first new token of the next chunk of its document
-        (:meth:`_next_chunk`); None when the source ends there."""
-        return (pidx, pos) if self._passage_has(candidates, pidx, pos) else self._next_chunk(candidates, pidx)
-
-    def _next_chunk(self, candidates: CandidateSet, pidx: int) -> Optional[tuple[int, int]]:
-        """(passage index, token position) where the chunk after passage ``pidx`` in its
-        document starts anew, when that chunk is a candidate.
-
-        Chunks chain by ``doc_id`` and ``doc_char_start`` (the CLI's chunking,
-        LangChain's ``add_start_index``, LlamaIndex's ``start_char_idx``). The
-        next chunk starts at most 2 characters (whitespace) after this one ends,
-        or before it when the splitter overlaps chunks: its tokens that repeat
-        this chunk's end are skipped.
-        """
-        passages = self.datastore.passages  # type: ignore[union-attr]
-        here = passages[pidx]
-        if not here.doc_id:
-            return None
-        following = [
-            q for q in candidates.passage_indices
-            if passages[q].doc_id == here.doc_id and here.doc_char_start < passages[q].doc_char_start <= here.doc_char_end + 2
-        ]
-        if not following:
-            return None
-        nxt = min(following, key=lambda q: passages[q].doc_char_start)
-        token_ends = passages[nxt].doc_char_start + candidates.passage(nxt).char_spans[:, 1]
-        pos = int(np.searchsorted(token_ends, here.doc_char_end, side="right"))
-        return (nxt, pos) if self._passage_has(candidates, nxt, pos) else None
-
-    # ------------------------------------------------------------------ output
-    def _final_text(self, gen: Generation) -> str:
-        cut = min((gen.text.find(s) for s in gen.config.stop if s and s in gen.text), default=-1)
-        return gen.text[:cut] if cut >= 0 else gen.text
-
-    def stable_length(self, gen: Generation) -> int:
-        """Characters that can be streamed: not past a possible stop-string start."""
-        text = self._final_text(gen)
-        if len(text) < len(gen.text) or gen.finished:
-            return len(text)
-        text = text[: gen.boundaries[-1] if gen.boundaries else 0]
-        hold = 0
-        for stop in gen.config.stop:
-            for n in range(min(len(stop) - 1, len(text)), 0, -1):
-                if text.endswith(stop[:n]):
-                    hold = max(hold, n)
-                    break
-        return len(text) - hold
-
-    def spans(self, gen: Generation) -> tuple[list[Span], list[int]]:
-        """The spans tiling the text so far (up to a stop string), and each span's length in tokens."""
-        text = self._final_text(gen)
-        passages = self.datastore.passages if self.datastore is not None else []
-
-        def char_spans_of(pidx: int) -> Any:
-            assert gen.candidates is not None
-            return gen.candidates.passage(pidx).char_spans
-
-        # The last token owns whatever its decode left unassigned (a trailing partial character).
-        boundaries = gen.boundaries[:-1] + [len(gen.text)] if gen.boundaries else []
-        return build_spans(text, boundaries, gen.records, passages, char_spans_of)
-
-    def build_output(self, gen: Generation) -> NestOutput:
-        """The output contract of ``gen``: final text, spans, attribution and stats."""
-        spans, lengths = self.spans(gen)
-        ratio, mean_span, sources = summarize(spans, lengths)
-        gen.stats.new_tokens = len(gen.records)
-        return NestOutput(
-            text=self._final_text(gen),
-            mode=gen.config.mode,
-            spans=spans,
-            attribution_ratio=ratio,
-            mean_copied_span_tokens=mean_span,
-            sources=sources,
-            stats=gen.stats,
-        )
 
 
 # ------------------------------------------------------------------ prompt checks

@@ -8,12 +8,13 @@
   decoder a row belongs to -- the LM it runs on and the per-step rules
   ``propose`` (next token and draft), ``commit`` (append, stop rules),
   ``mixture`` (p_M at the fed positions), ``verify`` (relaxed acceptance of the
-  draft) and ``build_output``. :class:`~nest_integrations.decoding.decoder.NestDecoder`
-  implements it.
+  draft) and ``build_output``. :class:`~nest_integrations.decoding.step.StepRules`
+  implements it (a :class:`~nest_integrations.decoding.decoder.NestDecoder`'s ``rules``).
 * :class:`StreamCursor` turns a generation's growing text into :class:`StreamChunk` s.
 
-These types sit below the decoder, the scheduler and the service: the decoder
-drives the scheduler and the service, and neither of those imports the decoder.
+These types sit below the decoder, its step rules, the scheduler and the service:
+the decoder drives the scheduler and the service with its rules, and neither of
+those imports the decoder or the rules.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class Generation:
 
 
 class RowDecoder(Protocol):
-    """The decoder of a row, as the row scheduler and the batching service use it.
+    """The per-step rules of a row, as the row scheduler and the batching service use them.
 
     Rows of different decoders share a batch when they share ``lm`` and the
     ``reader``'s key layer. Each method is one rule of a step, applied to one row.

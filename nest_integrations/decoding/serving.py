@@ -103,7 +103,7 @@ class BatchingService:
         """Queue ``row`` and yield its chunks as they are accepted (the last one carries
         the output). Closing the iterator early cancels the row."""
         chunks: "queue.SimpleQueue[Union[StreamChunk, BaseException, None]]" = queue.SimpleQueue()
-        row.listener = _Forward(row.decoder, chunks.put)
+        row.listener = _Forward(row.rules, chunks.put)
         self._enqueue(row)
         try:
             while (item := chunks.get()) is not None:
@@ -117,7 +117,7 @@ class BatchingService:
         """:meth:`stream` for asyncio: the chunks reach the event loop without a thread waiting."""
         loop = asyncio.get_running_loop()
         chunks: "asyncio.Queue[Union[StreamChunk, BaseException, None]]" = asyncio.Queue()
-        row.listener = _Forward(row.decoder, lambda item: loop.call_soon_threadsafe(chunks.put_nowait, item))
+        row.listener = _Forward(row.rules, lambda item: loop.call_soon_threadsafe(chunks.put_nowait, item))
         self._enqueue(row)
         try:
             while (item := await chunks.get()) is not None:
@@ -199,8 +199,8 @@ class _Resolve(RowListener):
 class _Forward(RowListener):
     """Hands a row's stream chunks to ``put``: chunks, then None at the end, or the error."""
 
-    def __init__(self, decoder: RowDecoder, put: Callable[[Any], None]):
-        self.cursor = StreamCursor(decoder)
+    def __init__(self, rules: RowDecoder, put: Callable[[Any], None]):
+        self.cursor = StreamCursor(rules)
         self.put = put
 
     def progress(self, row: Row) -> None:
@@ -231,7 +231,10 @@ def _close_all() -> None:
 
 
 def shared_service(decoder: RowDecoder) -> BatchingService:
-    """The service of ``decoder``'s LM and key layer (made on first use, dropped with the LM)."""
+    """The service of ``decoder``'s LM and key layer (made on first use, dropped with the LM).
+
+    ``decoder``: anything with the LM and key reader of its rows -- a decoder's
+    :class:`~nest_integrations.decoding.step.StepRules` or the decoder itself."""
     lm = decoder.lm
     key = (id(lm), decoder.reader.key_layer)
     with _services_lock:
