@@ -226,7 +226,8 @@ def build_default_index(folder: Path, model: Optional[str] = None) -> None:
 
 def docs_index(task: str, chunking: str, model: Optional[str] = None) -> Path:
     """The folder of a documentation task's default index, built into the cache once per
-    version of its passages (docs: standard-library docstrings; markdown-docs: Fastify's docs)."""
+    version of its passages (docs: standard-library docstrings; markdown-docs: Fastify's docs;
+    markdown-docs-pino: Pino's docs)."""
     from nest_integrations.evaluation.runner import docs_domain_passages, passages_fingerprint
     from nest_integrations.index.nest_index import NestIndex
     from nest_integrations.model.lm import cache_dir, load_lm

@@ -15,11 +15,11 @@ app = typer.Typer()
 
 @app.command("eval")
 def evaluate(
-    task: str = typer.Option("bio", help="bio, completion, qa, wiki-qa, wiki-qa-hard, docs or markdown-docs."),
+    task: str = typer.Option("bio", help="bio, completion, qa, wiki-qa, wiki-qa-hard, docs, markdown-docs or markdown-docs-pino."),
     n: Optional[int] = typer.Option(None, min=1, help="Items per condition (default: 100; every question for qa and docs)."),
     seed: int = typer.Option(0, help="Sampling seed of the items."),
     datastore: Optional[Path] = typer.Option(
-        None, "--datastore", "-d", help="Index folder (default: the demo index; for docs and markdown-docs their own index)."
+        None, "--datastore", "-d", help="Index folder (default: the demo index; for docs and markdown-docs(-pino) their own index)."
     ),
     modes: str = typer.Option("base,rag,knnlm,nest,ra_nest", help="Comma-separated modes."),
     max_new_tokens: Optional[int] = typer.Option(
@@ -27,8 +27,8 @@ def evaluate(
     ),
     qa_path: Optional[Path] = typer.Option(None, "--qa", help="QA JSONL (task qa)."),
     docs_chunking: str = typer.Option(
-        "cli", help="docs and markdown-docs without -d: 'cli' (nest index build's default chunking), 'splitter' "
-        "(LangChain's default splitter) or, for markdown-docs, 'sentence' (LlamaIndex's default SentenceSplitter).",
+        "cli", help="docs and markdown-docs(-pino) without -d: 'cli' (nest index build's default chunking), 'splitter' "
+        "(LangChain's default splitter) or, for markdown-docs(-pino), 'sentence' (LlamaIndex's default SentenceSplitter).",
     ),
     out: Path = typer.Option(Path("runs/eval"), help="Output folder (items.jsonl, summary.json, summary.md)."),
     key_compression: Optional[str] = typer.Option(
@@ -44,7 +44,7 @@ def evaluate(
     """Compare the modes on the same items in one run.
 
     nest eval --task bio; nest eval --task wiki-qa; nest eval --task docs [--docs-chunking splitter];
-    nest eval --task markdown-docs [--docs-chunking splitter|sentence].
+    nest eval --task markdown-docs [--docs-chunking splitter|sentence]; nest eval --task markdown-docs-pino.
     """
     from nest_integrations.core.config import MODES
     from nest_integrations.evaluation.runner import DOCS_DOMAIN_CHUNKINGS, run_eval
