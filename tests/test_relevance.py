@@ -111,6 +111,15 @@ def test_a_question_naming_someone_needs_a_passage_that_mentions_them():
     assert query_names("What was the name of Johnny Cash's backing band?") == ["Johnny Cash"], "a possessive is the name"
 
 
+def test_a_name_never_runs_across_a_sentence_end():
+    """"... several times in Fastify. How do I reset it?" names nothing: "Fastify. How" is no name."""
+    header = Passage(id="h", text="In Fastify, reply.removeHeader(key) removes a previously set header, such as set-cookie.")
+    query = "I called reply.header('set-cookie', ...) several times in Fastify. How do I reset the set-cookie header?"
+    assert query_names(query) == []
+    assert RelevanceGate()(query, [header], [0.7]).kept == [header]
+    assert query_names("When was J. R. R. Tolkien born? Where did J. R. R. Tolkien teach?") == ["J. R. R. Tolkien", "J. R. R. Tolkien"]
+
+
 def test_a_question_about_something_no_retrieved_passage_names_keeps_nothing():
     """Another framework's feature over Fastify's docs, a person the summaries do not hold."""
     routes = Passage(id="r", text="Register routes under a prefix: fastify.register(plugin, { prefix: '/v1' }).")

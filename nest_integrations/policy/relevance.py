@@ -274,10 +274,12 @@ _QUERY_NAME = re.compile(
 
 
 def query_names(query: str) -> list[str]:
-    """The multi-word names a question mentions after its first word ("Chimamanda Ngozi Adichie"
-    in "What novel did Chimamanda Ngozi Adichie write?"): runs of two or more capitalised words."""
+    """The multi-word names a question mentions after the first word of each of its sentences
+    ("Chimamanda Ngozi Adichie" in "What novel did Chimamanda Ngozi Adichie write?"): runs of two
+    or more capitalised words within a sentence, so "... in Fastify. How do I ..." names nothing."""
     unpossessed = re.sub(r"['’]s\b", " ,", query)  # "Tolkien's The Hobbit" is two names
-    return [match.group().rstrip(".") for match in _QUERY_NAME.finditer(unpossessed)]
+    sentences = (sentence.lstrip() for sentence in _SENTENCE_END.split(unpossessed))
+    return [match.group().rstrip(".") for sentence in sentences for match in _QUERY_NAME.finditer(sentence)]
 
 
 def mentions(name: str, text: str) -> bool:
