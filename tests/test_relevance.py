@@ -138,6 +138,9 @@ def test_a_package_or_member_no_retrieved_passage_names_keeps_nothing():
     gate = RelevanceGate()
     assert gate("How do I limit each client to 100 requests per minute with @fastify/rate-limit?", [body], [0.6]).kept == []
     assert scoped_identifiers("With @fastify/rate-limit and reply.redirect?") == ["rate-limit", "redirect"]
+    assert scoped_identifiers("Can winston-daily-rotate-file keep 14 days, end-to-end?") == ["winston-daily-rotate-file"]
+    logrotate = Passage(id="l", text="We would rotate our log files with logrotate: daily, rotate 7, compress.")
+    assert RelevanceGate()("How do I configure winston-daily-rotate-file to keep 14 days of log files?", [logrotate], [0.6]).kept == []
     assert unmentioned_identifiers("What does json.dumps return?", [Passage(id="j", text="dumps(obj) serializes obj.")]) == [], (
         "the last part is enough: docstrings name a function without its module"
     )

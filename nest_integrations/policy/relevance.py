@@ -328,15 +328,23 @@ _PACKAGE_OR_MEMBER = re.compile(r"@?[A-Za-z_][\w-]*(?:(?:\.|/|::)[A-Za-z_][\w-]*
 """A code name written with its scope: ``@fastify/rate-limit``, ``reply.redirect``, ``os.path.join``, ``std::vector``."""
 
 
+_PACKAGE_NAME = re.compile(r"(?<![\w@/.:-])[a-z][a-z0-9]*(?:-[a-z0-9]+){2,}(?![\w-])")
+"""A lower-case name of three or more hyphenated parts, ``winston-daily-rotate-file``: a package's
+name (English compounds of three parts hold a stopword: "end-to-end", "state-of-the-art")."""
+
+
 def scoped_identifiers(query: str) -> list[str]:
     """The last part of each scoped code name in ``query`` (:data:`_PACKAGE_OR_MEMBER`), case-folded:
     ``"rate-limit"`` for ``@fastify/rate-limit``, ``"redirect"`` for ``reply.redirect``
-    (and ``"py"`` for a file name such as ``settings.py``)."""
+    (and ``"py"`` for a file name such as ``settings.py``); then each unscoped package name
+    (:data:`_PACKAGE_NAME`) whose parts are no stopwords, whole."""
     names = []
     for match in _PACKAGE_OR_MEMBER.finditer(query):
         last = re.split(r"\.|/|::|@", match.group())[-1].strip("-")
         if len(last) > 1:
             names.append(_fold(last))
+    unscoped = _PACKAGE_OR_MEMBER.sub(" ", query)
+    names += [m.group() for m in _PACKAGE_NAME.finditer(unscoped) if not set(m.group().split("-")) & _STOPWORDS]
     return names
 
 
