@@ -230,9 +230,10 @@ def _qdrant_decoder(path: Path, collection: Optional[str], model: Optional[str])
     """A decoder whose first stage is a local Qdrant collection (lazy token datastore)."""
     from nest_integrations.model.lm import load_lm
     from nest_integrations.index.foreign_store import store_decoder
-    from nest_integrations.langchain import LangChainVectorStoreRetriever, open_qdrant
 
-    try:
+    try:  # the qdrant extra (and LangChain) may be missing: a clear message, not a traceback
+        from nest_integrations.langchain import LangChainVectorStoreRetriever, open_qdrant
+
         retriever = LangChainVectorStoreRetriever(open_qdrant(path, str(collection)))
     except ImportError as err:
         fail(str(err))

@@ -160,11 +160,12 @@ def index_to_qdrant(
     from nest_integrations.core.safe_io import manifest_format
     from nest_integrations.corpus.passages import load_passages_jsonl
     from nest_integrations.index.nest_index import FORMAT as INDEX_FORMAT
-    from nest_integrations.langchain.qdrant import write_qdrant
 
     if manifest_format(path) != INDEX_FORMAT:
         fail(f"{path} is not a NEST index")
-    try:
+    try:  # the qdrant extra (and LangChain) may be missing: a clear message, not a traceback
+        from nest_integrations.langchain.qdrant import write_qdrant
+
         count = write_qdrant(load_passages_jsonl(path / "passages.jsonl"), qdrant_path, collection, overwrite=force)
     except (ValueError, ImportError) as err:
         fail(str(err))

@@ -49,7 +49,7 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 
 from nest_integrations.core.config import NestConfig
-from nest_integrations.core.similarity import unit_rows as l2_normalise
+from nest_integrations.core.similarity import unit_rows
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.retrieval.base import index_text
 from nest_integrations.retrieval.dense import DenseRetriever, embed_texts, resolve_embedder
@@ -85,7 +85,7 @@ def duplicated(passages: Sequence[Passage], vectors: np.ndarray, n: int, *, nois
         count = rows.stop - rows.start
         block = vectors[:count]
         if c:
-            block = l2_normalise(block + rng.standard_normal((count, dim), dtype=np.float32) * np.float32(noise / math.sqrt(dim)))
+            block = unit_rows(block + rng.standard_normal((count, dim), dtype=np.float32) * np.float32(noise / math.sqrt(dim)))
         out[rows] = block
     corpus = [
         p if i < base else Passage(id=f"{p.id}~{i // base}", text=p.text, title=p.title, metadata=p.metadata)
