@@ -318,11 +318,11 @@ def test_qa_items_keep_a_gold_passage(tmp_path: Path) -> None:
 
 
 def test_registry() -> None:
-    assert set(TASKS) == {"bio", "completion", "qa", "wiki-qa", "docs", "markdown-docs", "wiki-qa-hard"}
+    assert set(TASKS) == {"bio", "completion", "qa", "wiki-qa", "docs", "markdown-docs", "markdown-docs-pino", "wiki-qa-hard"}
     assert QA_TASKS <= set(TASKS) and set(TASK_MAX_NEW_TOKENS) == set(TASKS)
     assert all(TASK_MAX_NEW_TOKENS[t] == 64 for t in QA_TASKS)
     assert get_task("bio") is bio_items
     assert get_task("qa") is qa_items
     assert get_task("wiki-qa") is wiki_qa_items and get_task("docs") is docs_items
-    with pytest.raises(ValueError, match="bio, completion, docs, markdown-docs, qa, wiki-qa"):
+    with pytest.raises(ValueError, match="bio, completion, docs, markdown-docs, markdown-docs-pino, qa, wiki-qa"):
         get_task("summarise")
