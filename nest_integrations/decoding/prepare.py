@@ -11,7 +11,7 @@ calls it once the candidate set is built.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -20,45 +20,65 @@ from nest_integrations.corpus.markdown_structure import first_copyable
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.policy.copy_policy import Window, closes_answer, focus_windows, wants_focus
 from nest_integrations.policy.relevance import subject_name
-from nest_integrations.store.datastore import CandidateSet, EncodedPassage, TokenDatastore
+from nest_integrations.store.datastore import CandidateSet, TokenDatastore
 from .generation import Generation
 
-__all__ = ["plan_opening", "plan_windows", "token_range"]
+__all__ = ["plan_opening", "plan_windows", "token_range", "window_token_plan"]
 
 
-def token_range(passage: EncodedPassage, char_start: int, char_end: int) -> tuple[int, int]:
-    """First and last token positions of ``passage`` overlapping characters ``[char_start, char_end)``."""
-    spans = passage.char_spans
-    first = int(np.searchsorted(spans[:, 1], char_start, side="right"))
-    last = int(np.searchsorted(spans[:, 0], char_end, side="left")) - 1
-    return min(first, len(spans) - 1), max(last, first)
+def token_range(char_spans: np.ndarray, char_start: int, char_end: int) -> tuple[int, int]:
+    """First and last token (of int (L, 2) ``char_spans``, L >= 1) overlapping characters ``[char_start, char_end)``."""
+    first = int(np.searchsorted(char_spans[:, 1], char_start, side="right"))
+    last = int(np.searchsorted(char_spans[:, 0], char_end, side="left")) - 1
+    return min(first, len(char_spans) - 1), max(last, first)
+
+
+def window_token_plan(
+    windows: Sequence[Window], tokens_of: Callable[[str], tuple[str, np.ndarray]]
+) -> list[tuple[Window, int, int, bool]]:
+    """``(window, first, last, stops)`` for each answer window to copy, in order: its first and
+    last token positions in its passage and whether the answer ends after ``last``.
+
+    ``tokens_of(passage_id)`` gives the passage's text and its int (L, 2) token ``char_spans``.
+    A window that holds none of the question's own words only says where to open, and one
+    that ends mid-sentence ("(e.g.") would stop unfinished: it does not stop (the copy goes on
+    past it) and no window follows it. A later window opens at its first copyable token and at
+    the line breaks before it when they are tokens of their own, so it does not run into the
+    text before it. Pure: the decoder (:func:`plan_windows`) and ``nest bench windows`` share it."""
+    planned: list[tuple[Window, int, int, bool]] = []
+    for window in windows:
+        text, spans = tokens_of(window.passage_id)
+        if not len(spans):
+            continue
+        first, last = token_range(spans, window.start, window.end)
+        if planned:
+            first = first_copyable(text, spans, first)
+            while 0 < first < len(spans) and not text[slice(*spans[first - 1])].strip():
+                first -= 1
+        stops = window.answers and closes_answer(text, window.end)
+        planned.append((window, first, last, stops))
+        if not stops:
+            break
+    return planned
 
 
 def plan_windows(
     datastore: TokenDatastore, candidates: CandidateSet, windows: Sequence[Window]
 ) -> list[tuple[tuple[int, int], Optional[tuple[int, int]]]]:
-    """``(opening, window_end)`` token positions of each answer window to copy, in order:
-    ``(passage index, first token)`` and ``(passage index, last token)``, or None for a
-    window the copy goes on past.
+    """``(opening, window_end)`` token positions of each answer window to copy, in order
+    (:func:`window_token_plan`): ``(passage index, first token)`` and ``(passage index, last
+    token)``, or None for a window the copy goes on past."""
 
-    A window that holds none of the question's own words only says where to open, and one
-    that ends mid-sentence ("(e.g.") would stop unfinished: its ``window_end`` is None, the
-    copy goes on past it, and no window follows it. A later window opens at the line breaks
-    before it when they are tokens of their own, so it does not run into the text before it."""
+    def tokens_of(passage_id: str) -> tuple[str, np.ndarray]:
+        pidx = datastore.index_of(passage_id)
+        assert pidx is not None
+        return datastore.passages[pidx].text, candidates.passage(pidx).char_spans
+
     planned: list[tuple[tuple[int, int], Optional[tuple[int, int]]]] = []
-    for window in windows:
+    for window, first, last, stops in window_token_plan(windows, tokens_of):
         pidx = datastore.index_of(window.passage_id)
         assert pidx is not None
-        encoded, text = candidates.passage(pidx), datastore.passages[pidx].text
-        first, last = token_range(encoded, window.start, window.end)
-        if planned:
-            first = first_copyable(text, encoded.char_spans, first)
-            while 0 < first < len(encoded.token_ids) and not text[slice(*encoded.char_spans[first - 1])].strip():
-                first -= 1
-        stops = window.answers and closes_answer(text, window.end)
         planned.append(((pidx, first), (pidx, last) if stops else None))
-        if not stops:
-            break
     return planned
 
 

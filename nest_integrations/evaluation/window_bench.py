@@ -6,12 +6,12 @@ For each question of an evaluation domain (:func:`~.runner.load_items`) the benc
 same order, and stops there:
 
 1. the first stage, ``config.passage_k`` passages (:func:`~.runner.first_stage`, ``present``);
-2. the relevance gate (:func:`gate_kept`, as ``NestDecoder._gate``);
+2. the relevance gate (:func:`gate_kept`, as the decoder applies it);
 3. for a chat question (:func:`~nest_integrations.policy.copy_policy.wants_focus`, with
    ``config.answer_focus``), the answer windows
    (:func:`~nest_integrations.policy.copy_policy.focus_windows`, ``config.answer_windows`` of
-   them) as the decoder plans them in tokens (:func:`plan_windows`, as
-   ``NestDecoder._plan_windows``): a window that does not close an answer runs on to its
+   them) as the decoder plans them in tokens (:func:`plan_windows`, through the decoder's
+   :func:`~nest_integrations.decoding.prepare.window_token_plan`): a window that does not close an answer runs on to its
    passage's end and no window follows it;
 4. the planned tokens, in copy order, cut at ``config.max_new_tokens`` (:func:`planned_text`).
 
@@ -35,10 +35,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from nest_integrations.core.config import NestConfig
-from nest_integrations.corpus.markdown_structure import first_copyable
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.index.nest_index import NestIndex
-from nest_integrations.policy.copy_policy import Window, closes_answer, focus_windows, wants_focus
+from nest_integrations.decoding.prepare import window_token_plan
+from nest_integrations.policy.copy_policy import Window, focus_windows, wants_focus
 from nest_integrations.policy.relevance import RelevanceGate
 from .metrics import answer_recall
 from .runner import first_stage, format_cell, gold_passage_ids, markdown_table
@@ -79,41 +79,25 @@ def gate_kept(index: NestIndex, query: str, passages: Sequence[Passage], config:
     return RelevanceGate.from_config(config)(query, list(passages), index.relevance(query, [p.text for p in passages])).kept
 
 
-def token_range(char_spans: np.ndarray, char_start: int, char_end: int) -> tuple[int, int]:
-    """First and last token (int32 (L, 2) tiling ``char_spans``) overlapping characters
-    ``[char_start, char_end)``, as the decoder maps a window to tokens."""
-    first = int(np.searchsorted(char_spans[:, 1], char_start, side="right"))
-    last = int(np.searchsorted(char_spans[:, 0], char_end, side="left")) - 1
-    return min(first, len(char_spans) - 1), max(last, first)
-
-
 def plan_windows(index: NestIndex, query: str, kept: Sequence[Passage], config: NestConfig) -> list[PlannedWindow]:
-    """The answer windows the decoder plans for ``query`` over the kept passages, in copy order;
-    empty when it plans none (no kept passage, not a question, ``answer_focus`` off, no window
-    shares a word with the query).
-
-    A later window opens at its first copyable token and at the line breaks before it when
-    they are tokens of their own; a window that holds no word of the query or ends mid-sentence
-    (:func:`closes_answer`) runs on to its passage's end and is the last."""
+    """The answer windows the decoder plans for ``query`` over the kept passages, in copy order
+    (:func:`~nest_integrations.decoding.prepare.window_token_plan`, the decoder's own rule, over
+    the passages' tokens); empty when it plans none (no kept passage, not a question,
+    ``answer_focus`` off, no window shares a word with the query). A window that does not stop
+    the answer runs on to its passage's end (``last`` is the passage's last token)."""
     if not kept or not config.answer_focus or not wants_focus(query):
         return []
     by_id = {p.id: p for p in kept}
-    planned: list[PlannedWindow] = []
-    for window in focus_windows(query, kept, index.relevance, count=config.answer_windows):
-        text = by_id[window.passage_id].text
-        _, spans = index.datastore.encoder.tokenize(text)
-        if not len(spans):
-            continue
-        first, last = token_range(spans, window.start, window.end)
-        if planned:
-            first = first_copyable(text, spans, first)
-            while 0 < first < len(spans) and not text[slice(*spans[first - 1])].strip():
-                first -= 1
-        stops = window.answers and closes_answer(text, window.end)
-        planned.append(PlannedWindow(window.passage_id, first, last if stops else len(spans) - 1, stops, window))
-        if not stops:
-            break
-    return planned
+    chosen = focus_windows(query, kept, index.relevance, count=config.answer_windows)
+
+    def tokens_of(passage_id: str) -> tuple[str, np.ndarray]:
+        text = by_id[passage_id].text
+        return text, index.datastore.encoder.tokenize(text)[1]
+
+    return [
+        PlannedWindow(window.passage_id, first, last if stops else len(tokens_of(window.passage_id)[1]) - 1, stops, window)
+        for window, first, last, stops in window_token_plan(chosen, tokens_of)
+    ]
 
 
 def planned_text(index: NestIndex, kept: Sequence[Passage], planned: Sequence[PlannedWindow], max_new_tokens: int) -> tuple[str, int]:
