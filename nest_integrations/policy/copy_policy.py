@@ -35,8 +35,9 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
+from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.markdown_structure import copy_layout, readable_blocks, start_allowed
 from nest_integrations.corpus.passages import Passage, sentence_spans
 from .relevance import content_words, is_name_query, opening_words, stem, text_stems
@@ -172,9 +173,6 @@ class Window:
     answers: bool = True
 
 
-Similarity = Callable[[str, Sequence[str]], Sequence[float]]
-"""``(query, texts) -> cosine similarity of each text to the query``."""
-
 FOCUS_CANDIDATES = 8
 """Windows, best by word overlap, that the dense similarity re-ranks."""
 
@@ -198,14 +196,14 @@ def _windows(passage: Passage) -> list[tuple[int, int, int]]:
     return windows
 
 
-def focus_window(query: str, passages: Sequence[Passage], similarity: Similarity | None = None) -> Window | None:
+def focus_window(query: str, passages: Sequence[Passage], similarity: Relevance | None = None) -> Window | None:
     """The window of the kept passages that best answers ``query``, or None when none shares a
     word with it: the first of :func:`focus_windows`."""
     windows = focus_windows(query, passages, similarity, count=1)
     return windows[0] if windows else None
 
 
-def focus_windows(query: str, passages: Sequence[Passage], similarity: Similarity | None = None, *, count: int = 1) -> list[Window]:
+def focus_windows(query: str, passages: Sequence[Passage], similarity: Relevance | None = None, *, count: int = 1) -> list[Window]:
     """Up to ``count`` windows of the kept passages that best answer ``query``, best first, none
     overlapping another; empty when none shares a word with it.
 
