@@ -1,8 +1,14 @@
-"""``nest generate`` (one prompt, or a resumable batch job) and ``nest demo``."""
+"""``nest generate`` (one prompt, or a resumable batch job) and ``nest demo``.
+
+One prompt goes to a running ``nest serve`` of the same index and LM when one answers
+(:mod:`.served`): the command then prints what it would have printed itself without importing
+torch or transformers, and otherwise loads everything here.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from dataclasses import dataclass, field
@@ -13,6 +19,8 @@ import typer
 
 from nest_integrations.index.distributed import DEFAULT_CONNECT_TIMEOUT_S
 from .common import build_default_index, console, default_index_path, fail, given, load_index, positive, setup_logging, trace
+
+logger = logging.getLogger(__name__)
 
 app = typer.Typer()
 """The commands of this module, merged into ``nest``."""
@@ -71,9 +79,14 @@ def generate(
         "passages are encoded lazily when retrieved; nest index to-qdrant writes one).",
     ),
     collection: Optional[str] = typer.Option(None, help="Qdrant collection (with --qdrant-path)."),
+    server: str = typer.Option(
+        "auto", "--server", help="auto: answer one PROMPT through a running `nest serve` of this index and LM when one "
+        "answers, else load everything here; never: always here; a socket PATH: through that server (an error if it does not answer).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Generate with attribution; one prompt, or a batch from --input to --output."""
+    """Generate with attribution; one prompt, or a batch from --input to --output. One prompt is
+    answered by a running `nest serve` of the same index and LM when there is one."""
     trace.mark("command")
     from nest_integrations.core.config import MODES, NestConfig
 
@@ -93,12 +106,14 @@ def generate(
         fail(f"{', '.join(stray)} apply with --input only")
     if pretty and not as_json:
         fail("--pretty formats --json; add --json")
-    if input_path is not None and (stray := given(ctx, "query", "as_json", "pretty")):
+    if input_path is not None and (stray := given(ctx, "query", "as_json", "pretty", "server")):
         fail(f"{', '.join(stray)} apply to one PROMPT; with --input each item has its own query, and outputs go to --output")
     if (qdrant_path is None) != (collection is None):
         fail("--qdrant-path and --collection go together")
     if qdrant_path is not None and (datastore is not None or input_path is not None):
         fail("--qdrant-path generates for one PROMPT, without --datastore or --input")
+    if qdrant_path is not None and (stray := given(ctx, "server")):
+        fail(f"{', '.join(stray)} serves an index; --qdrant-path generates here")
     use_ray = use_ray or ray_address is not None
     if use_ray and input_path is None:
         fail("--ray needs --input")
@@ -111,6 +126,18 @@ def generate(
             batch_size=batch_size, restart=restart, ray=(use_ray, ray_address, workers, cpus_per_worker, ray_timeout),
         )
         return
+    if qdrant_path is None and server != "never":
+        assert prompt is not None
+        served = _served_output(server, datastore, model, prompt, query, {"mode": mode, "max_new_tokens": max_new_tokens})
+        if served is not None:
+            if as_json:
+                sys.stdout.write(_json_line(served, pretty))
+            else:
+                from nest_integrations.decoding.attribution import NestOutput
+
+                _print_output(NestOutput.model_validate(served), mode)
+            trace.write()
+            return
     try:
         decoder = _qdrant_decoder(qdrant_path, collection, model) if qdrant_path is not None else load_index(datastore, model).decoder()
         decoder.config = decoder.config.updated(mode=mode, max_new_tokens=max_new_tokens)
@@ -118,10 +145,61 @@ def generate(
         fail(str(err))
     output = _generate_one(decoder, prompt, query)
     if as_json:
-        sys.stdout.write(json.dumps(output.to_dict(), ensure_ascii=False, **({"indent": 2} if pretty else {"separators": (",", ":")})) + "\n")
+        sys.stdout.write(_json_line(output.to_dict(), pretty))
     else:
         _print_output(output, f"{mode}")
     trace.write()
+
+
+def _json_line(output: dict[str, Any], pretty: bool) -> str:
+    """What ``--json`` prints for ``output`` (the output contract as a dict): one compact line, or indented."""
+    return json.dumps(output, ensure_ascii=False, **({"indent": 2} if pretty else {"separators": (",", ":")})) + "\n"
+
+
+def _served_output(
+    server: str, datastore: Optional[Path], model: Optional[str], prompt: str, query: Optional[str], options: dict[str, Any],
+) -> Optional[dict[str, Any]]:
+    """The output contract (a dict) of ``prompt`` as the ``nest serve`` of the index and LM answers
+    it, or None when the command should generate itself.
+
+    ``server``: ``auto`` (the server at the index's and LM's default socket, when one answers
+    the handshake with this index build and LM; a server that goes away mid-answer is logged and
+    the command generates itself, having printed nothing yet) or a socket path (any failure to
+    answer fails the command). A request the server refuses fails the command, as it would fail here.
+    """
+    from .served import Connection, NoServer, RequestRefused, default_socket_path, server_key
+
+    auto = server == "auto"
+    try:
+        key = server_key(datastore or default_index_path(model), model)
+    except ValueError as err:
+        if auto:  # no index yet: loading says so, or builds the default one
+            return None
+        fail(str(err))
+    path = default_socket_path(key) if auto else Path(server)
+    if auto and not path.exists():
+        return None
+    try:
+        connection = Connection.open(path, key)
+    except NoServer as err:  # a stale socket, another index build or LM: nothing to say unless asked for
+        if not auto:
+            fail(str(err))
+        logger.info("%s; generating here", err)
+        return None
+    with connection, trace.phase("generation"):
+        try:
+            for message in connection.generate(prompt, query, options):
+                if message.get("text"):
+                    trace.mark("first_token")
+                if "output" in message:
+                    return message["output"]
+        except RequestRefused as err:
+            fail(str(err))
+        except NoServer as err:
+            if not auto:
+                fail(str(err))
+            logger.warning("%s; generating here", err)
+    return None
 
 
 def _generate_one(decoder: Any, prompt: str, query: Optional[str]) -> Any:

@@ -1,0 +1,288 @@
+"""``nest serve``: an index and its LM loaded once, answering ``nest generate`` from a resident process.
+
+A one-shot ``nest generate`` spends most of its time before the first token importing torch and
+transformers and loading the LM, the embedder and the index (``nest bench startup``). A server
+pays that once: it loads the index and its decoder as ``nest generate`` does
+(:func:`~nest_integrations.cli.common.load_index`), then answers on a Unix domain socket
+(:mod:`.served`: the socket's place, the handshake, the JSON lines), and ``nest generate``
+finds it by itself.
+
+Each connection has a thread of its own, which prepares its generation (retrieval, gate,
+prompt) and streams it through :meth:`NestDecoder.stream`: concurrent requests decode together
+in the LM's shared batch (:mod:`nest_integrations.decoding.serving`), and a client that leaves
+mid-answer ends its own row only (closing the stream cancels it). SIGTERM, SIGINT and ``nest
+serve --stop`` remove the socket at once (new clients then generate themselves), let the answers
+in flight finish and exit. A socket file whose server is gone is replaced: a running server
+holds an exclusive lock on ``SOCKET.lock``, so a socket without a held lock is stale.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import signal
+import socketserver
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any, Optional
+
+import typer
+
+from .common import build_default_index, console, default_index_path, fail, load_index, setup_logging
+from .served import MAX_LINE_BYTES, PROTOCOL_VERSION, Connection, NoServer, ServerKey, default_socket_path, server_key
+
+logger = logging.getLogger(__name__)
+
+app = typer.Typer()
+"""The commands of this module, merged into ``nest``."""
+
+REQUEST_TIMEOUT_S = 30.0
+"""Seconds a connection may stay silent (its request not sent) or stop reading its answer before
+the server drops it: a stuck client neither holds a thread nor delays a shutdown for longer."""
+
+STOP_WAIT_S = 60.0
+"""Seconds ``nest serve --stop`` waits for the server to finish its answers in flight and let go of its socket."""
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file of the socket ``path``; it stays when its server exits (removing it would let
+    a second server lock a file a third one no longer sees)."""
+    return path.with_name(path.name + ".lock")
+
+
+class ServerRunning(Exception):
+    """Another server holds the socket's lock."""
+
+
+def claim_socket(path: Path) -> IO[str]:
+    """Take ``path`` for a new server: lock ``PATH.lock`` (held until the server closes it) and
+    remove a stale socket file left by a server that is gone. The folder is made private (0700)
+    when this creates it.
+
+    Raises:
+        ServerRunning: a live server holds the lock.
+        ValueError: ``path`` exists and is not a socket, or is too long for a Unix socket.
+    """
+    if len(os.fsencode(path)) > 107:  # sun_path holds 108 bytes with the final NUL
+        raise ValueError(f"the socket path {path} is longer than a Unix socket allows (107 bytes); give a shorter --socket")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lock = os.fdopen(os.open(lock_path(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a", encoding="utf-8")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise ServerRunning(f"a server already runs at {path} (nest serve --stop stops it)") from None
+    if path.exists() or path.is_symlink():
+        if not path.is_socket():
+            lock.close()
+            raise ValueError(f"{path} exists and is not a socket")
+        logger.info("replacing the stale socket %s (its server is gone)", path)
+        path.unlink()
+    return lock
+
+
+class GenerateServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """A Unix-socket server answering generate requests with ``decoder``, a thread per connection.
+
+    Args:
+        path: the socket to listen on (mode 0600), claimed with :func:`claim_socket` first.
+        decoder: the :class:`~nest_integrations.decoding.decoder.NestDecoder` answering; its
+            config is each answer's base, a request's options apply on top.
+        key: what it serves (the handshake says it).
+        folder: the index folder (the handshake names it).
+        lock: the lock :func:`claim_socket` returned, released on :meth:`server_close`.
+
+    :meth:`serve_forever` answers until :meth:`stop`; :meth:`server_close` then waits for the
+    answers in flight and removes the socket.
+    """
+
+    daemon_threads = False  # server_close waits for the answers in flight
+    block_on_close = True
+    request_queue_size = 64
+
+    def __init__(self, path: Path, decoder: Any, key: ServerKey, folder: Path, lock: IO[str]):
+        self.path = path
+        self.decoder = decoder
+        self.key = key
+        self.folder = folder
+        self._lock = lock
+        self.stopping = threading.Event()
+        old_umask = os.umask(0o177)  # the socket is born 0600: no moment when others may connect
+        try:
+            super().__init__(str(path), _Handler)
+        finally:
+            os.umask(old_umask)
+        self._inode = path.stat().st_ino
+
+    def handshake(self) -> dict[str, Any]:
+        return {"protocol": PROTOCOL_VERSION, "index": self.key.index, "model": self.key.model, "folder": str(self.folder), "pid": os.getpid()}
+
+    def stop(self) -> None:
+        """Stop answering (safe from a signal handler or a request's thread): the socket goes at
+        once, :meth:`serve_forever` returns at its next poll."""
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        self._remove_socket()
+        threading.Thread(target=self.shutdown, name="nest-serve-stop", daemon=True).start()
+
+    def server_close(self) -> None:
+        super().server_close()  # closes the listening socket, then joins the connections' threads
+        self._remove_socket()
+        self._lock.close()
+
+    def _remove_socket(self) -> None:
+        """Remove the socket file if it is still this server's (not one a later server made)."""
+        try:
+            if self.path.stat().st_ino == self._inode:
+                self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    """One connection: the handshake, one request, its answer."""
+
+    timeout = REQUEST_TIMEOUT_S
+    server: GenerateServer
+
+    def handle(self) -> None:
+        try:
+            self._send(self.server.handshake())
+            line = self.rfile.readline(MAX_LINE_BYTES)
+            if not line:  # a client that only read the handshake
+                return
+            try:
+                request = json.loads(line)
+            except ValueError:
+                request = None
+            if not isinstance(request, dict):
+                self._refuse("the request is not a JSON object")
+            elif request.get("op") == "stop":
+                self._send({"stopping": True})
+                logger.info("stopping on request")
+                self.server.stop()
+            elif request.get("op") == "generate":
+                self._generate(request)
+            else:
+                self._refuse(f"unknown op {request.get('op')!r}; the server takes generate and stop")
+        except OSError as err:  # the client left (or stalled past the timeout): only its answer ends
+            logger.info("a client left before its answer was complete (%s); its generation is cancelled", err)
+
+    def _generate(self, request: dict[str, Any]) -> None:
+        from nest_integrations.core.config import NestConfig
+
+        prompt, query, options = request.get("prompt"), request.get("query"), request.get("options") or {}
+        if not isinstance(options, dict) or not all(isinstance(name, str) for name in options):
+            return self._refuse("options must be an object of NestConfig fields")
+        if unknown := sorted(set(options) - set(NestConfig.model_fields)):
+            return self._refuse(f"unknown options: {', '.join(unknown)}")
+        if query is not None and not isinstance(query, str):
+            return self._refuse("query must be a string or null")
+        started = time.perf_counter()
+        chunks = self.server.decoder.stream(prompt, query=query, **options)
+        try:
+            for chunk in chunks:
+                message: dict[str, Any] = {"text": chunk.text, "spans": [span.model_dump(mode="json") for span in chunk.spans]}
+                if chunk.output is not None:
+                    message["output"] = chunk.output.to_dict()
+                    logger.info("answered %d tokens in %.2f s", chunk.output.stats.new_tokens, time.perf_counter() - started)
+                self._send(message)
+        except (TypeError, ValueError) as err:  # the prompt or the options, checked as the decoder checks them
+            self._refuse(str(err))
+        except OSError:
+            raise
+        except Exception as err:  # a failed generation ends this answer only; the client may generate itself
+            logger.exception("generation failed")
+            self._send({"error": f"the server failed to generate: {err}"})
+        finally:
+            chunks.close()  # a client gone mid-answer: its row leaves the batch at the next step
+
+    def _send(self, message: dict[str, Any]) -> None:
+        self.wfile.write(json.dumps(message, ensure_ascii=False).encode("utf-8") + b"\n")
+        self.wfile.flush()
+
+    def _refuse(self, reason: str) -> None:
+        self._send({"error": reason, "refused": True})
+
+
+def socket_path_for(datastore: Optional[Path], model: Optional[str], socket_path: Optional[Path]) -> tuple[Path, Path]:
+    """The index folder and the socket of the server of ``datastore`` and ``model`` (``socket_path``
+    when given); the default index is built first when it is missing."""
+    folder = datastore or default_index_path(model)
+    if datastore is None and not (folder / "manifest.json").exists():
+        build_default_index(folder, model)
+    try:
+        return folder, socket_path or default_socket_path(server_key(folder, model))
+    except ValueError as err:
+        fail(str(err))
+
+
+@app.command()
+def serve(
+    datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
+    model: Optional[str] = typer.Option(None, help="LM to decode with (default: the one that built the index)."),
+    socket_path: Optional[Path] = typer.Option(
+        None, "--socket", help="Unix socket to listen on (default: one per index and LM under $XDG_RUNTIME_DIR/nest-integrations "
+        "or ~/.cache/nest-integrations/run, where nest generate looks).",
+    ),
+    stop: bool = typer.Option(False, "--stop", help="Stop the server of this index and LM (or the one at --socket) instead."),
+    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Generate one token before listening (the first answer then pays nothing lazy)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Keep an index and its LM loaded and answer `nest generate` from this process, until
+    Ctrl-C, SIGTERM or `nest serve --stop`."""
+    if verbose:  # else keep what `nest -v` set
+        setup_logging(True)
+    if stop:
+        _stop(socket_path or socket_path_for(datastore, model, None)[1])
+        return
+    folder, path = socket_path_for(datastore, model, socket_path)
+    try:
+        lock = claim_socket(path)
+    except (ServerRunning, ValueError) as err:
+        fail(str(err))
+    try:
+        decoder = load_index(folder, model).decoder()
+        if warmup:
+            started = time.perf_counter()
+            decoder.generate("Hello.", max_new_tokens=1)
+            logger.info("warmed up in %.2f s", time.perf_counter() - started)
+        server = GenerateServer(path, decoder, server_key(folder, model), folder, lock)
+    except BaseException:
+        lock.close()
+        raise
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: server.stop())
+    console.print(f"Serving {folder} with {server.key.model} at {path} (stop: Ctrl-C or nest serve --stop)", soft_wrap=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.stop()
+        server.server_close()
+    console.print("Stopped.")
+
+
+def _stop(path: Path) -> None:
+    """``nest serve --stop``: ask the server at ``path`` to stop and wait for its socket to go."""
+    try:
+        with Connection.open(path, None) as connection:
+            pid = connection.handshake.get("pid")
+            connection.stop()
+    except NoServer as err:
+        fail(str(err))
+    # The server holds its lock until the answers in flight are done and its socket is gone.
+    with open(lock_path(path), "a", encoding="utf-8") as lock:
+        deadline = time.monotonic() + STOP_WAIT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    fail(f"the server at {path} (process {pid}) said it stops but still runs after {STOP_WAIT_S:.0f} s")
+                time.sleep(0.05)
+    console.print(f"Stopped the server at {path} (process {pid}).", soft_wrap=True)
