@@ -18,8 +18,9 @@ asked. System turns are instructions, not topics.
 
 from __future__ import annotations
 
-import re
 from typing import Mapping, Sequence
+
+from .words import folded_words
 
 FOLLOW_UP_MAX_WORDS = 3
 """A last message with this many content words or fewer is read as a follow-up."""
@@ -27,7 +28,6 @@ FOLLOW_UP_MAX_WORDS = 3
 HISTORY_MAX_WORDS = 64
 """At most this many words of earlier user turns are prepended to a follow-up."""
 
-_WORD = re.compile(r"[\w'-]+")
 _BACK_REFERENCES = frozenset(
     "it its it's itself they them their theirs this that these those he him his she her hers one ones "
     "there then such same former latter".split()
@@ -40,13 +40,11 @@ _FUNCTION_WORDS = frozenset(
 )
 
 
-def _words(text: str) -> list[str]:
-    return [w.casefold() for w in _WORD.findall(text)]
 
 
 def is_follow_up(message: str) -> bool:
     """Whether a user message leans on earlier turns (see the module docstring)."""
-    words = _words(message)
+    words = folded_words(message, joined=True)
     if not words:
         return True
     content = [w for w in words if w not in _FUNCTION_WORDS and w not in _BACK_REFERENCES]
@@ -78,7 +76,7 @@ def retrieval_query(messages: Sequence[Mapping[str, str]]) -> str:
     history: list[str] = []
     budget = HISTORY_MAX_WORDS
     for earlier in reversed(users[:-1]):
-        budget -= len(_words(earlier))
+        budget -= len(folded_words(earlier, joined=True))
         if budget < 0 and history:
             break
         history.insert(0, earlier)

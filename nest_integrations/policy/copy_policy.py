@@ -41,6 +41,7 @@ from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.markdown_structure import copy_layout, readable_blocks, start_allowed
 from nest_integrations.corpus.passages import Passage, sentence_spans
 from .relevance import content_words, is_name_query, opening_words, stem, text_stems
+from .words import folded_words
 
 CONTINUATION_WORDS = 2
 """Words of the text so far that must precede a mid-sentence copy in its source."""
@@ -55,7 +56,6 @@ MAX_BLOCK_WINDOW_WORDS = 120
 """A Markdown answer window takes in the whole blocks it touches up to this many words
 (:func:`_whole_blocks`): longer paragraphs or code blocks keep the sentence window."""
 
-_WORD = re.compile(r"\w+")
 _OPENERS = {"(": ")", "[": "]", "\u201c": "\u201d", "\u2018": "\u2019"}
 _QUESTION_WORDS = frozenset(
     "how what which who whom whose when where why is are was were do does did can could should would will shall "
@@ -63,8 +63,6 @@ _QUESTION_WORDS = frozenset(
 )
 
 
-def _fold_words(text: str) -> list[str]:
-    return [w.casefold() for w in _WORD.findall(text)]
 
 
 def ends_sentence(text: str) -> bool:
@@ -92,10 +90,10 @@ def continues(generated: str, source: str, char_pos: int) -> bool:
     """Whether ``source[char_pos:]`` really continues ``generated``: the source's last
     ``CONTINUATION_WORDS`` words before ``char_pos`` are the last words written, and
     ``char_pos`` does not split a word."""
-    wanted = _fold_words(generated)[-CONTINUATION_WORDS:]
+    wanted = folded_words(generated)[-CONTINUATION_WORDS:]
     before = source[:char_pos]
     splits_word = bool(before) and before[-1].isalnum() and source[char_pos : char_pos + 1].isalnum()
-    return bool(wanted) and _fold_words(before)[-len(wanted) :] == wanted and not splits_word
+    return bool(wanted) and folded_words(before)[-len(wanted) :] == wanted and not splits_word
 
 
 def acceptable_start(generated: str, source: str, char_pos: int, starts: Sequence[int]) -> bool:
@@ -141,7 +139,7 @@ def sentence_starts(text: str) -> list[int]:
 def is_question(query: str) -> bool:
     """Whether ``query`` asks a question (a question mark, or a question word first). Requests
     ("Tell me a bio of...", "Explain...") are not questions: they want more than one sentence."""
-    words = _fold_words(query)
+    words = folded_words(query)
     return "?" in query or bool(words and words[0] in _QUESTION_WORDS)
 
 
@@ -189,7 +187,7 @@ def _windows(passage: Passage) -> list[tuple[int, int, int]]:
             start = spans[i - 1][0]
         core_end, j = end, i
         # Never past Markdown a copy cannot cross (a heading): the window's end would be out of reach.
-        while len(_fold_words(passage.text[start:end])) < MIN_WINDOW_WORDS and j + 1 < len(spans) and start_allowed(passage.text, spans[j + 1][0]):
+        while len(folded_words(passage.text[start:end])) < MIN_WINDOW_WORDS and j + 1 < len(spans) and start_allowed(passage.text, spans[j + 1][0]):
             j += 1
             end = spans[j][1]
         windows.append((start, core_end, end))
@@ -286,7 +284,7 @@ def _whole_blocks(text: str, start: int, end: int) -> tuple[int, int]:
     if not touched:
         return start, end
     wide = (min(start, touched[0][0]), max(end, touched[-1][1]))
-    return wide if len(_fold_words(text[wide[0] : wide[1]])) <= MAX_BLOCK_WINDOW_WORDS else (start, end)
+    return wide if len(folded_words(text[wide[0] : wide[1]])) <= MAX_BLOCK_WINDOW_WORDS else (start, end)
 
 
 def closes_answer(text: str, end: int) -> bool:

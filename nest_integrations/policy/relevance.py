@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
 
 from nest_integrations.corpus.passages import Passage
+from .words import split_words
 
 if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.core.config import NestConfig
@@ -63,7 +64,6 @@ _STOPWORDS = frozenset(
     under over much many every only out up down""".split()
 )
 _PARENTHETICAL = re.compile(r"\([^)]*\)")
-_WORD = re.compile(r"\w+")
 # A full stop ends a sentence unless it closes an initial ("Theodor W. Adorno") or a title.
 _SENTENCE_END = re.compile(r"(?<!\s[A-Z])(?<!\bDr|\bMr|\bSt|\bJr|\bSr|\bMs)(?<!\bMrs)[.!?](?=\s+[\"'(\[]?[A-Z0-9])|\n")
 _LEAD_MAX_CHARS = 300
@@ -93,7 +93,7 @@ def content_words(text: str) -> set[str]:
 
     ``content_words("Constantin Brâncuși (sculptor)") == {"constantin", "brancusi"}``.
     """
-    words = _WORD.findall(_fold(_PARENTHETICAL.sub(" ", text)))
+    words = split_words(_fold(_PARENTHETICAL.sub(" ", text)))
     return {stem(w) for w in words if len(w) > 1 and w not in _STOPWORDS and w not in _NAME_PARTICLES and not w.isdigit()}
 
 
@@ -103,7 +103,7 @@ _IDENTIFIER_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 def text_stems(text: str) -> set[str]:
     """Stems of every word of ``text``, and of the parts of identifiers: "JSONDecodeError"
     and "read_text" also give "json", "decode", "error", "read", "text"."""
-    words = _WORD.findall(text)
+    words = split_words(text)
     parts = [part for word in words if "_" in word or not word.islower() for part in _IDENTIFIER_PARTS.findall(word)]
     return {stem(_fold(w)) for w in words + parts}
 
@@ -180,7 +180,7 @@ def _name_parts(name: str) -> tuple[list[str], set[str]]:
             numerals.add(word)
             break  # a ruler's territory after the numeral is often left out ("William III and II, ...")
         if len(word) > 1:
-            words.extend(_WORD.findall(word))
+            words.extend(split_words(word))
         elif word.isalpha():
             words.append(word + ".")
     return words, numerals
@@ -205,7 +205,7 @@ def given_name_forms(word: str) -> frozenset[str]:
 
 @functools.lru_cache(maxsize=1)
 def _nick_namer() -> Any:
-    from nicknames import NickNamer  # lazily: its tables load in ~0.1 s
+    from nicknames import NickNamer  # lazily: a process that expands no given name never loads its tables
 
     return NickNamer()
 
@@ -221,7 +221,7 @@ def _matches(word: str, opening_word: str, first: bool) -> bool:
 def opening_words(text: str, *, whole_sentence: bool = False) -> list[str]:
     """The folded words where ``text`` names its subject: the first ``_SUBJECT_WINDOW`` words
     of its opening sentence (:func:`lead`), or all of that sentence."""
-    words = _WORD.findall(_fold(lead(text)))
+    words = split_words(_fold(lead(text)))
     return words if whole_sentence else words[:_SUBJECT_WINDOW]
 
 
@@ -287,7 +287,7 @@ def mentions(name: str, text: str) -> bool:
     (particles aside, initials by their letter, the first word in any of its given-name
     forms: :func:`_matches`), but anywhere and in any order."""
     words, _ = _name_parts(name)
-    present = set(_WORD.findall(_fold(text)))
+    present = set(split_words(_fold(text)))
     return all(any(_matches(word, w, i == 0) for w in present) for i, word in enumerate(words))
 
 
