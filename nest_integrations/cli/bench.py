@@ -119,8 +119,8 @@ def batching(
     ),
 ) -> None:
     """Throughput: NEST one by one, batched (B = 1, 4, 8, 16), 8 concurrent callers (threads, ChatNest async),
-    the LM alone batched, in-context RAG and prompt lookup, with answer quality; about 15 minutes for
-    --n 16 on 2 lightly loaded CPU cores, twice that under heavy load."""
+    the LM alone batched, in-context RAG and prompt lookup, with answer quality; a long run
+    (docs/serving.md gives its duration on 2 CPU cores)."""
     run_batching(datastore, n, max_new_tokens, out, seed, repeats, kinds)
 
 

@@ -144,8 +144,7 @@ class NestConfig(BaseModel):
         "",
         description="System message for the chat template; None keeps the template's default. The default is an "
         "empty system turn: SmolLM2's built-in one ('You are a helpful AI assistant named SmolLM...') makes the LM, "
-        "writing alone, garble the subject's name more often (300 biographies: 8.7% of outputs open with another "
-        "name, 6.0% with the empty turn).",
+        "writing alone, garble the subject's name more often (measured in docs/method.md, System turn).",
     )
     max_prompt_tokens: Optional[int] = Field(
         None, ge=1,

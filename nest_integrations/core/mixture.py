@@ -14,8 +14,9 @@ def knn_distribution(scores: torch.Tensor, values: torch.Tensor, vocab_size: int
     """p_kNN(w) = sum of softmax weights of neighbours whose value is w.
 
     The softmax is over squared distances *relative to the nearest one*:
-    ``softmax(-(d_j / d_1) / temperature)``. Raw squared distances of a 135M
-    LM are ~1e5 with gaps of ~1e4 between first and second neighbour, so the
+    ``softmax(-(d_j / d_1) / temperature)``. Raw squared distances of a small
+    LM are large, and so are the gaps between first and second neighbour
+    (docs/method.md, kNN temperature, has SmolLM2's), so the
     paper's ``softmax(s / sqrt(d))`` is a one-hot spike on the first neighbour;
     dividing by ``d_1`` makes the knob scale-free across models and layers.
     With ``temperature=0.1`` a neighbour 10% farther than the nearest one gets

@@ -32,9 +32,10 @@ and its key layer. What the
 * **Prefill inside the step**: a row *joins* whenever there is room
   (``max_batch``), so a queue keeps the batch full. Its whole prompt is fed in
   the step's shared forward beside the other rows' tokens (logits kept at its
-  last position only), so joining costs the others no forward of its own: on a
-  2-core CPU a separate forward costs ~60 ms before its first token, which a
-  prompt of 20 tokens inside a shared forward does not. The row proposes its
+  last position only), so joining costs the others no forward of its own: a
+  separate prefill forward would come before the row's first token, which a
+  short prompt inside a shared forward does not (docs/serving.md, Batching, has
+  the cost of one on CPU). The row proposes its
   first token at the next step, as after a prefill alone.
 * **Rows leave** as soon as they finish or their consumer stops listening
   (``Row.cancelled``; their columns die), and dead columns

@@ -12,7 +12,8 @@ them to finish, and a caller alone decodes as before (a batch of one).
 The worker starts with the first row and ends after ``idle_s`` seconds without
 work. It is kept between calls because torch's CPU thread pool belongs to the
 thread that runs the ops: a fresh thread per call builds a fresh pool while the
-last one's threads still spin (measured: one-by-one calls 1.2-1.7x slower). At
+last one's threads still spin, which made one-by-one calls measurably slower
+(docs/serving.md, Concurrent callers). At
 interpreter exit the rows in flight finish and the worker stops.
 
 A service belongs to an LM *and* a key layer (rows of one forward read their keys
@@ -44,9 +45,10 @@ IDLE_SECONDS = 30.0
 """How long a worker waits for new rows before its thread ends."""
 
 DEFAULT_MAX_BATCH = 16
-"""Rows sharing a forward at most. Every row holds its own KV columns (about 46 KB
-per token in float32 on the default 135M model, so 16 rows of 1,000 tokens hold
-~0.7 GB); more callers wait and join as rows finish."""
+"""Rows sharing a forward at most. Every row holds its own KV columns (``2 x layers x
+key/value heads x head size`` floats per token: 46,080 B in float32 on the default 135M
+model), so the cache grows with rows x tokens (docs/serving.md, Concurrent callers, gives
+it at this bound); more callers wait and join as rows finish."""
 
 
 class BatchingService:

@@ -10,7 +10,8 @@ does (:meth:`NestDecoder._gate` through the index's relevance function):
 * absent: whether any passage is kept (anything kept is another person's, so
   NEST would copy a wrong biography).
 
-Only retrieval and the embedder run, so 200 people take about a minute.
+Only retrieval and the embedder run, no generation, so it is quick next to ``nest eval``
+(docs/method.md, Knowing when not to copy, has the time for 200 people).
 """
 
 from __future__ import annotations

@@ -101,8 +101,8 @@ def corpus_embeddings(
     embedded at, and whether they came from ``cache`` (a folder; None: no caching).
 
     Cached files are named by the sha256 of the embedder's name and every passage's indexed
-    text, so another corpus or embedder never reads them; re-embedding the summaries costs
-    minutes on a shared 2-core machine, and the rate measured then is kept beside them.
+    text, so another corpus or embedder never reads them; re-embedding the summaries is the
+    slow part of a run (docs/scale.md has the rate), and the rate measured then is kept beside them.
     """
     texts = [index_text(p) for p in passages]
     digest = hashlib.sha256(embedder_name.encode("utf-8") + b"\0")
@@ -162,8 +162,8 @@ def _nest_latency(dense: DenseRetriever, lm: Any, items: Sequence[Any], config: 
 @contextmanager
 def _faiss_threads(count: int) -> Iterator[None]:
     """FAISS's OpenMP threads set to ``count`` inside the block. Searches are timed on one
-    thread: on a shared 2-core machine, two spinning OpenMP threads made a single search
-    over 10,000 vectors take ~40 ms instead of ~2 ms. Builds keep every thread."""
+    thread: on a shared machine, spinning OpenMP threads made a single search many times
+    slower (docs/scale.md, Scaling measured). Builds keep every thread."""
     import faiss
 
     before = faiss.omp_get_max_threads()

@@ -461,7 +461,8 @@ def run_store_bench(
         embed_model: LlamaIndex embed model (None: the bundled all-MiniLM-L6-v2).
         store_dir: where the saved stores go (``<store_dir>/<integration>``,
             replaced); None: a temporary folder removed afterwards. Saved keys
-            take ``2 x hidden_size`` bytes per token (~86 MB for the Fastify docs).
+            take ``2 x hidden_size`` bytes per token (the Fastify stores' size on
+            disk is in docs/results.md, Through the quick starts' stores).
         reuse_stores: load a store already saved under ``store_dir`` instead of
             building it (its build is recorded as ``reused``, without seconds);
             the questions are timed the same way.

@@ -19,7 +19,7 @@ Window recall is :func:`~.metrics.answer_recall` of that text: whether the answe
 the decoder sets out to copy. It bounds NEST's answer recall from the plan alone: a generation
 may still lose the answer (the LM's check rejects a span, the LM writes instead) or find it
 elsewhere (a question answered without a plan). Only retrieval and the embedder run, so a
-domain takes seconds once its index is built.
+domain is quick once its index is built.
 """
 
 from __future__ import annotations

@@ -349,11 +349,12 @@ def build_index_on_ray(
         address: the Ray cluster (see :func:`ray_cluster`); ignored when Ray is
             already initialised in this process.
         workers: actors to start (None: cluster CPUs / ``cpus_per_worker``). Each
-            holds a copy of the LM and the embedder (~0.7 GB for the defaults).
+            holds a copy of the LM and the embedder (docs/ray.md has the
+            defaults' memory).
         cpus_per_worker: CPUs each actor reserves (its torch threads).
         shard_passages: passages per shard and per task. Smaller balances load
             better across workers; larger means fewer files and less per-task
-            overhead (each task costs a few ms of scheduling).
+            overhead (each task pays Ray's scheduling; docs/ray.md).
         embedder: the embedder's folder or name (None: the bundled MiniLM);
             an embedder object cannot be sent to workers.
         key_codec: how the shards store keys, as in :meth:`NestIndex.build

@@ -205,7 +205,7 @@ class NestIndex:
 
         return NestDecoder(
             self.lm, self.datastore, self.retriever, config, relevance=self.relevance,
-            # No calibrations yet: no need to fingerprint the LM (about 1 s once per model) to look one up.
+            # No calibrations yet: no need to fingerprint the LM (hashes every weight, once per model) to look one up.
             calibration=self.calibrations.get(self.lm.fingerprint()) if self.calibrations else None,
             calibrator=self.calibration,
         )
@@ -354,8 +354,8 @@ class NestIndex:
                 written in the folder) needs ``lm=`` or ``trust_paths=True``.
                 An LM whose weights differ from those that built the keys is
                 refused (see :func:`nest_integrations.model.lm.fingerprints_match`).
-            verify_checksums: hash every file against the manifest (seconds per
-                GB); False still requires every file to be listed.
+            verify_checksums: hash every file against the manifest (reads every
+                byte; docs/persistence.md); False still requires every file to be listed.
             embedder: the passage embedder; None uses the bundled MiniLM when the
                 index names it (else as for ``lm``).
             trust_paths: load a model or embedder named in the folder.

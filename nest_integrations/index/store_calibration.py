@@ -129,7 +129,7 @@ class StoreCalibrations:
     def saved(self, lm: "LoadedLM") -> Optional[Calibration]:
         """The calibration for ``lm`` this store has (fitted, or read with it); None: none yet."""
         if not self.calibrations:
-            return None  # spares fingerprinting the LM (~1 s once per model) for a store never calibrated
+            return None  # spares fingerprinting the LM (a hash of every weight) for a store never calibrated
         return self.calibrations.get(lm.fingerprint())
 
     def corpus(self, lm: Optional["LoadedLM"], search: Search) -> StoreCorpus:

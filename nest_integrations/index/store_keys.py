@@ -96,7 +96,7 @@ class SavedKeysInfo(BaseModel):
 
 
 def keys_info(encoder: PassageEncoder, keys: PrecomputedKeys) -> SavedKeysInfo:
-    """The manifest entry of ``keys`` encoded by ``encoder`` (fingerprints the LM: ~1 s once per model)."""
+    """The manifest entry of ``keys`` encoded by ``encoder`` (fingerprints the LM, once per model)."""
     from nest_integrations.store.key_precision import encoding_dtype
 
     lm = encoder.lm

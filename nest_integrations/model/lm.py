@@ -130,11 +130,11 @@ def cache_dir() -> Path:
 def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
     """Plain Hugging Face folder of an embedded LM, converting its GGUF on first use.
 
-    The GGUF is de-quantised to float32 once (about 20 s for the default, 90 s
-    for Gemma-3-270M) and saved to ``cache_dir()/models/<cache_name>``; later
-    loads take about a second. The conversion writes to a temporary folder and
-    renames it, so concurrent or interrupted conversions never leave a
-    half-written model behind.
+    The GGUF is de-quantised to float32 once and saved to
+    ``cache_dir()/models/<cache_name>``; later loads read that folder, far
+    quicker than the conversion (docs/models.md has both times). The
+    conversion writes to a temporary folder and renames it, so concurrent or
+    interrupted conversions never leave a half-written model behind.
 
     Raises:
         ValueError: ``name`` is no embedded model.
@@ -287,9 +287,9 @@ def load_lm(
     model.to(device).eval()
     use_packed_sdpa(model)  # same results; a shared batch's masked attention copies no heads
     if device == "cpu":
-        use_packed_linears(model)  # forwards of 4+ tokens 1.15-1.3x faster, for the packed weights' memory
+        use_packed_linears(model)  # forwards of 4+ tokens faster, for the packed weights' memory (docs/serving.md)
     # Small LMs produce denormal activations; on x86 CPUs each op on them is
-    # ~10x slower (measured: SmolLM2 encodes 96 -> 776 tokens/s on 2 cores).
+    # several times slower (docs/serving.md, CPU speed, has SmolLM2's encoding rate).
     # Flushing them to zero changes no result that matters and is process-wide.
     torch.set_flush_denormal(True)
     if tokenizer.pad_token_id is None:
@@ -386,8 +386,8 @@ def model_fingerprint(model: "PreTrainedModel") -> str:
     (``<dtype>``: the model's own); compare two with :func:`fingerprints_match`,
     which picks the precision both models hold exactly.
 
-    Cost: about 1.2 s for the 135M-parameter default on 2 CPU cores (measured);
-    the result is cached per model until a parameter is replaced, moved or
+    Cost: three casts and hashes of every weight (docs/models.md has the time
+    for the default); the result is cached per model until a parameter is replaced, moved or
     modified in place (tensor version counters, :func:`parameter_state`), and
     :meth:`LoadedLM.fingerprint` keeps it on disk across processes.
     """

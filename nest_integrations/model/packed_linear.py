@@ -10,17 +10,16 @@ a weight once (``cblas_sgemm_pack``, reached through torch's
 CPU compiler uses for frozen float32 linears) and compute against the packed
 copy for any number of rows.
 
-Measured on 2 cores with the default model (a forward of M fed tokens with 150
-cached columns, the faster of 7 interleaved runs each): 4-64 tokens 1.15-1.3x
-faster (5 tokens 90 -> 70 ms, 40 tokens 184 -> 142 ms); 1-3 tokens no faster,
-which is why fewer than :data:`MIN_PACKED_ROWS` rows keep torch's own path (so
-a token-by-token step is bit for bit what it was). Results agree with torch's
+Forwards of 4-64 fed tokens run faster against the packed weights, forwards of
+1-3 tokens do not, which is why fewer than :data:`MIN_PACKED_ROWS` rows keep
+torch's own path (so a token-by-token step is bit for bit what it was); the
+measured speed-ups are in docs/serving.md (CPU speed). Results agree with torch's
 linear to float32 rounding (~1e-6 relative); from 16 rows on they are the same
 bits. The costs: memory, since the packed copies hold about as much as the
-weights (measured: the default model's process grows from 931 to 1,448 MiB
-resident), and the packing itself, about as long as two forwards of 200
-tokens for the whole default model. So a layer packs its weight on its
-:data:`PACK_AFTER_CALLS`-th call with enough rows, not on its first: a process
+weights, and the packing itself, which costs about what the packed weights save
+over :data:`PACK_AFTER_CALLS` forwards (both measured in docs/serving.md). So a
+layer packs its weight on its :data:`PACK_AFTER_CALLS`-th call with enough rows,
+not on its first: a process
 that runs a handful of forwards (one ``nest generate``) never pays for
 packing, while a server packs within its first generations.
 
@@ -40,7 +39,7 @@ import torch
 __all__ = ["MIN_PACKED_ROWS", "PACK_AFTER_CALLS", "PackedLinear", "packing_available", "use_packed_linears"]
 
 MIN_PACKED_ROWS = 4
-"""Fewest input rows computed against the packed weight (measured crossover above)."""
+"""Fewest input rows computed against the packed weight (the measured crossover, docs/serving.md)."""
 
 PACK_AFTER_CALLS = 8
 """A layer's calls of :data:`MIN_PACKED_ROWS` or more rows before it packs its weight:

@@ -168,8 +168,9 @@ def _ids_fingerprint(passages: Sequence[Passage]) -> str:
 
 QUERY_CACHE_SIZE = 256
 """Query embeddings a retriever keeps (by text). One generation embeds its query three
-times otherwise -- for retrieval, the relevance gate and the answer window -- at
-~25 ms per embedder call on 2 CPU cores; 256 vectors of 384 floats take 384 KiB."""
+times otherwise -- for retrieval, the relevance gate and the answer window -- each
+call a forward of the embedder (its CPU cost: docs/method.md, Two-stage retrieval);
+256 vectors of 384 floats take 384 KiB."""
 
 
 class _QueryCache:

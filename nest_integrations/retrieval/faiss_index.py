@@ -4,8 +4,8 @@ Choosing an index (``index_factory`` of :class:`~nest_integrations.retrieval.Den
 
 * ``"flat"`` (factory ``Flat``): exact. Memory ``4 * d`` bytes per passage
   (1,536 B for the 384-d MiniLM), no training, build = a copy; a query scans
-  every vector, so latency grows linearly (about 0.2 ms per 1,000 passages
-  on 2 CPU cores).
+  every vector, so latency grows linearly (docs/scale.md has the measured
+  rate per 1,000 passages).
 * ``"ivf"`` (``IVF<nlist>,Flat``): k-means into ``nlist`` lists, a query scans
   the ``nprobe`` nearest lists only. Memory: flat's plus 16 B per passage
   (list id and a direct map, so vectors can be read back) and the centroids;
@@ -50,8 +50,9 @@ DEFAULT_HNSW_M = 32
 TRAIN_POINTS_PER_LIST = 39
 """IVF trains on at most this many vectors per list (FAISS's advised minimum; its own cap
 is 256). k-means costs ``points x nlist x d x iterations``: at 1M passages and 4,000 lists
-the cap of 39 and :data:`KMEANS_ITERATIONS` keep training to minutes on 2 cores instead of
-most of an hour; recall against flat (``nest bench scale``) shows what it costs."""
+the cap of 39 and :data:`KMEANS_ITERATIONS` cut training to ``(39 x 10) / (256 x 25)``, about a
+sixteenth, of FAISS's own cap and iterations (docs/scale.md has the measured build times);
+recall against flat (``nest bench scale``) shows what it costs."""
 KMEANS_ITERATIONS = 10
 """k-means iterations of IVF training (FAISS's default is 25)."""
 
@@ -217,7 +218,7 @@ def build_index(
     ivf = _ivf(index)
     if isinstance(faiss.downcast_index(index), faiss.IndexIVFFlat):
         # 8 B per passage buys reconstruct(): the relevance gate reads retrieved passages'
-        # vectors back instead of re-embedding them (~40 ms per passage on 2 cores).
+        # vectors back instead of re-embedding them (an embedder forward per passage; docs/scale.md).
         ivf.make_direct_map()
     if ivf is not None and nprobe is None:
         nprobe = default_nprobe(ivf.nlist)

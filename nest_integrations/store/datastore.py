@@ -11,8 +11,8 @@ datastore holds one entry:
 * source: passage index, ``j`` and the token's character span.
 
 Entries are excluded when their key sits at absolute position 0 (the attention
-sink: its norm is ~20x the others on SmolLM2 and, left in, pins the RRC weight
-near 0), or when the key or value is a special token. Spans are proposed from
+sink: its norm dwarfs the others', docs/method.md has SmolLM2's, and, left in, it pins the
+RRC weight near 0), or when the key or value is a special token. Spans are proposed from
 passage tokens only, so copying never runs past the end of a passage.
 
 Two storage modes give identical neighbours:
@@ -69,9 +69,9 @@ def resolve_encoding_prefix(tokenizer: Any, prefix: str | None) -> str:
             that ends the plain transcript it is prompted with
             (:func:`~nest_integrations.policy.conversation.plain_transcript`). Passages
             encoded this way have hidden states that match the decoder's query
-            states at the start of an answer (measured on SmolLM2 over the
-            Wikipedia summaries: right passage as first neighbour 15/15 versus
-            6/15 for bare passages), so an answer can open with a passage's first
+            states at the start of an answer (the right passage is the first
+            neighbour far more often than for bare passages: docs/method.md,
+            Token datastore), so an answer can open with a passage's first
             words. ``None`` or ``"auto"`` -- ``"chat"``. Any other string is used
             literally (``""`` = bare passages).
     """
@@ -151,8 +151,8 @@ class PassageEncoder:
             before (their keys are taken from the earlier window); must be
             below ``max_passage_tokens``.
         batch_tokens: padded tokens per forward batch. Larger is faster only
-            while activations fit in the CPU caches: SmolLM2 on 2 cores runs
-            ~2x faster at 8 x 128 tokens than at 64 x 128.
+            while activations fit in the CPU caches (docs/serving.md, Speed,
+            has SmolLM2's figures).
     """
 
     def __init__(
@@ -501,8 +501,8 @@ class TokenDatastore:
 
         Args:
             sample_passages: passages encoded for the sample (their encoding
-                time is paid here: ~1 s per 5 passages of the default corpus on
-                2 CPU cores).
+                time, an LM forward per passage, is paid here; docs/compression.md
+                has the rate).
             train_keys: entry keys drawn from them for training.
 
         Raises:

@@ -94,7 +94,8 @@ class EncodeProgress(Generic[EncodedT]):
 
     Args:
         encoder: the :class:`~nest_integrations.store.datastore.PassageEncoder` (its
-            tokenizer counts the tokens up front, ~1 s per MB of text).
+            tokenizer counts the tokens up front, one pass over the texts;
+            docs/persistence.md has its rate).
         texts: every text the run will encode, in order.
         show_progress: draw a tqdm bar (the estimate is logged either way).
         desc: the bar's label and the log lines' subject.

@@ -66,8 +66,8 @@ RECOMMENDED_TRAIN_KEYS = 39 * PQ_CENTROIDS
 """FAISS's own advice for k-means (39 points per centroid); fewer trains but logs a warning."""
 DEFAULT_TRAIN_KEYS = 32_768
 """Keys sampled for training by default (``train_keys`` of the precompute): above FAISS's
-advice, and training time grows linearly with it (pq96 on 12k keys of width 576: ~2 min
-on one loaded CPU core)."""
+advice, and training time grows linearly with it (docs/compression.md, Training, has
+measured times)."""
 GATHER_ELEMENTS = 1 << 22
 """Table entries gathered at once in PQ scoring (16 MiB of float32)."""
 OPQ_ITERATIONS = 20
@@ -76,8 +76,8 @@ iterations, so OPQ training costs several PQ trainings; fewer iterations, a less
 
 ENERGY_HEADROOM = 4.0
 """spq's error levels reach this many times the largest squared error of the training keys: keys
-the codec never saw are coded worse than its training sample (1.6x at the 99th percentile on the
-tiny test model's 1,024 training keys); a wider range costs resolution (~3% per level at 1,000x)."""
+the codec never saw are coded worse than its training sample (docs/compression.md, How spq codes
+keys, has how much worse); a wider range costs resolution (~3% per level at 1,000x)."""
 
 _SPEC = re.compile(r"^(?P<kind>float16|sq8|pq|opq|spq)(?P<m>[0-9]+)?$")
 CODEC_HELP = "float16 (none), sq8, pq<M>, opq<M> (M bytes per token; M divides the hidden size) or spq<M> (M bytes, 2 <= M <= the hidden size)"
@@ -251,8 +251,8 @@ class _LookupTableCodec(KeyCodec):
     Search form of n rows: int64 (n, m) indices into the flattened (m * 256)
     lookup table; ``inner_products`` gathers the m table entries of every row
     for a chunk of queries at once (one ``index_select``, temporaries bounded
-    by :data:`GATHER_ELEMENTS`) and sums them: ~0.15 ms for one query over 622
-    rows of 96 bytes on one core, where ``embedding_bag`` took 3.4 ms.
+    by :data:`GATHER_ELEMENTS`) and sums them, many times faster than
+    ``embedding_bag`` over the same codes (docs/compression.md, Speed).
     """
 
     m: int
@@ -303,8 +303,8 @@ class ProductQuantizerCodec(_LookupTableCodec):
         dim: key width ``d``.
         m: sub-quantizers (bytes per token); must divide ``d``. Fewer bytes,
             coarser keys: top-1 agreement with float16 falls as ``m`` does.
-        rotate: learn an OPQ rotation first (``opq<M>``). Training then takes
-            tens of seconds instead of seconds on 65k x 576 keys.
+        rotate: learn an OPQ rotation first (``opq<M>``). Training then costs
+            several PQ trainings (:data:`OPQ_ITERATIONS`; docs/compression.md has the times).
         centroids: trained float32 (m, 256, d / m), or None (untrained).
         rotation: trained orthogonal float32 (d, d) with ``x_rot = x @ rotation.T``
             (``rotate`` only), or None.
@@ -405,7 +405,7 @@ class SpectralPQCodec(_LookupTableCodec):
       weights axis ``i`` by its variance ``lambda_i``. A ranking error of a
       candidate ``k`` is ``2 (q - k) . (k - k~)``, and ``q - k`` for a decoding
       query and its nearest candidates spreads along the axes roughly as the
-      keys do (measured: like ``lambda^0.76``), so bits go where that product is
+      keys do (measured: docs/compression.md, How spq codes keys), so bits go where that product is
       large; water-filling runs on ``lambda^2``, the weighted variances.
     * **Error byte.** ``||q - k||^2 = ||q - k~||^2 + 2 (q - k~) . (k~ - k) + ||k - k~||^2``:
       the middle term averages out, the last does not, and it is largest for the
@@ -413,11 +413,10 @@ class SpectralPQCodec(_LookupTableCodec):
       they are). Each row stores it on a 256-level logarithmic scale
       (``energy_levels``), and :meth:`squared_norms` adds it to ``||k~||^2``.
 
-    Measured on ``nest bench keys`` (8,462 training keys, 576-d): spq144 finds
-    the float16 nearest entry for 98.3% of the decoder's own queries and 93.0%
-    of the queries of the LM's own answers, far from the corpus (there pq144
-    86.2%, opq144 87.2%, spectral PQ without the weighting and the error byte
-    89.6%); docs/compression.md. Training is one eigendecomposition
+    Measured on ``nest bench keys``: at the same bytes spq finds the float16
+    nearest entry more often than pq and opq, most of all for queries far from
+    the corpus (the LM's own answers); docs/compression.md has the figures.
+    Training is one eigendecomposition
     plus ``M - 1`` small k-means (no OPQ-style alternation).
 
     Args:
