@@ -146,10 +146,10 @@ class NestVectorStore(VectorStore):
     encoding of every token once, when documents are added (a progress bar
     gives an estimate first), and then no answer encodes anything; lazy keys
     make adding free, and each answer encodes the chunks it retrieves that no
-    earlier answer did (with LangChain's 4,000-character chunks, seconds per
-    chunk on a CPU). Saved keys load memory-mapped, so a reloaded store answers
-    at once. Keys take ``2 x hidden_size`` bytes per token (1,152 B on the
-    default LM).
+    earlier answer did (an LM forward over each such chunk; docs/persistence.md
+    has both costs for LangChain's 4,000-character chunks). Saved keys load
+    memory-mapped, so a reloaded store answers at once. Keys take
+    ``2 x hidden_size`` bytes per token (1,152 B on the default LM).
     """
 
     def __init__(

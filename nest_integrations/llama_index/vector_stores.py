@@ -301,9 +301,10 @@ class NestVectorStore(BasePydanticVectorStore):
     pays the LM's encoding of every token once, when nodes are added (a
     progress bar gives an estimate first), and then no answer encodes
     anything; lazy keys make adding free, and each answer encodes the nodes it
-    retrieves that no earlier answer did (seconds per 4,000-character chunk on
-    a CPU). Persisted keys load memory-mapped, so a reloaded store answers at
-    once. Keys take ``2 x hidden_size`` bytes per token (1,152 B on the default LM).
+    retrieves that no earlier answer did (an LM forward over each such chunk;
+    docs/persistence.md has both costs). Persisted keys load memory-mapped, so
+    a reloaded store answers at once. Keys take ``2 x hidden_size`` bytes per
+    token (1,152 B on the default LM).
 
     Args:
         lm: the LM whose hidden states are the datastore keys; optional, a
