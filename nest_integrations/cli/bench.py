@@ -366,15 +366,17 @@ def startup(
     runs: int = typer.Option(3, min=1, help="Warm runs (the cold run is one more, first)."),
     max_new_tokens: int = typer.Option(128, min=1, help="nest generate --max-new-tokens."),
     cold: bool = typer.Option(True, "--cold/--no-cold", help="Also time a run with the converted LM and its fingerprint not yet cached."),
+    served: bool = typer.Option(True, "--served/--no-served", help="Also time runs answered by a `nest serve` of the index (started once)."),
     out: Path = typer.Option(Path("runs/startup"), help="Output folder (startup.json, startup.md)."),
 ) -> None:
     """Start-up of `nest generate` over the default index, each run a fresh process: cold (the
-    converted LM and its fingerprint rebuilt in a fresh cache) and warm, per phase."""
+    converted LM and its fingerprint rebuilt in a fresh cache), warm, per phase, and served (a
+    `nest serve` of the index answers)."""
     from nest_integrations.evaluation.startup_bench import run_startup_bench
 
     try:
         run_startup_bench(
-            prompt=prompt, runs=runs, max_new_tokens=max_new_tokens, cold=cold, out_dir=out,
+            prompt=prompt, runs=runs, max_new_tokens=max_new_tokens, cold=cold, served=served, out_dir=out,
             index_folder=default_index_path(), trace_variables=(STARTUP_TRACE_ENV, STARTUP_T0_ENV),
         )
     except (ValueError, RuntimeError) as err:
