@@ -7,10 +7,13 @@ pays that once: it loads the index and its decoder as ``nest generate`` does
 (:mod:`.served`: the socket's place, the handshake, the JSON lines), and ``nest generate``
 finds it by itself.
 
-Each connection has a thread of its own, which prepares its generation (retrieval, gate,
-prompt) and streams it through :meth:`NestDecoder.stream`: concurrent requests decode together
-in the LM's shared batch (:mod:`nest_integrations.decoding.serving`), and a client that leaves
-mid-answer ends its own row only (closing the stream cancels it). SIGTERM, SIGINT and ``nest
+Each connection is answered by a thread of a pool, which prepares its generation (retrieval,
+gate, prompt) and streams it through :meth:`NestDecoder.stream`: concurrent requests decode
+together in the LM's shared batch (:mod:`nest_integrations.decoding.serving`), and a client that
+leaves mid-answer ends its own row only (closing the stream cancels it). The threads are kept
+between requests, as the batching worker is, because torch's CPU thread pool belongs to the
+thread that runs the ops (the query's embedding, a passage's encoding): a fresh thread per
+request would build a fresh pool each time. SIGTERM, SIGINT and ``nest
 serve --stop`` remove the socket at once (new clients then generate themselves), let the answers
 in flight finish and exit. A socket file whose server is gone is replaced: a running server
 holds an exclusive lock on ``SOCKET.lock``, so a socket without a held lock is stale.
@@ -26,6 +29,7 @@ import signal
 import socketserver
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, Optional
 
@@ -42,6 +46,12 @@ app = typer.Typer()
 REQUEST_TIMEOUT_S = 30.0
 """Seconds a connection may stay silent (its request not sent) or stop reading its answer before
 the server drops it: a stuck client neither holds a thread nor delays a shutdown for longer."""
+
+MAX_CLIENTS = 64
+"""Connections answered at once; more wait for a thread (their handshake too, so past the
+client's handshake timeout a command generates itself). Above the shared batch's rows
+(:data:`~nest_integrations.decoding.serving.DEFAULT_MAX_BATCH`), so that every row the batch can
+hold has a client."""
 
 STOP_WAIT_S = 60.0
 """Seconds ``nest serve --stop`` waits for the server to finish its answers in flight and let go of its socket."""
@@ -84,8 +94,9 @@ def claim_socket(path: Path) -> IO[str]:
     return lock
 
 
-class GenerateServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """A Unix-socket server answering generate requests with ``decoder``, a thread per connection.
+class GenerateServer(socketserver.UnixStreamServer):
+    """A Unix-socket server answering generate requests with ``decoder``, each connection in a
+    thread of a pool of :data:`MAX_CLIENTS`.
 
     Args:
         path: the socket to listen on (mode 0600), claimed with :func:`claim_socket` first.
@@ -99,9 +110,7 @@ class GenerateServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
     answers in flight and removes the socket.
     """
 
-    daemon_threads = False  # server_close waits for the answers in flight
-    block_on_close = True
-    request_queue_size = 64
+    request_queue_size = MAX_CLIENTS
 
     def __init__(self, path: Path, decoder: Any, key: ServerKey, folder: Path, lock: IO[str]):
         self.path = path
@@ -109,6 +118,7 @@ class GenerateServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
         self.key = key
         self.folder = folder
         self._lock = lock
+        self._pool = ThreadPoolExecutor(max_workers=MAX_CLIENTS, thread_name_prefix="nest-serve")
         self.stopping = threading.Event()
         old_umask = os.umask(0o177)  # the socket is born 0600: no moment when others may connect
         try:
@@ -129,8 +139,20 @@ class GenerateServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
         self._remove_socket()
         threading.Thread(target=self.shutdown, name="nest-serve-stop", daemon=True).start()
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._pool.submit(self._answer, request, client_address)
+
+    def _answer(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+
     def server_close(self) -> None:
-        super().server_close()  # closes the listening socket, then joins the connections' threads
+        super().server_close()  # the listening socket
+        self._pool.shutdown(wait=True)  # the answers in flight finish
         self._remove_socket()
         self._lock.close()
 
