@@ -113,6 +113,20 @@ def test_a_follow_up_window_is_ranked_by_what_is_asked_now_as_well_as_by_the_con
     assert window is not None and window.passage_id == "deco"
 
 
+def test_a_second_window_stays_with_the_person_the_first_is_about():
+    curie = Passage(id="curie", text="Marie Curie was a Polish and naturalised-French physicist and chemist. She won the "
+                    "Nobel Prize in Physics in 1903 and the Nobel Prize in Chemistry in 1911 for her research.")
+    pauling = Passage(id="pauling", text="Linus Pauling was an American chemist. He is one of two people, with Marie "
+                      "Curie, to win Nobel Prizes in two fields: the Nobel Prize in Chemistry in 1954 and Peace in 1962.")
+
+    def similarity(query: str, texts: list[str]) -> list[float]:  # the embedder prefers her own sentence
+        return [0.9 if "She won" in text else 0.3 for text in texts]
+
+    windows = focus_windows("In which year did Marie Curie win the Nobel Prize in Chemistry?", [curie, pauling], similarity, count=2)
+    assert windows and windows[0].passage_id == "curie"
+    assert all(window.passage_id == "curie" for window in windows), "Pauling's summary only mentions her"
+
+
 def test_a_markdown_window_takes_in_its_whole_paragraph():
     """The sentence sharing the question's words leans on the one before it for the answer."""
     doc = Passage(id="s", text=(

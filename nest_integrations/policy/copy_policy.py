@@ -40,7 +40,7 @@ from typing import Sequence
 from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.markdown_structure import copy_layout, readable_blocks, start_allowed
 from nest_integrations.corpus.passages import Passage, sentence_spans
-from .relevance import content_words, is_name_query, opening_words, stem, text_stems
+from .relevance import content_words, is_name_query, names_subject, opening_words, query_names, stem, text_stems
 from .words import folded_words
 
 CONTINUATION_WORDS = 2
@@ -215,7 +215,11 @@ def focus_windows(query: str, passages: Sequence[Passage], similarity: Relevance
     overlap alone ties "load(fp)" with "dump(obj, fp)" for "write JSON into a
     file"); a follow-up's cosine is the mean of its cosines to the conversation
     and to its last question, so "How do I check later that it exists?" after a
-    question about adding a function is not ranked by the first question alone. Ties go to the earlier passage (retrieval order) and window. A
+    question about adding a function is not ranked by the first question alone.
+    A later window stays with the subject of the first: when the first window's
+    passage opens with names the question gives ("Marie Curie"), a later window
+    comes only from passages that open with them too, not from another person's
+    summary that mentions her (:func:`~.relevance.names_subject`). Ties go to the earlier passage (retrieval order) and window. A
     Markdown window then takes in the whole blocks it touches (:func:`_whole_blocks`).
     """
     wanted = content_words(query)
@@ -250,14 +254,20 @@ def focus_windows(query: str, passages: Sequence[Passage], similarity: Relevance
         ranked = sorted(ranked, key=lambda i: (-combined[i], i))
     chosen: list[Window] = []
     taken: list[tuple[str, int, int]] = []  # (document, start, end) of the chosen windows
+    names = query_names(query)
+    subjects: list[str] = []  # the question's names the first window's passage opens with
     for i in ranked:
         passage, start, end, _ = windows[i]
+        if subjects and not all(names_subject(name, passage.text, whole_sentence=True) for name in subjects):
+            continue  # a later window stays with the person or thing the first one is about
         start, end = _whole_blocks(passage.text, start, end)
         here = _in_document(passage, start, end)
         if any(doc == here[0] and s < here[2] and here[1] < e for doc, s, e in taken):
             continue  # the same characters, also through a chunk that overlaps the first's: no repeats
         chosen.append(Window(passage.id, start, end, scores[i], answers or not topical))
         taken.append(here)
+        if len(chosen) == 1:
+            subjects = [name for name in names if names_subject(name, passage.text, whole_sentence=True)]
         if len(chosen) == count:
             break
     return chosen
