@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.model.lm import LoadedLM, default_model_path
 from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
+
+os.environ["NEST_AUTO_SERVE"] = "0"  # no test leaves a background `nest serve` behind; its subprocesses inherit this
 
 
 @pytest.fixture(scope="session")

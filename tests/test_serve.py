@@ -1,12 +1,14 @@
 """``nest serve`` and ``nest generate`` through it: the same output as generating here, concurrent
 clients decoding in one batch, a client that leaves ending its own answer only, a stale socket
-replaced, ``--server never`` generating here, and a client path without torch."""
+replaced, ``--server never`` generating here, a client path without torch, a server stopping
+when idle, and ``nest generate`` starting one for the next command (unless told not to)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -20,11 +22,13 @@ import pytest
 from conftest import held_back
 from typer.testing import CliRunner
 
+from conftest import make_tiny_lm
 from nest_integrations.cli import app
 from nest_integrations.cli import generate as generate_command
+from nest_integrations.cli import served as served_module
 from nest_integrations.cli.common import load_index
 from nest_integrations.cli.serve import GenerateServer, ServerRunning, claim_socket
-from nest_integrations.cli.served import Connection, NoServer, default_socket_path, server_key
+from nest_integrations.cli.served import Connection, NoServer, default_socket_path, idle_timeout, lock_held, server_key
 
 PROMPT = "Who was Marie Curie?"
 
@@ -43,11 +47,11 @@ def index_folder(monkeypatch, tiny_lm, small_passages, tmp_path):
 
 
 @contextmanager
-def serving(folder: Path, path: Path | None = None):
+def serving(folder: Path, path: Path | None = None, idle_timeout_s: float | None = None):
     """A server of ``folder`` with the tiny LM in a thread, at ``path`` (default: where clients look)."""
     key = server_key(folder, "tiny")
     path = path or default_socket_path(key)
-    server = GenerateServer(path, load_index(folder, "tiny").decoder(), key, folder, claim_socket(path))
+    server = GenerateServer(path, load_index(folder, "tiny").decoder(), key, folder, claim_socket(path), idle_timeout_s)
 
     def run():
         server.serve_forever(poll_interval=0.05)
@@ -55,6 +59,7 @@ def serving(folder: Path, path: Path | None = None):
 
     thread = threading.Thread(target=run)
     thread.start()
+    server.thread = thread  # type: ignore[attr-defined]
     try:
         yield server
     finally:
@@ -235,3 +240,96 @@ def test_the_startup_bench_times_served_runs_beside_warm_ones(monkeypatch, tmp_p
     assert bench["goal"]["served_met"] and not bench["goal"]["met"]
     table = (tmp_path / "out" / "startup.md").read_text()
     assert "| served median | 0.300 | – |" in table and "Served first token <= 3.0 s: met" in table
+
+
+def test_a_server_stops_itself_when_idle_and_not_before(index_folder):
+    assert [idle_timeout(value) for value in (None, "none", "0", "2.5")] == [None, None, None, 2.5]
+    for wrong in ("-1", "soon", "inf"):
+        with pytest.raises(ValueError):
+            idle_timeout(wrong)
+    refused = CliRunner().invoke(app, ["serve", "-d", str(index_folder), "--model", "tiny", "--idle-timeout", "soon"])
+    assert refused.exit_code == 2 and "neither a number" in refused.output
+    with serving(index_folder, idle_timeout_s=0.5) as server:
+        time.sleep(0.3)
+        assert json.loads(generate(index_folder, "--json"))["text"]  # served: the idle time starts again
+        time.sleep(0.3)
+        assert server.path.exists() and not server.stopping.is_set()
+        server.thread.join(10)
+        assert not server.thread.is_alive()
+    assert not server.path.exists() and not lock_held(server.path)
+
+
+def test_generate_starts_a_server_for_the_next_command_unless_told_not_to(monkeypatch, index_folder):
+    started: list[list[str]] = []
+    monkeypatch.setattr(served_module.subprocess, "Popen", lambda command, **kwargs: started.append(command))
+    path = default_socket_path(server_key(index_folder, "tiny"))
+
+    def run(*options: str):
+        result = CliRunner().invoke(app, ["generate", PROMPT, "-d", str(index_folder), "--model", "tiny", "--max-new-tokens", "4", "--json", *options])
+        assert result.exit_code == 0, result.output
+        return result.stderr
+
+    assert os.environ["NEST_AUTO_SERVE"] == "0"  # conftest: no test starts one unless it asks
+    assert "a server now keeps" not in run() and started == []
+    monkeypatch.setenv("NEST_AUTO_SERVE", "1")
+    assert "a server now keeps" not in run("--server", "never") and started == []
+    with claim_socket(path):  # a server loading (or running) holds the lock: no second one
+        assert "a server now keeps" not in run() and started == []
+    monkeypatch.setenv("NEST_SERVE_IDLE_S", "30")
+    said = " ".join(run().split())
+    assert f"stops after 30 s idle; `nest serve --stop -d {index_folder} --model tiny` stops it now" in said
+    command = started.pop()
+    assert command[-7:] == ["serve", "--datastore", str(index_folder.resolve()), "--model", "tiny", "--idle-timeout", "30"]
+    assert started == []
+
+
+@pytest.fixture
+def path_index(smol_tokenizer, small_passages, tmp_path, monkeypatch):
+    """An index built with the tiny LM saved to a folder (so a fresh ``nest`` process can load it by
+    its path), and a short private folder for sockets, set for the subprocesses too."""
+    from nest_integrations.index.nest_index import NestIndex
+    from nest_integrations.model.lm import load_lm
+
+    model = tmp_path / "tiny-llama"
+    make_tiny_lm(smol_tokenizer).model.save_pretrained(model)
+    smol_tokenizer.save_pretrained(model)
+    run_dir = Path(tempfile.mkdtemp(prefix="nest-run-", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run_dir))
+    lm = load_lm(str(model), device="cpu")
+    folder = NestIndex.build(small_passages, lm, precompute_keys=True, retriever_kind="bm25", show_progress=False).save(tmp_path / "index")
+    yield folder, str(model)
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_an_auto_started_server_answers_the_next_command_then_stops_when_idle(path_index):
+    folder, model = path_index
+    env = {**os.environ, "NEST_AUTO_SERVE": "1", "NEST_SERVE_IDLE_S": "3", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "nest_integrations.cli", "generate", PROMPT, "-d", str(folder), "--model", model, "--max-new-tokens", "4", "--json"]
+    key = server_key(folder, model)
+    path = default_socket_path(key)
+    pid = None
+    try:
+        first = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+        assert first.returncode == 0, first.stderr
+        assert "a server now keeps this index loaded" in first.stderr
+        deadline = time.monotonic() + 90
+        while pid is None:
+            try:
+                with Connection.open(path, key) as connection:
+                    pid = connection.handshake["pid"]
+            except NoServer:
+                assert time.monotonic() < deadline, (path.with_name(path.name.removesuffix(".sock") + ".log")).read_text()
+                time.sleep(0.2)
+        second = subprocess.run([*command, "-v"], capture_output=True, text=True, timeout=120, env=env)
+        assert second.returncode == 0, second.stderr
+        assert f"answered by the server at {path} (process {pid})" in second.stderr
+        assert "a server now keeps" not in second.stderr
+        assert json.loads(second.stdout)["text"] == json.loads(first.stdout)["text"]
+        deadline = time.monotonic() + 30
+        while lock_held(path) and time.monotonic() < deadline:  # 3 s idle, then it lets go of socket and lock
+            time.sleep(0.1)
+        assert not lock_held(path) and not path.exists()
+        pid = None
+    finally:
+        if pid is not None:  # a failed check: leave no server behind
+            os.kill(pid, signal.SIGTERM)

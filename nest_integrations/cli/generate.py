@@ -2,13 +2,16 @@
 
 One prompt goes to a running ``nest serve`` of the same index and LM when one answers
 (:mod:`.served`): the command then prints what it would have printed itself without importing
-torch or transformers, and otherwise loads everything here.
+torch or transformers, and otherwise loads everything here -- and then, having answered, starts
+such a server in the background for the next command, stopping after ``$NEST_SERVE_IDLE_S``
+idle (as a build tool's daemon does; ``NEST_AUTO_SERVE=0`` or ``--server never`` opt out).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,6 +27,19 @@ logger = logging.getLogger(__name__)
 
 app = typer.Typer()
 """The commands of this module, merged into ``nest``."""
+
+AUTO_SERVE_ENV = "NEST_AUTO_SERVE"
+"""Environment variable: ``0`` (or ``no``, ``false``, ``off``) and ``nest generate`` starts no
+server after answering one prompt itself; anything else, or unset, and it does."""
+
+SERVE_IDLE_ENV = "NEST_SERVE_IDLE_S"
+"""Environment variable: seconds a server ``nest generate`` started waits idle before it stops
+(``0`` or ``none``: it never stops by itself); default :data:`DEFAULT_SERVE_IDLE_S`."""
+
+DEFAULT_SERVE_IDLE_S = 900.0
+"""How long a server ``nest generate`` started stays loaded without a request: long enough for
+a session of questions, short enough that a forgotten one gives its memory back."""
+
 
 def _print_output(output: Any, title: str) -> None:
     from rich.panel import Panel
@@ -81,12 +97,14 @@ def generate(
     collection: Optional[str] = typer.Option(None, help="Qdrant collection (with --qdrant-path)."),
     server: str = typer.Option(
         "auto", "--server", help="auto: answer one PROMPT through a running `nest serve` of this index and LM when one "
-        "answers, else load everything here; never: always here; a socket PATH: through that server (an error if it does not answer).",
+        "answers, else load everything here, then start one in the background for the next command (stops after $NEST_SERVE_IDLE_S, "
+        "default 900, idle; NEST_AUTO_SERVE=0: start none); never: always here; a socket PATH: through that server (an error if it does not answer).",
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Generate with attribution; one prompt, or a batch from --input to --output. One prompt is
-    answered by a running `nest serve` of the same index and LM when there is one."""
+    answered by a running `nest serve` of the same index and LM when there is one, else here,
+    after which such a server is started in the background for the next prompt."""
     trace.mark("command")
     from nest_integrations.core.config import MODES, NestConfig
 
@@ -149,6 +167,32 @@ def generate(
     else:
         _print_output(output, f"{mode}")
     trace.write()
+    if qdrant_path is None and server == "auto":
+        sys.stdout.flush()  # the answer is out before the server's start is
+        _serve_next_time(datastore, model)
+
+
+def _serve_next_time(datastore: Optional[Path], model: Optional[str]) -> None:
+    """Start a ``nest serve`` of the index and LM in the background for the next command, unless
+    ``$NEST_AUTO_SERVE`` says not to or one holds the socket already, and say so on stderr."""
+    from .served import idle_timeout, start_server
+
+    if os.environ.get(AUTO_SERVE_ENV, "").strip().lower() in ("0", "no", "false", "off"):
+        return
+    try:
+        idle_s = idle_timeout(os.environ.get(SERVE_IDLE_ENV, f"{DEFAULT_SERVE_IDLE_S:g}"))
+    except ValueError as err:
+        logger.warning("$%s: %s; using %g s", SERVE_IDLE_ENV, err, DEFAULT_SERVE_IDLE_S)
+        idle_s = DEFAULT_SERVE_IDLE_S
+    try:
+        if start_server(datastore or default_index_path(model), model, idle_s) is None:
+            return
+    except (OSError, ValueError) as err:  # the answer is printed: a server that cannot start costs nothing more
+        logger.warning("could not start a server for the next questions: %s", err)
+        return
+    stop = " ".join(["nest serve --stop", *(["-d", str(datastore)] if datastore else []), *(["--model", model] if model else [])])
+    lasts = "runs until stopped" if idle_s is None else f"stops after {idle_s / 60:g} min idle" if idle_s >= 60 else f"stops after {idle_s:g} s idle"
+    sys.stderr.write(f"nest: a server now keeps this index loaded for the next questions ({lasts}; `{stop}` stops it now)\n")
 
 
 def _json_line(output: dict[str, Any], pretty: bool) -> str:
@@ -192,6 +236,7 @@ def _served_output(
                 if message.get("text"):
                     trace.mark("first_token")
                 if "output" in message:
+                    logger.info("answered by the server at %s (process %s)", path, connection.handshake.get("pid"))
                     return message["output"]
         except RequestRefused as err:
             fail(str(err))

@@ -15,7 +15,9 @@ between requests, as the batching worker is, because torch's CPU thread pool bel
 thread that runs the ops (the query's embedding, a passage's encoding): a fresh thread per
 request would build a fresh pool each time. SIGTERM, SIGINT and ``nest
 serve --stop`` remove the socket at once (new clients then generate themselves), let the answers
-in flight finish and exit. A socket file whose server is gone is replaced: a running server
+in flight finish and exit, as does ``--idle-timeout`` once that long has passed with no
+connection and no answer in flight (``nest generate`` starts its servers so: they hold memory
+only while they are used). A socket file whose server is gone is replaced: a running server
 holds an exclusive lock on ``SOCKET.lock``, so a socket without a held lock is stale.
 """
 
@@ -36,7 +38,7 @@ from typing import IO, Any, Optional
 import typer
 
 from .common import build_default_index, console, default_index_path, fail, load_index, setup_logging
-from .served import MAX_LINE_BYTES, PROTOCOL_VERSION, Connection, NoServer, ServerKey, default_socket_path, server_key
+from .served import MAX_LINE_BYTES, PROTOCOL_VERSION, Connection, NoServer, ServerKey, default_socket_path, idle_timeout, lock_path, server_key
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +57,6 @@ hold has a client."""
 
 STOP_WAIT_S = 60.0
 """Seconds ``nest serve --stop`` waits for the server to finish its answers in flight and let go of its socket."""
-
-
-def lock_path(path: Path) -> Path:
-    """The lock file of the socket ``path``; it stays when its server exits (removing it would let
-    a second server lock a file a third one no longer sees)."""
-    return path.with_name(path.name + ".lock")
 
 
 class ServerRunning(Exception):
@@ -105,6 +101,9 @@ class GenerateServer(socketserver.UnixStreamServer):
         key: what it serves (the handshake says it).
         folder: the index folder (the handshake names it).
         lock: the lock :func:`claim_socket` returned, released on :meth:`server_close`.
+        idle_timeout_s: seconds with no connection and no answer in flight after which the
+            server stops itself (None: it answers until stopped), counted from its start and
+            checked at each poll of :meth:`serve_forever`.
 
     :meth:`serve_forever` answers until :meth:`stop`; :meth:`server_close` then waits for the
     answers in flight and removes the socket.
@@ -112,12 +111,16 @@ class GenerateServer(socketserver.UnixStreamServer):
 
     request_queue_size = MAX_CLIENTS
 
-    def __init__(self, path: Path, decoder: Any, key: ServerKey, folder: Path, lock: IO[str]):
+    def __init__(self, path: Path, decoder: Any, key: ServerKey, folder: Path, lock: IO[str], idle_timeout_s: Optional[float] = None):
         self.path = path
         self.decoder = decoder
         self.key = key
         self.folder = folder
+        self.idle_timeout_s = idle_timeout_s
         self._lock = lock
+        self._activity = threading.Lock()
+        self._in_flight = 0
+        self._idle_since = time.monotonic()
         self._pool = ThreadPoolExecutor(max_workers=MAX_CLIENTS, thread_name_prefix="nest-serve")
         self.stopping = threading.Event()
         old_umask = os.umask(0o177)  # the socket is born 0600: no moment when others may connect
@@ -140,6 +143,8 @@ class GenerateServer(socketserver.UnixStreamServer):
         threading.Thread(target=self.shutdown, name="nest-serve-stop", daemon=True).start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        with self._activity:  # counted as it is accepted: an idle check never stops under a waiting connection
+            self._in_flight += 1
         self._pool.submit(self._answer, request, client_address)
 
     def _answer(self, request: Any, client_address: Any) -> None:
@@ -149,6 +154,19 @@ class GenerateServer(socketserver.UnixStreamServer):
             self.handle_error(request, client_address)
         finally:
             self.shutdown_request(request)
+            with self._activity:
+                self._in_flight -= 1
+                self._idle_since = time.monotonic()
+
+    def service_actions(self) -> None:
+        """At each poll of :meth:`serve_forever`: stop once idle for ``idle_timeout_s``."""
+        if self.idle_timeout_s is None or self.stopping.is_set():
+            return
+        with self._activity:
+            idle_s = 0.0 if self._in_flight else time.monotonic() - self._idle_since
+        if idle_s >= self.idle_timeout_s:
+            logger.info("stopping after %.0f s without a request", idle_s)
+            self.stop()
 
     def server_close(self) -> None:
         super().server_close()  # the listening socket
@@ -253,15 +271,23 @@ def serve(
     ),
     stop: bool = typer.Option(False, "--stop", help="Stop the server of this index and LM (or the one at --socket) instead."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Generate one token before listening (the first answer then pays nothing lazy)."),
+    idle_timeout_text: Optional[str] = typer.Option(
+        None, "--idle-timeout", metavar="SECONDS",
+        help="Stop after this many seconds with no request and no answer in flight (default, 0 or none: run until stopped).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Keep an index and its LM loaded and answer `nest generate` from this process, until
-    Ctrl-C, SIGTERM or `nest serve --stop`."""
+    Ctrl-C, SIGTERM, `nest serve --stop` or --idle-timeout."""
     if verbose:  # else keep what `nest -v` set
         setup_logging(True)
     if stop:
         _stop(socket_path or socket_path_for(datastore, model, None)[1])
         return
+    try:
+        idle_timeout_s = idle_timeout(idle_timeout_text)
+    except ValueError as err:
+        fail(str(err))
     folder, path = socket_path_for(datastore, model, socket_path)
     try:
         lock = claim_socket(path)
@@ -273,13 +299,14 @@ def serve(
             started = time.perf_counter()
             decoder.generate("Hello.", max_new_tokens=1)
             logger.info("warmed up in %.2f s", time.perf_counter() - started)
-        server = GenerateServer(path, decoder, server_key(folder, model), folder, lock)
+        server = GenerateServer(path, decoder, server_key(folder, model), folder, lock, idle_timeout_s)
     except BaseException:
         lock.close()
         raise
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: server.stop())
-    console.print(f"Serving {folder} with {server.key.model} at {path} (stop: Ctrl-C or nest serve --stop)", soft_wrap=True)
+    idle = f", or after {idle_timeout_s:g} s idle" if idle_timeout_s is not None else ""
+    console.print(f"Serving {folder} with {server.key.model} at {path} (stop: Ctrl-C or nest serve --stop{idle})", soft_wrap=True)
     try:
         server.serve_forever(poll_interval=0.2)
     finally:

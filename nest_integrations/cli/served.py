@@ -16,18 +16,23 @@ UTF-8, one object a line:
    last one with ``"output"`` too (the output contract, as ``nest generate --json`` prints it);
    for a request it refuses, ``{"error"}``; for a stop, ``{"stopping": true}``.
 
-A client that leaves mid-answer only ends its own generation. This module imports the standard
-library and no more of the package than a manifest's digest and the cache folder: a client
-must reach its first token without torch or transformers.
+A client that leaves mid-answer only ends its own generation. A command that found no server
+can start one for the next command (:func:`start_server`): a detached ``nest serve`` that stops
+by itself when idle. This module imports the standard library and no more of the package than a
+manifest's digest and the cache folder: a client must reach its first token without torch or
+transformers.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -96,6 +101,75 @@ def default_socket_path(key: ServerKey) -> Path:
     that a client finds the server of its index and LM, and of no other, without asking."""
     digest = hashlib.sha256(f"{key.index}\n{key.model}".encode("utf-8")).hexdigest()[:20]
     return run_folder() / f"nest-{digest}.sock"
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file of the socket ``path``, held by its server from before it loads until it has
+    let go of the socket; it stays when its server exits (removing it would let a second server
+    lock a file a third one no longer sees)."""
+    return path.with_name(path.name + ".lock")
+
+
+def lock_held(path: Path) -> bool:
+    """Whether a server holds the lock of the socket ``path``: it runs, or it is loading and will listen."""
+    try:
+        lock = os.open(lock_path(path), os.O_RDONLY)
+    except FileNotFoundError:  # a server makes it before it loads: none has run here
+        return False
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(lock)  # which releases the lock this took
+    return False
+
+
+def idle_timeout(value: Optional[str]) -> Optional[float]:
+    """An idle timeout as ``nest serve --idle-timeout`` and ``$NEST_SERVE_IDLE_S`` give it, in
+    seconds: None for ``none``, ``0`` or nothing (no timeout).
+
+    Raises:
+        ValueError: neither a positive finite number nor ``none``.
+    """
+    if value is None or value.strip().lower() in ("", "none"):
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"the idle timeout {value!r} is neither a number of seconds nor 'none'") from None
+    if seconds == 0:
+        return None
+    if not 0 < seconds < float("inf"):
+        raise ValueError("an idle timeout is a positive number of seconds, or 0 / none for no timeout")
+    return seconds
+
+
+def start_server(folder: Path, model: Optional[str], idle_timeout_s: Optional[float]) -> Optional[Path]:
+    """Start ``nest serve`` of the index at ``folder`` decoded with ``model`` in the background,
+    stopping after ``idle_timeout_s`` seconds without a request (None: never), unless a server
+    already holds its socket's lock; returns the log file it writes to, or None when it started none.
+
+    The server runs in a session of its own (a Ctrl-C in the terminal does not reach it) with
+    no input, its output in ``SOCKET.log`` beside its socket; this returns without waiting for
+    it to load. Two commands that check at the same moment may both start one: the second finds
+    the lock taken and exits.
+
+    Raises:
+        ValueError: ``folder`` holds no readable index manifest.
+    """
+    path = default_socket_path(server_key(folder, model))
+    if lock_held(path):
+        return None
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log = path.with_name(path.name.removesuffix(".sock") + ".log")
+    command = [sys.executable, "-m", "nest_integrations.cli", "serve", "--datastore", str(folder.resolve())]
+    command += ["--model", model] if model else []
+    command += ["--idle-timeout", "none" if idle_timeout_s is None else f"{idle_timeout_s:g}"]
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as output:
+        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    logger.info("started a server of %s in the background (log: %s)", folder, log)
+    return log
 
 
 class Connection:
