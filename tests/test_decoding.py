@@ -258,3 +258,18 @@ def test_a_question_copies_its_best_answer_windows_in_turn_and_stops_answered(ti
     assert both.stats.finish_reason == "answered" and both.attribution_ratio == 1.0
     one = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=1)
     assert one.text == idle and one.stats.finish_reason == "answered"
+
+
+def test_an_answer_ends_answered_when_the_lm_refuses_the_next_window(tiny_lm):
+    """After a window that closes an answer, an LM token where the next window should open ends
+    the answer: what was copied stands, and the LM does not write on to the token limit."""
+    from nest_integrations.decoding.attribution import TokenRecord
+    from nest_integrations.decoding.generation import Generation
+
+    rules = NestDecoder(tiny_lm).rules
+    gen = Generation(config=NestConfig(max_new_tokens=80))
+    rules.commit(gen, [TokenRecord(5)])  # an LM token in the middle of an answer is kept
+    assert gen.ids == [5] and not gen.finished
+    gen.between_windows = True
+    rules.commit(gen, [TokenRecord(6)])
+    assert gen.finished and gen.stats.finish_reason == "answered" and gen.ids == [5]

@@ -64,6 +64,9 @@ class Generation:
     or moves on to the next of ``next_windows``."""
     next_windows: list[tuple[tuple[int, int], Optional[tuple[int, int]]]] = field(default_factory=list)
     """``(opening, window_end)`` of the answer windows still to copy, in order."""
+    between_windows: bool = False
+    """An answer window that closes an answer was just copied and the next one opens now: if the
+    LM refuses that opening, the answer ends there (``answered``) instead of the LM writing on."""
     starts: dict[int, list[int]] = field(default_factory=dict)
     """Sentence starts (characters) of each candidate passage, computed when first needed."""
     lead_in: str = ""

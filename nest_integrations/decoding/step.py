@@ -293,12 +293,17 @@ class StepRules:
 
     # ------------------------------------------------------------------ commit and the stop rules
     def commit(self, gen: Generation, records: Sequence[TokenRecord]) -> None:
-        """Append accepted tokens; stop at EOS, a stop string, max_new_tokens or the end of the source."""
+        """Append accepted tokens; stop at EOS, a stop string, max_new_tokens, the end of the source,
+        the last answer window's end, or an LM token where the next answer window should open."""
         tokenizer = self.lm.tokenizer
         for record in records:
             if record.token_id in self.eos_ids:
                 gen.finish("eos")
                 return
+            if gen.between_windows and record.passage_index is None:
+                gen.finish("answered")  # the LM refused the next window: what it answered stands
+                return
+            gen.between_windows = False
             gen.records.append(record)
             gen.ids.append(record.token_id)
             text = tokenizer.decode(gen.ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -319,6 +324,7 @@ class StepRules:
                     gen.finish("answered")
                 else:
                     (gen.opening, gen.window_end), *gen.next_windows = gen.next_windows
+                    gen.between_windows = True
             elif copied and gen.config.stop_at_source_end and self._source_exhausted(gen.candidates, record):  # type: ignore[arg-type]
                 gen.finish("source_end")
             if gen.finished:
