@@ -37,6 +37,7 @@ import numpy as np
 from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.index.nest_index import NestIndex
+from nest_integrations.corpus.markdown_structure import copyable_tokens
 from nest_integrations.decoding.prepare import window_token_plan
 from nest_integrations.policy.copy_policy import Window, focus_windows, wants_focus
 from nest_integrations.policy.relevance import RelevanceGate
@@ -103,7 +104,9 @@ def plan_windows(index: NestIndex, query: str, kept: Sequence[Passage], config: 
 def planned_text(index: NestIndex, kept: Sequence[Passage], planned: Sequence[PlannedWindow], max_new_tokens: int) -> tuple[str, int]:
     """The text of the planned windows' tokens, in copy order, cut after ``max_new_tokens`` of
     them, and its length in tokens. Each window's tokens are a verbatim slice of its passage
-    (the token spans tile the text); windows are joined as copied, without a separator."""
+    (the token spans tile the text) less the hidden markup the decoder never copies (an anchor
+    such as ``<a id="removeHeader"></a>`` names the answer but is not in it); windows are
+    joined as copied, without a separator."""
     by_id = {p.id: p for p in kept}
     pieces, budget = [], max_new_tokens
     for window in planned:
@@ -114,7 +117,8 @@ def planned_text(index: NestIndex, kept: Sequence[Passage], planned: Sequence[Pl
         last = min(window.last, window.first + budget - 1)
         if window.first > last or window.first >= len(spans):
             continue
-        pieces.append(text[spans[window.first, 0]: spans[last, 1]])
+        copyable = copyable_tokens(text, spans)  # hidden markup (an anchor, a comment) is never copied
+        pieces.append("".join(text[spans[i, 0] : spans[i, 1]] for i in range(window.first, last + 1) if copyable[i]))
         budget -= last - window.first + 1
     return "".join(pieces), max_new_tokens - budget
 
