@@ -254,10 +254,10 @@ def test_a_question_copies_its_best_answer_windows_in_turn_and_stops_answered(ti
     decoder = NestDecoder(tiny_lm, store, ListRetriever([doc]), NestConfig(**knobs))
     question = "How many milliseconds does an idle socket stay open, and which option sets the largest request body?"
     both = decoder.generate([{"role": "user", "content": question}], query=question)
-    assert both.text == f"{idle}\n\n{body}", both.text
+    assert both.text == f" Options\n\n{idle}\n\n{body}", both.text  # the section's title labels the answer
     assert both.stats.finish_reason == "answered" and both.attribution_ratio == 1.0
     one = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=1)
-    assert one.text == idle and one.stats.finish_reason == "answered"
+    assert one.text == f" Options\n\n{idle}" and one.stats.finish_reason == "answered"
 
 
 def test_an_answer_ends_answered_when_the_lm_refuses_the_next_window(tiny_lm):

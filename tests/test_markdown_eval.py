@@ -301,6 +301,13 @@ def test_copied_markup_kinds(copied, kinds):
     assert copied_markup(output, {"r": MARKDOWN}) == kinds
 
 
+def test_a_heading_title_without_its_marks_is_no_markup():
+    """The title an answer carries as the label of the section it copies is what a reader sees."""
+    start = MARKDOWN.index(" Reply\n<a")
+    assert copied_markup(_output([(" Reply", ("r", start))]), {"r": MARKDOWN}) == []
+    assert copied_markup(_output([("## Reply", ("r", start - 2))]), {"r": MARKDOWN}) == ["heading"]
+
+
 def test_markup_the_lm_writes_or_from_unknown_sources_does_not_count():
     written = _output([("## Reply\n<a id=\"x\"></a>", None)])
     assert copied_markup(written, {"r": MARKDOWN}) == []

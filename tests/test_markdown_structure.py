@@ -16,7 +16,9 @@ from nest_integrations.corpus.markdown_structure import (
     looks_like_markdown,
     parse_blocks,
     section_ends_at,
+    section_title,
     start_allowed,
+    title_tokens,
 )
 from nest_integrations.corpus.passages import DEFAULT_CHUNK_TOKENS, Passage, chunk_passages, chunk_text, section_chunks, sentence_spans
 from nest_integrations.decoding.decoder import NestDecoder
@@ -341,3 +343,16 @@ def test_llama_index_node_parser_offsets_are_exact():
     real = (FASTIFY / "Plugins.md").read_text(encoding="utf-8")
     for node in MarkdownSectionNodeParser(chunk_size=2000).get_nodes_from_documents([Document(text=real)]):
         assert real[node.start_char_idx : node.end_char_idx] == node.text
+
+
+def test_a_window_knows_the_title_of_its_section_and_copies_it_without_the_marks(smol_tokenizer):
+    text = "Intro.\n\n#### `customLevels` (Object)\n\nDefault: none\n\nUse this option to add levels.\n"
+    title = section_title(text, text.index("Use this"))
+    assert title is not None and text[slice(*title)] == "`customLevels` (Object)"
+    assert section_title(text, 2) is None and section_title("Plain prose. More prose.", 5) is None
+    ids = smol_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    spans = tiling_char_spans(ids["offset_mapping"], len(text))
+    first = int(np.searchsorted(spans[:, 1], len("Intro."), side="right"))  # the line breaks before the heading
+    last = int(np.searchsorted(spans[:, 0], title[1], side="left")) - 1
+    copied = "".join(text[slice(*spans[i])] for i in title_tokens(text, spans, first, last))
+    assert "#" not in copied and copied.strip() == "`customLevels` (Object)" and copied.startswith("\n")

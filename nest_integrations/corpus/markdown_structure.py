@@ -462,6 +462,42 @@ def section_ends_at(text: str, pos: int) -> bool:
     return False
 
 
+_HEADING_MARKS = re.compile(r"[ \t]*#{1,6}[ \t]+")
+_CLOSING_MARKS = re.compile(r"[ \t]+#+[ \t]*$")
+
+
+def section_title(text: str, pos: int) -> tuple[int, int] | None:
+    """``(start, end)`` of the title of the heading that character ``pos`` of ``text`` sits under:
+    the nearest ATX heading (``## Title``) starting before ``pos``, less its ``#`` marks (and
+    closing ones), as written (``"`customLevels` (Object)"``). None for prose, for a position no
+    heading of ``text`` precedes (a chunk cut mid-section), or for a Setext heading.
+
+    The title is what a reader sees above the section, so an answer copied from the section may
+    carry it as its label."""
+    if copy_layout(text) is None:
+        return None
+    heading = next((b for b in reversed(parse_blocks(text)) if b.kind == "heading" and b.start < pos), None)
+    if heading is None:
+        return None
+    line_end = text.find("\n", heading.start, heading.end)
+    line = text[heading.start : heading.end if line_end < 0 else line_end]
+    marks = _HEADING_MARKS.match(line)
+    if marks is None:
+        return None
+    closing = _CLOSING_MARKS.search(line)
+    start, end = heading.start + marks.end(), heading.start + (closing.start() if closing else len(line.rstrip()))
+    return (start, end) if end > start else None
+
+
+def title_tokens(text: str, char_spans: np.ndarray, first: int, last: int) -> list[int]:
+    """Of tokens ``first..last`` (int (L, 2) ``char_spans``), which ending with a heading's title
+    (:func:`section_title`) and starting at the line breaks before it, the ones an answer copies
+    as the section's label: the line breaks and the title's own tokens, not the ``#`` marks."""
+    title = section_title(text, int(char_spans[last, 0]))
+    title_start = title[0] if title is not None else int(char_spans[first, 0])
+    return [i for i in range(first, last + 1) if char_spans[i, 1] > title_start or not text[slice(*char_spans[i])].strip()]
+
+
 def first_copyable(text: str, char_spans: np.ndarray, pos: int) -> int:
     """The first token at or after ``pos`` a copy may start with: copyable, not whitespace
     only, and not mid-line in code nor on a closing fence (:func:`start_allowed`);

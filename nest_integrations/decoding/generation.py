@@ -62,8 +62,14 @@ class Generation:
     window_end: Optional[tuple[int, int]] = None
     """(passage index, last token position) of the answer window; copying it ends the answer,
     or moves on to the next of ``next_windows``."""
-    next_windows: list[tuple[tuple[int, int], Optional[tuple[int, int]]]] = field(default_factory=list)
-    """``(opening, window_end)`` of the answer windows still to copy, in order."""
+    copying_title: bool = False
+    """The planned copy that ``opening`` / ``window_end`` describe is a section's title, the label
+    of the window after it: its tokens are copied without the LM's check (``unchecked_draft``)."""
+    unchecked_draft: bool = False
+    """The draft proposed last is a section title's rest: :meth:`verify` accepts it whole."""
+    next_windows: list[tuple[tuple[int, int], Optional[tuple[int, int]], bool]] = field(default_factory=list)
+    """``(opening, window_end, title)`` of the copies still to make, in order
+    (:data:`~nest_integrations.decoding.prepare.PlannedOpening`)."""
     between_windows: bool = False
     """An answer window that closes an answer was just copied and the next one opens now: if the
     LM refuses that opening, the answer ends there (``answered``) instead of the LM writing on."""

@@ -11,19 +11,19 @@ calls it once the candidate set is built.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from nest_integrations.core.similarity import Relevance
-from nest_integrations.corpus.markdown_structure import first_copyable
+from nest_integrations.corpus.markdown_structure import first_copyable, section_title
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.policy.copy_policy import Window, closes_answer, focus_windows, wants_focus
 from nest_integrations.policy.relevance import subject_name
 from nest_integrations.store.datastore import CandidateSet, TokenDatastore
 from .generation import Generation
 
-__all__ = ["plan_opening", "plan_windows", "token_range", "window_token_plan"]
+__all__ = ["PlannedCopy", "PlannedOpening", "plan_opening", "plan_windows", "token_range", "window_token_plan"]
 
 
 def token_range(char_spans: np.ndarray, char_start: int, char_end: int) -> tuple[int, int]:
@@ -33,52 +33,88 @@ def token_range(char_spans: np.ndarray, char_start: int, char_end: int) -> tuple
     return min(first, len(char_spans) - 1), max(last, first)
 
 
-def window_token_plan(
-    windows: Sequence[Window], tokens_of: Callable[[str], tuple[str, np.ndarray]]
-) -> list[tuple[Window, int, int, bool]]:
-    """``(window, first, last, stops)`` for each answer window to copy, in order: its first and
-    last token positions in its passage and whether the answer ends after ``last``.
+class PlannedCopy(NamedTuple):
+    """One piece of an answer's copy plan: tokens ``first..last`` (inclusive) of the passage of
+    ``window``, copied in turn.
+
+    ``title``: the title of the section ``window`` sits in, copied before it as its label (a
+    Markdown heading without its ``#`` marks: ``ignoreTrailingSlash``); the answer goes on to the
+    window after it. A title after another copy starts at the line breaks before its heading:
+    of ``first..last`` only those and the title's own tokens are copied
+    (:func:`~nest_integrations.corpus.markdown_structure.title_tokens`). ``stops``: a window that closes an answer (the answer ends after ``last``,
+    or moves on to the next window); a window that does not is the plan's last and the copy
+    goes on past it."""
+
+    window: Window
+    first: int
+    last: int
+    stops: bool
+    title: bool = False
+
+
+def window_token_plan(windows: Sequence[Window], tokens_of: Callable[[str], tuple[str, np.ndarray]]) -> list[PlannedCopy]:
+    """The copies that answer with ``windows``, in order (:class:`PlannedCopy`).
 
     ``tokens_of(passage_id)`` gives the passage's text and its int (L, 2) token ``char_spans``.
-    A window that holds none of the question's own words only says where to open, and one
-    that ends mid-sentence ("(e.g.") would stop unfinished: it does not stop (the copy goes on
-    past it) and no window follows it. A later window opens at its first copyable token and at
-    the line breaks before it when they are tokens of their own, so it does not run into the
-    text before it. Pure: the decoder (:func:`plan_windows`) and ``nest bench windows`` share it."""
-    planned: list[tuple[Window, int, int, bool]] = []
+    A window in a Markdown section whose heading the passage holds is preceded by that
+    section's title (:func:`~nest_integrations.corpus.markdown_structure.section_title`), once
+    per title: documentation names an option or a function in its heading and nowhere else
+    ("### ignoreTrailingSlash" over "By default, Fastify will take into account the trailing
+    slashes"). A window that holds none of the question's own words only says where to open,
+    and one that ends mid-sentence ("(e.g.") would stop unfinished: it does not stop (the copy
+    goes on past it) and no window follows it. A window after another copy opens at its first
+    copyable token and at the line breaks before it when they are tokens of their own, so it
+    does not run into the text before it. Pure: the decoder (:func:`plan_windows`) and ``nest
+    bench windows`` share it."""
+    planned: list[PlannedCopy] = []
+    titles: set[str] = set()
     for window in windows:
         text, spans = tokens_of(window.passage_id)
         if not len(spans):
             continue
         first, last = token_range(spans, window.start, window.end)
+        title = section_title(text, window.start)
+        if title is not None and text[slice(*title)] not in titles:
+            title_first, title_last = token_range(spans, *title)
+            if title_last < first:
+                if planned:  # after another copy: from the line breaks before the heading (its marks are skipped)
+                    while title_first > 0 and spans[title_first - 1, 1] <= title[0] and text[slice(*spans[title_first - 1])].strip():
+                        title_first -= 1
+                    while title_first > 0 and not text[slice(*spans[title_first - 1])].strip():
+                        title_first -= 1
+                planned.append(PlannedCopy(window, title_first, title_last, False, True))
+                titles.add(text[slice(*title)])
         if planned:
             first = first_copyable(text, spans, first)
             while 0 < first < len(spans) and not text[slice(*spans[first - 1])].strip():
                 first -= 1
         stops = window.answers and closes_answer(text, window.end)
-        planned.append((window, first, last, stops))
+        planned.append(PlannedCopy(window, first, last, stops))
         if not stops:
             break
     return planned
 
 
-def plan_windows(
-    datastore: TokenDatastore, candidates: CandidateSet, windows: Sequence[Window]
-) -> list[tuple[tuple[int, int], Optional[tuple[int, int]]]]:
-    """``(opening, window_end)`` token positions of each answer window to copy, in order
-    (:func:`window_token_plan`): ``(passage index, first token)`` and ``(passage index, last
-    token)``, or None for a window the copy goes on past."""
+PlannedOpening = tuple[tuple[int, int], Optional[tuple[int, int]], bool]
+"""``(opening, end, title)`` of one planned copy in the decoder's terms: ``(passage index, first
+token)``, ``(passage index, last token)`` where copying moves on to the next one or ends the
+answer (None: the copy goes on past it), and whether it is a section's title
+(:class:`PlannedCopy`)."""
+
+
+def plan_windows(datastore: TokenDatastore, candidates: CandidateSet, windows: Sequence[Window]) -> list[PlannedOpening]:
+    """The :data:`PlannedOpening` of each copy of :func:`window_token_plan`, in order."""
 
     def tokens_of(passage_id: str) -> tuple[str, np.ndarray]:
         pidx = datastore.index_of(passage_id)
         assert pidx is not None
         return datastore.passages[pidx].text, candidates.passage(pidx).char_spans
 
-    planned: list[tuple[tuple[int, int], Optional[tuple[int, int]]]] = []
-    for window, first, last, stops in window_token_plan(windows, tokens_of):
-        pidx = datastore.index_of(window.passage_id)
+    planned: list[PlannedOpening] = []
+    for copy in window_token_plan(windows, tokens_of):
+        pidx = datastore.index_of(copy.window.passage_id)
         assert pidx is not None
-        planned.append(((pidx, first), (pidx, last) if stops else None))
+        planned.append(((pidx, copy.first), (pidx, copy.last) if copy.stops or copy.title else None, copy.title))
     return planned
 
 
@@ -108,11 +144,11 @@ def plan_opening(gen: Generation, query: str, kept: list[Passage], datastore: To
         for other in candidates.passage_indices:  # mask all but the windows (and what follows an open one)
             length = len(candidates.passage(other).token_ids)
             position = 0
-            for first, last in sorted((first, end[1] if end else length - 1) for (pidx, first), end in planned if pidx == other):
+            for first, last in sorted((first, end[1] if end else length - 1) for (pidx, first), end, _ in planned if pidx == other):
                 candidates.mark_used(other, position, first - 1)
                 position = max(position, last + 1)
             candidates.mark_used(other, position, length - 1)
-        (gen.opening, gen.window_end), *gen.next_windows = planned
+        (gen.opening, gen.window_end, gen.copying_title), *gen.next_windows = planned
     elif subject_name(query) is not None:
         pidx = datastore.index_of(kept[0].id)
         if pidx is not None and len(candidates.passage(pidx).token_ids):

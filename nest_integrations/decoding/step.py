@@ -59,7 +59,7 @@ import torch
 
 from nest_integrations.core.config import NestConfig
 from nest_integrations.core.mixture import accepted_prefix_length, distance_ratio, knn_distribution, mix, relaxed_accept_ratio, rrc_lambda
-from nest_integrations.corpus.markdown_structure import copyable_end, first_copyable, section_ends_at
+from nest_integrations.corpus.markdown_structure import copyable_end, first_copyable, section_ends_at, title_tokens
 from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
 from nest_integrations.store.datastore import CandidateSet, EncodedPassage, TokenDatastore
@@ -173,6 +173,13 @@ class StepRules:
         p_m = step.p_m[row]
         proposal = None
         if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
+            if gen.opening is not None and gen.copying_title and gen.window_end is not None:
+                (pidx, pos), gen.opening = gen.opening, None
+                encoded = gen.candidates.passage(pidx)
+                positions = title_tokens(self.datastore.passages[pidx].text, encoded.char_spans, pos, gen.window_end[1])  # type: ignore[union-attr]
+                title = [TokenRecord(int(encoded.token_ids[i]), pidx, i) for i in positions]
+                gen.unchecked_draft = True  # a label a reader sees above the section, not a continuation to judge
+                return title[0], title[1:]
             if gen.opening is not None:
                 (pidx, pos), gen.opening = gen.opening, None
                 proposal = (pidx, self._opening_token(gen.candidates.passage(pidx), self.datastore.passages[pidx].text, pos))  # type: ignore[union-attr]
@@ -280,10 +287,14 @@ class StepRules:
         """
         config = gen.config
         accepted = 0
-        if draft:
+        if draft and gen.unchecked_draft:
+            accepted = len(draft)
+            self.commit(gen, draft)
+        elif draft:
             ratios = relaxed_accept_ratio(step.p_m[: len(draft)], torch.tensor([r.token_id for r in draft]), config.effective_gamma)
             accepted = accepted_prefix_length(ratios, config.accept_threshold)
             self.commit(gen, draft[:accepted])
+        gen.unchecked_draft = False
         continuation = None
         if draft and accepted == len(draft) and draft[-1].passage_index is not None:
             continuation = (draft[-1].passage_index, draft[-1].position + 1)
@@ -323,8 +334,8 @@ class StepRules:
                 if not gen.next_windows:
                     gen.finish("answered")
                 else:
-                    (gen.opening, gen.window_end), *gen.next_windows = gen.next_windows
-                    gen.between_windows = True
+                    gen.between_windows = not gen.copying_title  # a title is followed by its window, whatever the LM says
+                    (gen.opening, gen.window_end, gen.copying_title), *gen.next_windows = gen.next_windows
             elif copied and gen.config.stop_at_source_end and self._source_exhausted(gen.candidates, record):  # type: ignore[arg-type]
                 gen.finish("source_end")
             if gen.finished:

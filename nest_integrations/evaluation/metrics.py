@@ -413,7 +413,7 @@ def opens_with_other_name(prediction: str, name: str, window: int = 12) -> bool:
 
 # A copy may start after these in its source: a sentence end (. ! ?, closing
 # quotes/brackets allowed after it) or a clause end (: ;), then whitespace.
-_SEAM_BOUNDARY_RE = re.compile(r"[.!?:;][\"'\u201d\u2019)\]]*\s*$|\n\s*$")
+_SEAM_BOUNDARY_RE = re.compile(r"[.!?:;][\"'\u201d\u2019)\]]*\s*$|\n\s*$|(?:^|\n) {0,3}#{1,6}[ \t]*$")
 _SEAM_CONTEXT_WORDS = 3
 _OPENERS_CLOSERS = (("(", ")"), ("[", "]"), ("\u201c", "\u201d"))
 
@@ -441,7 +441,8 @@ def seam_ok(passage: str, char_start: int, written: str) -> bool:
 
     * ``char_start`` is 0 or only whitespace precedes it in the source;
     * the source text before it ends a sentence or a clause: ``.``, ``!``, ``?``
-      (closing quotes or brackets may follow), ``:``, ``;`` or a newline;
+      (closing quotes or brackets may follow), ``:``, ``;``, a newline, or a heading's ``#``
+      marks (the copy starts with the title a reader sees above the section);
     * ``written`` really ends with the source text before it: their last three
       words (fewer only when the source has fewer) agree, case and
       punctuation aside -- the copy continues what was written.
@@ -735,7 +736,9 @@ _MARKUP_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
             re.IGNORECASE,
         ),
     ),
-    ("heading", re.compile(r"^ {0,3}#{1,6}(?:[ \t].*)?$", re.MULTILINE)),
+    # A heading's marks only: its title is what a reader sees above the section, and an answer
+    # may carry it as the label of the section it copies (decoding.prepare.PlannedCopy).
+    ("heading", re.compile(r"^ {0,3}#{1,6}(?=[ \t]|$)", re.MULTILINE)),
 )
 
 
@@ -763,7 +766,9 @@ def markup_ranges(text: str) -> list[tuple[int, int, str]]:
     when unclosed); YAML front matter (a ``---`` line opening the text, ``key:``
     lines, a closing ``---`` or ``...``); a link-reference definition line
     (``[id]: target``); an HTML tag or anchor of a known HTML element
-    (``<a id="x">``, ``</h1>``, ``<sup>``); a heading line (``#`` to ``######``).
+    (``<a id="x">``, ``</h1>``, ``<sup>``); a heading line's marks (``#`` to ``######``):
+    a copy that crosses into the next section takes them, one that carries only the title
+    of the section it copies does not.
     Markup that starts inside a fenced code block is code, not markup (a shell
     ``# comment`` is no heading). A text cut from a document inside a code block
     cannot know it is fenced: its lines are read as prose.

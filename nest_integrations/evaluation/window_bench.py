@@ -37,7 +37,7 @@ import numpy as np
 from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.index.nest_index import NestIndex
-from nest_integrations.corpus.markdown_structure import copyable_tokens
+from nest_integrations.corpus.markdown_structure import copyable_tokens, title_tokens
 from nest_integrations.decoding.prepare import window_token_plan
 from nest_integrations.policy.copy_policy import Window, focus_windows, wants_focus
 from nest_integrations.policy.relevance import RelevanceGate
@@ -60,15 +60,17 @@ __all__ = [
 
 @dataclass(frozen=True)
 class PlannedWindow:
-    """One answer window as the decoder copies it: tokens ``first..last`` (inclusive) of
-    passage ``passage_id`` under the LM's tokenizer. ``stops``: the answer ends after
-    ``last`` (else ``last`` is the passage's last token: the copy runs on)."""
+    """One planned copy as the decoder makes it: tokens ``first..last`` (inclusive) of passage
+    ``passage_id`` under the LM's tokenizer. ``stops``: the answer ends after ``last`` (else
+    ``last`` is the passage's last token: the copy runs on); ``title``: the title of the
+    section ``window`` sits in, copied before it (:class:`~nest_integrations.decoding.prepare.PlannedCopy`)."""
 
     passage_id: str
     first: int
     last: int
     stops: bool
     window: Window
+    title: bool = False
 
 
 def gate_kept(index: NestIndex, query: str, passages: Sequence[Passage], config: NestConfig) -> list[Passage]:
@@ -96,8 +98,11 @@ def plan_windows(index: NestIndex, query: str, kept: Sequence[Passage], config: 
         return text, index.datastore.encoder.tokenize(text)[1]
 
     return [
-        PlannedWindow(window.passage_id, first, last if stops else len(tokens_of(window.passage_id)[1]) - 1, stops, window)
-        for window, first, last, stops in window_token_plan(chosen, tokens_of)
+        PlannedWindow(
+            copy.window.passage_id, copy.first, copy.last if copy.stops or copy.title else len(tokens_of(copy.window.passage_id)[1]) - 1,
+            copy.stops, copy.window, copy.title,
+        )
+        for copy in window_token_plan(chosen, tokens_of)
     ]
 
 
@@ -117,8 +122,12 @@ def planned_text(index: NestIndex, kept: Sequence[Passage], planned: Sequence[Pl
         last = min(window.last, window.first + budget - 1)
         if window.first > last or window.first >= len(spans):
             continue
-        copyable = copyable_tokens(text, spans)  # hidden markup (an anchor, a comment) is never copied
-        pieces.append("".join(text[spans[i, 0] : spans[i, 1]] for i in range(window.first, last + 1) if copyable[i]))
+        if window.title:  # the section's title, without its heading's marks
+            positions = title_tokens(text, spans, window.first, last)
+        else:  # hidden markup (an anchor, a comment) is never copied
+            copyable = copyable_tokens(text, spans)
+            positions = [i for i in range(window.first, last + 1) if copyable[i]]
+        pieces.append("".join(text[spans[i, 0] : spans[i, 1]] for i in positions))
         budget -= last - window.first + 1
     return "".join(pieces), max_new_tokens - budget
 
@@ -147,7 +156,7 @@ def item_row(index: NestIndex, item: EvalItem, config: NestConfig) -> dict[str, 
         "kept": [p.id for p in kept],
         "windows": [
             {"passage_id": w.passage_id, "chars": [w.window.start, w.window.end], "tokens": [w.first, w.last],
-             "answers": w.window.answers, "stops": w.stops}
+             "answers": w.window.answers, "stops": w.stops, "title": w.title}
             for w in planned
         ],
         "planned_tokens": tokens,
