@@ -234,7 +234,8 @@ def focus_windows(query: str, passages: Sequence[Passage], similarity: Relevance
     topical = wanted - naming
     # A follow-up's query is the conversation's questions, one a line
     # (conversation.retrieval_query): the last one says what is asked now.
-    asked_now = content_words(query.strip().splitlines()[-1]) - naming
+    last_question = query.strip().splitlines()[-1]
+    asked_now = content_words(last_question) - naming
     if asked_now != topical and any(asked_now & words for *_, words in windows):
         topical = asked_now
     answers = bool(topical) and any(topical & words for *_, words in windows)
@@ -247,9 +248,8 @@ def focus_windows(query: str, passages: Sequence[Passage], similarity: Relevance
     if similarity is not None and len(ranked) > 1:
         texts = [windows[i][0].text[windows[i][1] : windows[i][2]] for i in ranked]
         cosines = similarity(query, texts)
-        asked_last = query.strip().splitlines()[-1]
-        if asked_last != query.strip():
-            cosines = [(whole + last) / 2 for whole, last in zip(cosines, similarity(asked_last, texts))]
+        if last_question != query.strip():
+            cosines = [(whole + last) / 2 for whole, last in zip(cosines, similarity(last_question, texts))]
         combined = {i: scores[i] / scores[ranked[0]] + float(c) for i, c in zip(ranked, cosines)}
         ranked = sorted(ranked, key=lambda i: (-combined[i], i))
     chosen: list[Window] = []
