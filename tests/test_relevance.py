@@ -9,7 +9,9 @@ from nest_integrations.policy.relevance import (
     coverage,
     named_words,
     names_subject,
+    passage_similarities,
     query_names,
+    reading_sections,
     scoped_identifiers,
     subject_name,
     unmentioned_identifiers,
@@ -145,3 +147,43 @@ def test_a_package_or_member_no_retrieved_passage_names_keeps_nothing():
         "the last part is enough: docstrings name a function without its module"
     )
     assert gate("What is the body limit of Fastify?", [body], [0.6]).kept == [body]
+
+
+LONG_CHUNK = (
+    "# Server\n\nThe server factory takes options.\n\n"
+    + "".join(f"## Option {i}\n\n" + " ".join(["Filler words about unrelated settings."] * 30) + "\n\n" for i in range(3))
+    + "## keepAliveTimeout\n\nThe socket is kept open for 72 seconds after the last response.\n"
+)
+
+
+def test_a_long_markdown_chunk_is_read_section_by_section():
+    sections = reading_sections(LONG_CHUNK)
+    assert len(sections) > 1
+    last = LONG_CHUNK[sections[-1][0] : sections[-1][1]]
+    assert "## keepAliveTimeout" in last and "# Server" not in last and "Option 0" not in last
+    assert reading_sections("Plain prose. " * 200) == [(0, len("Plain prose. " * 200))], "prose is read whole"
+    short = "## Title\n\nOne short section.\n"
+    assert reading_sections(short) == [(0, len(short))]
+
+
+calls: list = []
+
+
+def _keyword_relevance(query, texts):
+    """Cosine stand-in: 0.9 for a section that says how long a socket is kept open, 0.1 for anything
+    else (the whole chunk, which an embedder reads only the start of); records each call's texts."""
+    calls.append(list(texts))
+    return [0.9 if "kept open" in t and not t.startswith("# Server") else 0.1 for t in texts]
+
+
+def test_a_long_chunk_is_as_relevant_as_its_section_that_answers():
+    calls.clear()
+    long_chunk = Passage(id="long", text=LONG_CHUNK)
+    other = Passage(id="other", text="Hooks run in order.")
+    similarities = passage_similarities("How long is an idle socket kept open?", [long_chunk, other], _keyword_relevance)
+    assert similarities == [0.9, 0.1], "the whole chunk reads 0.1; its last section 0.9"
+    assert len(calls) == 1, "every text is asked for in one call"
+    decision = RelevanceGate(min_similarity=0.3, similarity_margin=0.2, min_coverage=0.0).decide(
+        "How long is an idle socket kept open?", [long_chunk, other], _keyword_relevance
+    )
+    assert [p.id for p in decision.kept] == ["long"]

@@ -89,3 +89,8 @@ def test_the_report_is_written_as_json_and_a_table(index, tmp_path):
 def test_an_unknown_domain_fails_before_loading_anything():
     result = CliRunner().invoke(app, ["bench", "windows", "--domain", "bio"])
     assert result.exit_code == 2 and "unknown --domain bio" in result.output
+
+
+def test_a_chunking_a_domain_does_not_have_fails_before_loading_anything():
+    result = CliRunner().invoke(app, ["bench", "windows", "--domain", "docs", "--docs-chunking", "sentence"])
+    assert result.exit_code == 2 and "unknown --docs-chunking 'sentence' for docs" in result.output

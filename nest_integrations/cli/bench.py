@@ -301,6 +301,10 @@ def windows(
     ),
     limit: Optional[int] = typer.Option(None, min=1, help="Questions per domain (default: as nest eval, every one but wiki-qa's 100)."),
     seed: int = typer.Option(0, help="Sampling seed of the questions (with --limit, and for wiki-qa)."),
+    docs_chunking: str = typer.Option(
+        "cli", help="How the documentation domains are chunked, as in nest eval: 'cli', 'splitter' (LangChain's default "
+        "splitter) or, for the Markdown domains, 'sentence' (LlamaIndex's default SentenceSplitter).",
+    ),
     out: Path = typer.Option(Path("runs/bench-windows"), help="Output folder (windows.json, README.md)."),
 ) -> None:
     """Whether the gold answer is in the answer windows the decoder plans to copy, per domain: the
@@ -313,10 +317,12 @@ def windows(
         fail(f"unknown --domain {', '.join(unknown)}; choose from {', '.join(WINDOW_DOMAINS)}")
     if len(set(domains)) != len(domains):
         fail(f"--domain repeats: {', '.join(domains)}")
+    if bad := [d for d in domains if d in DOCS_DOMAIN_CHUNKINGS and docs_chunking not in DOCS_DOMAIN_CHUNKINGS[d]]:
+        fail(f"unknown --docs-chunking {docs_chunking!r} for {', '.join(bad)}; choose from {', '.join(DOCS_DOMAIN_CHUNKINGS[bad[0]])}")
     config = run_config(None, max_new_tokens or max(TASK_MAX_NEW_TOKENS[d] for d in domains))
     reports, model = {}, ""
     for domain in domains:
-        index = load_index(docs_index(domain, "cli") if domain in DOCS_DOMAIN_CHUNKINGS else None)
+        index = load_index(docs_index(domain, docs_chunking) if domain in DOCS_DOMAIN_CHUNKINGS else None)
         try:
             items = load_items(domain, limit, seed=seed, passages=index.passages)
         except ValueError as err:

@@ -685,11 +685,6 @@ def chunk_passages(
     chunked: list[Passage] = []
     for passage in passages:
         doc_id = passage.doc_id or passage.id
-        if is_markdown(passage.text, passage.metadata, passage.title):
-            chunks = section_chunks(passage.text, max_words=max_words, max_tokens=max_tokens, tokenizer=tokenizer)
-        else:
-            spans = chunk_text(passage.text, max_words=max_words, max_tokens=max_tokens, tokenizer=tokenizer, markdown=False)
-            chunks = [TextChunk(start, end, ()) for start, end in spans]
         markdown = is_markdown(passage.text, passage.metadata, passage.title)
         if markdown:
             chunks = section_chunks(passage.text, max_words=max_words, max_tokens=max_tokens, tokenizer=tokenizer)

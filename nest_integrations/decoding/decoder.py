@@ -638,7 +638,7 @@ class NestDecoder:
         passages = [p for p, _ in hits]
         if config.min_passage_relevance <= -1.0 or self.relevance is None or not hits or not query.strip():
             return GateDecision(passages)
-        decision = RelevanceGate.from_config(config)(query, passages, self.relevance(query, [p.text for p in passages]))
+        decision = RelevanceGate.from_config(config).decide(query, passages, self.relevance)
         if len(decision.kept) < len(hits):
             logger.info("relevance gate kept %d of %d passages", len(decision.kept), len(hits))
         return decision

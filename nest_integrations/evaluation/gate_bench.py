@@ -50,7 +50,7 @@ def gate_report(index: Any, *, n: int = 200, seed: int = 1, k: int = 8, out_dir:
         for condition in ("present", "absent"):
             hits, _ = first_stage(index, item, condition, k)
             passages = [p for p, _ in hits]
-            kept = gate(item.query, passages, index.relevance(item.query, [p.text for p in passages])).kept if passages else []
+            kept = gate.decide(item.query, passages, index.relevance).kept if passages else []
             row[condition] = [p.id for p in kept]
         row["own_kept"] = bool(own & set(row["present"]))
         row["other_present"] = bool(set(row["present"]) - own)

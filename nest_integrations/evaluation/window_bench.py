@@ -79,7 +79,7 @@ def gate_kept(index: NestIndex, query: str, passages: Sequence[Passage], config:
     (``min_passage_relevance <= -1``) or the query is blank; none of none."""
     if config.min_passage_relevance <= -1.0 or not passages or not query.strip():
         return list(passages)
-    return RelevanceGate.from_config(config)(query, list(passages), index.relevance(query, [p.text for p in passages])).kept
+    return RelevanceGate.from_config(config).decide(query, list(passages), index.relevance).kept
 
 
 def plan_windows(index: NestIndex, query: str, kept: Sequence[Passage], config: NestConfig) -> list[PlannedWindow]:

@@ -13,7 +13,9 @@ A passage passes when all of these hold:
 * **similarity**: its dense cosine similarity to the query reaches
   ``min_similarity`` and lies within ``similarity_margin`` of the best
   retrieved passage (the first stage often returns a clear winner followed by
-  passages that only share the topic);
+  passages that only share the topic); a Markdown passage of several sections
+  (a text splitter's chunk) has the similarity of its best section
+  (:func:`passage_similarities`), since the embedder reads a text's opening only;
 * **coverage**: the passage text contains at least ``min_coverage`` of the
   query's content words (stems, accents folded; question words and stopwords
   left out), unless its cosine reaches ``lexical_free_similarity`` (a close
@@ -49,7 +51,9 @@ import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
 
-from nest_integrations.corpus.passages import Passage
+from nest_integrations.core.similarity import Relevance
+from nest_integrations.corpus.markdown_structure import copy_layout
+from nest_integrations.corpus.passages import Passage, section_chunks
 from .words import split_words
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -359,6 +363,44 @@ def unmentioned_identifiers(query: str, passages: Sequence[Passage]) -> list[str
     return [name for name in scoped_identifiers(query) if not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", held)]
 
 
+READING_SECTION_WORDS = 200
+"""Words (whitespace-separated) of the sections a long Markdown passage is read in
+(:func:`reading_sections`). The dense embedder reads 256 word pieces of a text at most, so
+a splitter's chunk of several sections (LangChain's 4,000 characters, LlamaIndex's 1,024
+tokens) is judged by its opening alone unless it is read section by section. About the size
+of a ``nest index build`` passage, which is therefore read whole."""
+
+
+def reading_sections(text: str) -> list[tuple[int, int]]:
+    """``[start, end)`` character ranges of the sections ``text`` is read in: for Markdown
+    (:func:`~nest_integrations.corpus.markdown_structure.copy_layout`) its
+    :func:`~nest_integrations.corpus.passages.section_chunks` of ``READING_SECTION_WORDS``
+    words (a heading with its text, or sibling sections packed while they fit); the whole
+    text when it is prose or fits one such section."""
+    if copy_layout(text) is None:
+        return [(0, len(text))]
+    chunks = section_chunks(text, max_words=READING_SECTION_WORDS)
+    return [(0, len(text))] if len(chunks) <= 1 else [(chunk.start, chunk.end) for chunk in chunks]
+
+
+def passage_similarities(query: str, passages: Sequence[Passage], relevance: Relevance) -> list[float]:
+    """The cosine of each passage to ``query`` (a :data:`~nest_integrations.core.similarity.Relevance`
+    over the passages' texts); for a passage read in several sections (:func:`reading_sections`),
+    the highest of its own cosine and its sections': a long chunk is as relevant as the part of
+    it that answers. Texts are asked for in one call."""
+    sections = []  # per passage, the texts of its sections when it has several
+    for passage in passages:
+        spans = reading_sections(passage.text)
+        sections.append([passage.text[start:end] for start, end in spans] if len(spans) > 1 else [])
+    texts = [p.text for p in passages] + [piece for pieces in sections for piece in pieces]
+    cosines = [float(c) for c in relevance(query, texts)] if texts else []
+    similarities, at = [], len(passages)
+    for i, pieces in enumerate(sections):
+        similarities.append(max([cosines[i], *cosines[at : at + len(pieces)]]))
+        at += len(pieces)
+    return similarities
+
+
 @dataclass(frozen=True)
 class GateDecision:
     """The passages a gate lets into the token datastore, and why none when it keeps nothing."""
@@ -415,6 +457,11 @@ class RelevanceGate:
         if not all(mentions(named, passage.text) for named in query_names(query)):
             return False
         return similarity >= self.lexical_free_similarity or coverage(query, passage.text) >= self.min_coverage
+
+    def decide(self, query: str, passages: Sequence[Passage], relevance: Relevance) -> GateDecision:
+        """The gate over ``passages`` with their similarities read by ``relevance``
+        (:func:`passage_similarities`): what the decoder and the benches apply."""
+        return self(query, passages, passage_similarities(query, passages, relevance) if passages else [])
 
     def __call__(self, query: str, passages: Sequence[Passage], similarities: Sequence[float]) -> GateDecision:
         """The passages that pass, in their original order.
