@@ -18,6 +18,7 @@ from nest_integrations.corpus.markdown_structure import (
     section_ends_at,
     section_title,
     start_allowed,
+    label_start,
     title_tokens,
 )
 from nest_integrations.corpus.passages import DEFAULT_CHUNK_TOKENS, Passage, chunk_passages, chunk_text, section_chunks, sentence_spans
@@ -354,5 +355,7 @@ def test_a_window_knows_the_title_of_its_section_and_copies_it_without_the_marks
     spans = tiling_char_spans(ids["offset_mapping"], len(text))
     first = int(np.searchsorted(spans[:, 1], len("Intro."), side="right"))  # the line breaks before the heading
     last = int(np.searchsorted(spans[:, 0], title[1], side="left")) - 1
+    title_first = int(np.searchsorted(spans[:, 1], title[0], side="right"))
+    assert label_start(text, spans, title_first) == first, "back over the marks and the line breaks, not into 'Intro.'"
     copied = "".join(text[slice(*spans[i])] for i in title_tokens(text, spans, first, last))
     assert "#" not in copied and copied.strip() == "`customLevels` (Object)" and copied.startswith("\n")

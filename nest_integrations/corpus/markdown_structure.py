@@ -489,10 +489,26 @@ def section_title(text: str, pos: int) -> tuple[int, int] | None:
     return (start, end) if end > start else None
 
 
+def label_start(text: str, char_spans: np.ndarray, title_first: int) -> int:
+    """Where an answer that has copied something already starts copying a section's title as its
+    label: back from ``title_first`` (the title's first token, of int (L, 2) ``char_spans``) over
+    the heading's ``#`` marks, then over the whitespace-only tokens before them (the line breaks
+    that set the title on a line of its own). :func:`title_tokens` copies those and the title,
+    never the marks."""
+    title_start = int(char_spans[title_first, 0])
+    first = title_first
+    while first > 0 and char_spans[first - 1, 1] <= title_start and text[slice(*char_spans[first - 1])].strip():
+        first -= 1
+    while first > 0 and not text[slice(*char_spans[first - 1])].strip():
+        first -= 1
+    return first
+
+
 def title_tokens(text: str, char_spans: np.ndarray, first: int, last: int) -> list[int]:
-    """Of tokens ``first..last`` (int (L, 2) ``char_spans``), which ending with a heading's title
-    (:func:`section_title`) and starting at the line breaks before it, the ones an answer copies
-    as the section's label: the line breaks and the title's own tokens, not the ``#`` marks."""
+    """Of tokens ``first..last`` (int (L, 2) ``char_spans``), which end with a heading's title
+    (:func:`section_title`) and start at its first token or at the line breaks before it
+    (:func:`label_start`), the ones an answer copies as the section's label: the line breaks
+    and the title's own tokens, not the ``#`` marks."""
     title = section_title(text, int(char_spans[last, 0]))
     title_start = title[0] if title is not None else int(char_spans[first, 0])
     return [i for i in range(first, last + 1) if char_spans[i, 1] > title_start or not text[slice(*char_spans[i])].strip()]

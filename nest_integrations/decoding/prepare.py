@@ -16,7 +16,7 @@ from typing import Callable, NamedTuple, Optional, Sequence
 import numpy as np
 
 from nest_integrations.core.similarity import Relevance
-from nest_integrations.corpus.markdown_structure import first_copyable, section_title
+from nest_integrations.corpus.markdown_structure import first_copyable, label_start, section_title
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.policy.copy_policy import Window, closes_answer, focus_windows, wants_focus
 from nest_integrations.policy.relevance import subject_name
@@ -39,8 +39,9 @@ class PlannedCopy(NamedTuple):
 
     ``title``: the title of the section ``window`` sits in, copied before it as its label (a
     Markdown heading without its ``#`` marks: ``ignoreTrailingSlash``); the answer goes on to the
-    window after it. A title after another copy starts at the line breaks before its heading:
-    of ``first..last`` only those and the title's own tokens are copied
+    window after it. A title after another copy starts at the line breaks before its heading
+    (:func:`~nest_integrations.corpus.markdown_structure.label_start`): of ``first..last`` only
+    those and the title's own tokens are copied
     (:func:`~nest_integrations.corpus.markdown_structure.title_tokens`). ``stops``: a window that closes an answer (the answer ends after ``last``,
     or moves on to the next window); a window that does not is the plan's last and the copy
     goes on past it."""
@@ -77,11 +78,8 @@ def window_token_plan(windows: Sequence[Window], tokens_of: Callable[[str], tupl
         if title is not None and text[slice(*title)] not in titles:
             title_first, title_last = token_range(spans, *title)
             if title_last < first:
-                if planned:  # after another copy: from the line breaks before the heading (its marks are skipped)
-                    while title_first > 0 and spans[title_first - 1, 1] <= title[0] and text[slice(*spans[title_first - 1])].strip():
-                        title_first -= 1
-                    while title_first > 0 and not text[slice(*spans[title_first - 1])].strip():
-                        title_first -= 1
+                if planned:  # after another copy: from the line breaks before the heading
+                    title_first = label_start(text, spans, title_first)
                 planned.append(PlannedCopy(window, title_first, title_last, False, True))
                 titles.add(text[slice(*title)])
         if planned:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -38,15 +37,14 @@ from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.index.nest_index import NestIndex
 from nest_integrations.corpus.markdown_structure import copyable_tokens, title_tokens
-from nest_integrations.decoding.prepare import window_token_plan
-from nest_integrations.policy.copy_policy import Window, focus_windows, wants_focus
+from nest_integrations.decoding.prepare import PlannedCopy, window_token_plan
+from nest_integrations.policy.copy_policy import focus_windows, wants_focus
 from nest_integrations.policy.relevance import RelevanceGate
 from .metrics import answer_recall
 from .runner import first_stage, format_cell, gold_passage_ids, markdown_table
 from .tasks import EvalItem
 
 __all__ = [
-    "PlannedWindow",
     "domain_report",
     "gate_kept",
     "item_row",
@@ -58,21 +56,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class PlannedWindow:
-    """One planned copy as the decoder makes it: tokens ``first..last`` (inclusive) of passage
-    ``passage_id`` under the LM's tokenizer. ``stops``: the answer ends after ``last`` (else
-    ``last`` is the passage's last token: the copy runs on); ``title``: the title of the
-    section ``window`` sits in, copied before it (:class:`~nest_integrations.decoding.prepare.PlannedCopy`)."""
-
-    passage_id: str
-    first: int
-    last: int
-    stops: bool
-    window: Window
-    title: bool = False
-
-
 def gate_kept(index: NestIndex, query: str, passages: Sequence[Passage], config: NestConfig) -> list[Passage]:
     """The passages the decoder lets into its datastore: those the relevance gate keeps
     (:class:`RelevanceGate` over ``index.relevance``), or all of them when the gate is off
@@ -82,12 +65,12 @@ def gate_kept(index: NestIndex, query: str, passages: Sequence[Passage], config:
     return RelevanceGate.from_config(config).decide(query, list(passages), index.relevance).kept
 
 
-def plan_windows(index: NestIndex, query: str, kept: Sequence[Passage], config: NestConfig) -> list[PlannedWindow]:
-    """The answer windows the decoder plans for ``query`` over the kept passages, in copy order
+def plan_windows(index: NestIndex, query: str, kept: Sequence[Passage], config: NestConfig) -> list[PlannedCopy]:
+    """The copies the decoder plans for ``query`` over the kept passages, in copy order
     (:func:`~nest_integrations.decoding.prepare.window_token_plan`, the decoder's own rule, over
     the passages' tokens); empty when it plans none (no kept passage, not a question,
     ``answer_focus`` off, no window shares a word with the query). A window that does not stop
-    the answer runs on to its passage's end (``last`` is the passage's last token)."""
+    the answer runs on to its passage's end: its ``last`` is the passage's last token."""
     if not kept or not config.answer_focus or not wants_focus(query):
         return []
     by_id = {p.id: p for p in kept}
@@ -98,15 +81,12 @@ def plan_windows(index: NestIndex, query: str, kept: Sequence[Passage], config: 
         return text, index.datastore.encoder.tokenize(text)[1]
 
     return [
-        PlannedWindow(
-            copy.window.passage_id, copy.first, copy.last if copy.stops or copy.title else len(tokens_of(copy.window.passage_id)[1]) - 1,
-            copy.stops, copy.window, copy.title,
-        )
+        copy if copy.stops or copy.title else copy._replace(last=len(tokens_of(copy.window.passage_id)[1]) - 1)
         for copy in window_token_plan(chosen, tokens_of)
     ]
 
 
-def planned_text(index: NestIndex, kept: Sequence[Passage], planned: Sequence[PlannedWindow], max_new_tokens: int) -> tuple[str, int]:
+def planned_text(index: NestIndex, kept: Sequence[Passage], planned: Sequence[PlannedCopy], max_new_tokens: int) -> tuple[str, int]:
     """The text of the planned windows' tokens, in copy order, cut after ``max_new_tokens`` of
     them, and its length in tokens. Each window's tokens are a verbatim slice of its passage
     (the token spans tile the text) less the hidden markup the decoder never copies (an anchor
@@ -114,21 +94,21 @@ def planned_text(index: NestIndex, kept: Sequence[Passage], planned: Sequence[Pl
     joined as copied, without a separator."""
     by_id = {p.id: p for p in kept}
     pieces, budget = [], max_new_tokens
-    for window in planned:
+    for copy in planned:
         if budget <= 0:
             break
-        text = by_id[window.passage_id].text
+        text = by_id[copy.window.passage_id].text
         _, spans = index.datastore.encoder.tokenize(text)
-        last = min(window.last, window.first + budget - 1)
-        if window.first > last or window.first >= len(spans):
+        last = min(copy.last, copy.first + budget - 1)
+        if copy.first > last or copy.first >= len(spans):
             continue
-        if window.title:  # the section's title, without its heading's marks
-            positions = title_tokens(text, spans, window.first, last)
+        if copy.title:  # the section's title, without its heading's marks
+            positions = title_tokens(text, spans, copy.first, last)
         else:  # hidden markup (an anchor, a comment) is never copied
             copyable = copyable_tokens(text, spans)
-            positions = [i for i in range(window.first, last + 1) if copyable[i]]
+            positions = [i for i in range(copy.first, last + 1) if copyable[i]]
         pieces.append("".join(text[spans[i, 0] : spans[i, 1]] for i in positions))
-        budget -= last - window.first + 1
+        budget -= last - copy.first + 1
     return "".join(pieces), max_new_tokens - budget
 
 
@@ -155,7 +135,7 @@ def item_row(index: NestIndex, item: EvalItem, config: NestConfig) -> dict[str, 
         "retrieved": [p.id for p, _ in hits],
         "kept": [p.id for p in kept],
         "windows": [
-            {"passage_id": w.passage_id, "chars": [w.window.start, w.window.end], "tokens": [w.first, w.last],
+            {"passage_id": w.window.passage_id, "chars": [w.window.start, w.window.end], "tokens": [w.first, w.last],
              "answers": w.window.answers, "stops": w.stops, "title": w.title}
             for w in planned
         ],
