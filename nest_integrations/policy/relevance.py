@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
 
 from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.markdown_structure import copy_layout
-from nest_integrations.corpus.passages import Passage, section_chunks
+from nest_integrations.corpus.passages import Passage, section_chunks, sentence_spans
 from .words import split_words
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,7 +69,6 @@ _STOPWORDS = frozenset(
 )
 _PARENTHETICAL = re.compile(r"\([^)]*\)")
 # A full stop ends a sentence unless it closes an initial ("Theodor W. Adorno") or a title.
-_SENTENCE_END = re.compile(r"(?<!\s[A-Z])(?<!\bDr|\bMr|\bSt|\bJr|\bSr|\bMs)(?<!\bMrs)[.!?](?=\s+[\"'(\[]?[A-Z0-9])|\n")
 _LEAD_MAX_CHARS = 300
 
 GateReason = Literal["nothing_relevant"]
@@ -193,8 +192,8 @@ def _name_parts(name: str) -> tuple[list[str], set[str]]:
 def lead(text: str) -> str:
     """The opening sentence of ``text`` (at most ``_LEAD_MAX_CHARS`` characters, parentheticals removed)."""
     head = _PARENTHETICAL.sub(" ", text.lstrip()[:_LEAD_MAX_CHARS])
-    match = _SENTENCE_END.search(head)
-    return head[: match.end()] if match else head
+    sentences = sentence_spans(head)
+    return head[: sentences[0][1]] if sentences else head
 
 
 @functools.lru_cache(maxsize=4096)
@@ -282,7 +281,7 @@ def query_names(query: str) -> list[str]:
     ("Chimamanda Ngozi Adichie" in "What novel did Chimamanda Ngozi Adichie write?"): runs of two
     or more capitalised words within a sentence, so "... in Fastify. How do I ..." names nothing."""
     unpossessed = re.sub(r"['’]s\b", " ,", query)  # "Tolkien's The Hobbit" is two names
-    sentences = (sentence.lstrip() for sentence in _SENTENCE_END.split(unpossessed))
+    sentences = (unpossessed[start:end] for start, end in sentence_spans(unpossessed))
     return [match.group().rstrip(".") for sentence in sentences for match in _QUERY_NAME.finditer(sentence)]
 
 
