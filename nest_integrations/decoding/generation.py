@@ -67,6 +67,10 @@ class Generation:
     of the window after it: its tokens are copied without the LM's check (``unchecked_draft``)."""
     unchecked_draft: bool = False
     """The draft proposed last is a section title's rest: :meth:`verify` accepts it whole."""
+    after_title: bool = False
+    """A section's title was just copied and its window opens now: a line break that opens the
+    window sets the title on a line of its own and is copied without the LM's check (an LM with
+    the passages in its prompt refuses it and writes on in its own words)."""
     next_windows: list[tuple[tuple[int, int], Optional[tuple[int, int]], bool]] = field(default_factory=list)
     """``(opening, window_end, title)`` of the copies still to make, in order
     (:data:`~nest_integrations.decoding.prepare.PlannedOpening`)."""

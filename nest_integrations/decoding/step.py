@@ -172,6 +172,7 @@ class StepRules:
         config = gen.config
         p_m = step.p_m[row]
         proposal = None
+        unchecked = False  # the opening line break under a copied title
         if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
             if gen.opening is not None and gen.copying_title and gen.window_end is not None:
                 (pidx, pos), gen.opening = gen.opening, None
@@ -182,7 +183,10 @@ class StepRules:
                 return title[0], title[1:]
             if gen.opening is not None:
                 (pidx, pos), gen.opening = gen.opening, None
-                proposal = (pidx, self._opening_token(gen.candidates.passage(pidx), self.datastore.passages[pidx].text, pos))  # type: ignore[union-attr]
+                text = self.datastore.passages[pidx].text  # type: ignore[union-attr]
+                proposal = (pidx, self._opening_token(gen.candidates.passage(pidx), text, pos))
+                line_break = not text[slice(*gen.candidates.passage(pidx).char_spans[proposal[1]])].strip()
+                unchecked, gen.after_title = gen.after_title and line_break, False
             elif continuation is not None and (resumed := self._continue_at(gen.candidates, *continuation)) is not None:
                 proposal = resumed
             elif float(step.lam[row]) <= config.delta:
@@ -192,6 +196,8 @@ class StepRules:
             tokens = gen.candidates.passage(pidx).token_ids  # type: ignore[union-attr]
             end = self._copy_end(gen, pidx, pos)
             span = [TokenRecord(int(tokens[i]), pidx, i) for i in range(pos, end)]
+            if span and unchecked:
+                return span[0], span[1:]
             first_ok = relaxed_accept_ratio(p_m[None], torch.tensor([span[0].token_id]), config.effective_gamma) if span else None
             if first_ok is not None and float(first_ok[0]) > config.accept_threshold:
                 return span[0], span[1:]
@@ -335,6 +341,7 @@ class StepRules:
                     gen.finish("answered")
                 else:
                     gen.between_windows = not gen.copying_title  # a title is followed by its window, whatever the LM says
+                    gen.after_title = gen.copying_title
                     (gen.opening, gen.window_end, gen.copying_title), *gen.next_windows = gen.next_windows
             elif copied and gen.config.stop_at_source_end and self._source_exhausted(gen.candidates, record):  # type: ignore[arg-type]
                 gen.finish("source_end")
