@@ -273,3 +273,24 @@ def test_an_answer_ends_answered_when_the_lm_refuses_the_next_window(tiny_lm):
     gen.between_windows = True
     rules.commit(gen, [TokenRecord(6)])
     assert gen.finished and gen.stats.finish_reason == "answered" and gen.ids == [5]
+
+
+def test_the_line_break_under_a_copied_title_is_copied_unchecked_like_the_title(tiny_lm):
+    """An LM that weighs the datastore at nothing (alpha -5) and refuses every token it would not
+    write itself (gamma 1) still copies the section's title and the line break that sets the
+    window below it; the window's words it refuses."""
+    body = "The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients."
+    idle = "The `keepAliveTimeout` option sets how many milliseconds an idle socket stays open before it closes."
+    doc = Passage(id="srv", title="Server", text=f"## Options\n\n{body}\n\nUnrelated words about logging and colours go here.\n\n{idle}\n")
+    store = TokenDatastore([doc], PassageEncoder(tiny_lm))
+    knobs = dict(mode="nest", alpha=-5.0, tau=0.1, delta=1.0, gamma=1.0, min_passage_relevance=-1.0, max_new_tokens=30)
+    decoder = NestDecoder(tiny_lm, store, ListRetriever([doc]), NestConfig(**knobs))
+    question = "How many milliseconds does an idle socket stay open, and which option sets the largest request body?"
+    out = decoder.generate([{"role": "user", "content": question}], query=question)
+    copied_prefix = ""
+    for span in out.spans:
+        if not span.copied:
+            break
+        copied_prefix += span.text
+    assert copied_prefix.startswith(" Options\n\n"), out.text
+    assert not copied_prefix.startswith(f" Options\n\n{idle}"), "the window's words are still checked"
