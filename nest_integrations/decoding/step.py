@@ -159,9 +159,10 @@ class StepRules:
         order: the planned opening (``gen.opening``, used once); ``continuation``, where
         the last copy goes on; the best neighbour when lambda <= delta
         (:meth:`_select_span`). The copy's first token must pass the relaxed check
-        against this p_M; then it is the next token and the rest of the copy, up to
-        :meth:`_copy_end`, the draft (to be verified by :meth:`verify` after the
-        next forward). Otherwise the next token is drawn from p_M (:meth:`_pick`,
+        against this p_M (a section's title, and the line break that opens its window
+        after it, need not: ``gen.copying_title``, ``gen.after_title``); then it is the
+        next token and the rest of the copy, up to :meth:`_copy_end`, the draft (to be
+        verified by :meth:`verify` after the next forward). Otherwise the next token is drawn from p_M (:meth:`_pick`,
         with tokens that would repeat an n-gram masked) and the draft is empty.
 
         Args:
