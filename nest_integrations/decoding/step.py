@@ -162,8 +162,9 @@ class StepRules:
         against this p_M (a section's title, and the line break that opens its window
         after it, need not: ``gen.copying_title``, ``gen.after_title``); then it is the
         next token and the rest of the copy, up to :meth:`_copy_end`, the draft (to be
-        verified by :meth:`verify` after the next forward). Otherwise the next token is drawn from p_M (:meth:`_pick`,
-        with tokens that would repeat an n-gram masked) and the draft is empty.
+        verified by :meth:`verify` after the next forward). Otherwise the next token is
+        drawn from p_M (:meth:`_pick`, with tokens that would repeat an n-gram masked)
+        and the draft is empty.
 
         Args:
             continuation: ``(passage index, position)`` a copy goes on at, from
@@ -184,9 +185,9 @@ class StepRules:
                 return title[0], title[1:]
             if gen.opening is not None:
                 (pidx, pos), gen.opening = gen.opening, None
-                text = self.datastore.passages[pidx].text  # type: ignore[union-attr]
-                proposal = (pidx, self._opening_token(gen.candidates.passage(pidx), text, pos))
-                line_break = not text[slice(*gen.candidates.passage(pidx).char_spans[proposal[1]])].strip()
+                text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
+                proposal = (pidx, self._opening_token(encoded, text, pos))
+                line_break = not text[slice(*encoded.char_spans[proposal[1]])].strip()
                 unchecked, gen.after_title = gen.after_title and line_break, False
             elif continuation is not None and (resumed := self._continue_at(gen.candidates, *continuation)) is not None:
                 proposal = resumed

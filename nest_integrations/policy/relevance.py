@@ -68,7 +68,6 @@ _STOPWORDS = frozenset(
     under over much many every only out up down""".split()
 )
 _PARENTHETICAL = re.compile(r"\([^)]*\)")
-# A full stop ends a sentence unless it closes an initial ("Theodor W. Adorno") or a title.
 _LEAD_MAX_CHARS = 300
 
 GateReason = Literal["nothing_relevant"]
