@@ -170,7 +170,7 @@ def test_edge_cases(decoder, tiny_lm):
 
 def test_fallback_to_the_lm_says_why(tiny_lm, tiny_datastore, small_passages):
     empty = TokenDatastore([], PassageEncoder(tiny_lm))
-    out = NestDecoder(tiny_lm, empty, ListRetriever([])).generate(PROMPT, max_new_tokens=6, lm_repeat_ngram=0)
+    out = NestDecoder(tiny_lm, empty, ListRetriever([])).generate(PROMPT, max_new_tokens=6, lm_repeat_ngram=0, fallback="lm")
     assert out.stats.fallback_reason == "nothing_retrieved" and not out.stats.copied_from_datastore
     # The LM alone: the base mode's text, but for the repetition guard NEST keeps on its picks.
     assert out.text == NestDecoder(tiny_lm, empty).generate(PROMPT, max_new_tokens=6, mode="base").text
@@ -186,9 +186,32 @@ def test_fallback_to_the_lm_says_why(tiny_lm, tiny_datastore, small_passages):
 
 def test_relevance_gate_falls_back_when_nothing_is_relevant(tiny_lm, tiny_datastore, small_passages):
     dec = NestDecoder(tiny_lm, tiny_datastore, ListRetriever(small_passages), relevance=lambda q, ps: [0.0] * len(ps))
-    out = dec.generate(PROMPT, max_new_tokens=8, min_passage_relevance=0.5, **COPY)
+    out = dec.generate(PROMPT, max_new_tokens=8, min_passage_relevance=0.5, fallback="lm", **COPY)
     assert out.attribution_ratio == 0.0 and out.stats.fallback_reason == "nothing_relevant"
     assert (out.stats.gate_retrieved, out.stats.gate_kept) == (len(small_passages), 0)
+
+
+def test_a_question_nothing_answers_gets_a_plain_abstention(tiny_lm, tiny_datastore, small_passages):
+    """By default the LM does not answer alone: the text says the documents do not cover the
+    question, names the nearest retrieved sections, copies and cites nothing."""
+    dec = NestDecoder(tiny_lm, tiny_datastore, ListRetriever(small_passages), relevance=lambda q, ps: [0.0] * len(ps))
+    for mode in ("nest", "ra_nest"):
+        out = dec.generate(PROMPT, min_passage_relevance=0.5, mode=mode)
+        assert out.text == "The documents do not cover this question.\nSee also: curie; turing; zoe."
+        assert out.stats.finish_reason == "not_covered" and out.stats.fallback_reason == "nothing_relevant"
+        assert out.attribution_ratio == 0.0 and not out.sources and not out.copied_spans
+        assert "".join(span.text for span in out.spans) == out.text
+    nothing = NestDecoder(tiny_lm, tiny_datastore, ListRetriever([])).generate(PROMPT)
+    assert nothing.text == "The documents do not cover this question." and nothing.stats.finish_reason == "not_covered"
+    # Text completion (a plain prompt) and the baselines still write with the LM.
+    plain = dec.generate(PROMPT, min_passage_relevance=0.5, use_chat_template=False, max_new_tokens=4)
+    assert plain.stats.finish_reason != "not_covered" and plain.stats.new_tokens == 4
+    assert dec.generate(PROMPT, min_passage_relevance=0.5, mode="knnlm", max_new_tokens=4).stats.finish_reason != "not_covered"
+    # Streaming and batches give the same abstention.
+    chunks = list(dec.stream(PROMPT, min_passage_relevance=0.5))
+    assert "".join(c.text for c in chunks) == out.text
+    batch = dec.generate_batch([PROMPT, PROMPT], min_passage_relevance=0.5, max_batch=2)
+    assert [o.text for o in batch] == [out.text, out.text]
 
 
 def test_renderers_show_sources(decoder):

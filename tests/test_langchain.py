@@ -320,9 +320,13 @@ def test_empty_store_or_no_retriever_falls_back_to_the_lm_and_says_why(tiny_lm, 
         (InMemoryVectorStore(embeddings), "nothing_retrieved"),
         (None, "no_retriever"),
     ):
-        llm = NestLLM.from_lm(tiny_lm, retriever=retriever, **{**KNOBS, "max_new_tokens": 8, "lm_repeat_ngram": 0})
+        llm = NestLLM.from_lm(tiny_lm, retriever=retriever, **{**KNOBS, "max_new_tokens": 8, "lm_repeat_ngram": 0, "fallback": "lm"})
         assert llm.invoke(QUESTION) == plain  # the LM alone (without the repetition guard of NEST's picks)
         assert llm.generate([QUESTION]).generations[0][0].generation_info["fallback_reason"] == reason
+        # By default a retriever that finds nothing gets a plain abstention; no retriever at all, the LM.
+        info = NestLLM.from_lm(tiny_lm, retriever=retriever, **KNOBS).generate([QUESTION]).generations[0][0].generation_info
+        assert (info["text"] == "The documents do not cover this question.") == (retriever is not None)
+        assert (info["finish_reason"] == "not_covered") == (retriever is not None) and info["fallback_reason"] == reason
 
 
 def test_from_decoder_sends_retrieved_documents_to_its_datastore(tiny_lm, docs):
@@ -525,7 +529,7 @@ def test_attributed_chain_and_cite(chat, docs):
         assert f"line 1, chars {extras['doc_char_start']}-{extras['doc_char_end']}" in line
     assert answer.replace("[1]", "").replace("[2]", "").replace("[3]", "") == text.strip()
     plain = {"text": "plain", "mode": "base", "spans": [{"text": "plain", "start": 0, "end": 5, "copied": False}]}
-    assert cite.invoke(plain) == "plain"
+    assert cite.invoke(plain) == "plain[model]\n\nSources:\n[model] written by the language model, not copied from any source"
     with pytest.raises(ValueError, match="not a NEST result"):
         cite.invoke({"answer": "x"})
 

@@ -55,7 +55,9 @@ def _print_output(output: Any, title: str) -> None:
         style="dim",
     )
     reason = getattr(s, "fallback_reason", None)
-    if reason is not None and output.mode != "base":
+    if s.finish_reason == "not_covered":
+        console.print(f"  No retrieved passage answers this ({reason.replace('_', ' ')}): nothing copied, nothing invented", style="yellow")
+    elif reason is not None and output.mode != "base":
         console.print(f"  NEST copied nothing and generated with the LM alone: {reason.replace('_', ' ')}", style="yellow")
 
 

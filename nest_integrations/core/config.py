@@ -60,6 +60,14 @@ class NestConfig(BaseModel):
         description="Relevance gate: share of the query's content words the passage text must contain (a query "
         "that is a bare name instead needs the passage to open with that name).",
     )
+    fallback: Literal["abstain", "lm"] = Field(
+        "abstain",
+        description="What nest and ra_nest answer to a chat prompt when no retrieved passage answers it (the "
+        "first stage returned nothing, or the relevance gate kept nothing): 'abstain' says plainly that the "
+        "documents do not cover the question and names the nearest retrieved sections (finish_reason "
+        "'not_covered'); 'lm' lets the LM answer alone, and every renderer marks that text as written by the "
+        "model. A small LM answering alone invents; text completion (a plain prompt) always continues with the LM.",
+    )
     # --- mixture ---------------------------------------------------------
     alpha: Optional[float] = Field(
         None,

@@ -240,7 +240,7 @@ class Span(BaseModel):
     source: Optional[SpanSource] = None
 
 
-FinishReason = Literal["eos", "stop", "length", "source_end", "answered"]
+FinishReason = Literal["eos", "stop", "length", "source_end", "answered", "not_covered"]
 FallbackReason = Literal["no_retriever", "nothing_retrieved", "nothing_relevant", "empty_datastore"]
 
 
@@ -262,7 +262,8 @@ class GenerationStats(BaseModel):
         None,
         description="Why the generation ended: the LM's end-of-sequence token, a stop string, max_new_tokens, "
         "copying reached the end of its source (NestConfig.stop_at_source_end), or the copied sentence "
-        "answered a question and the source goes on to something else (NestConfig.answer_focus).",
+        "answered a question and the source goes on to something else (NestConfig.answer_focus), or no retrieved "
+        "passage answers the question and the text says so instead of the LM answering alone (NestConfig.fallback).",
     )
     copied_from_datastore: bool = Field(
         False, description="Whether the decoder had datastore entries to copy from (False: the LM wrote alone)."
@@ -528,6 +529,26 @@ def source_listing(output: NestOutput) -> list[str]:
     return [f"[{doc.number}] {doc.describe()}" for doc in cited_documents(output.spans)]
 
 
+MODEL_MARK = "[model]"
+"""What every renderer puts after text the LM wrote itself, as ``[n]`` after copied text: a
+reader must not take an invented line between two copies for a cited one."""
+
+MODEL_NOTE = f"{MODEL_MARK} written by the language model, not copied from any source"
+"""The line that explains :data:`MODEL_MARK` under an answer that has some."""
+
+
+def model_written(output: NestOutput, span: Span) -> bool:
+    """Whether ``span`` is text the LM wrote that reads as part of the answer: not copied, with
+    a letter or digit (a comma or a line break between two copies is not marked), and not the
+    abstention of an output that says nothing answers (``finish_reason`` ``"not_covered"``)."""
+    return not span.copied and any(ch.isalnum() for ch in span.text) and output.stats.finish_reason != "not_covered"
+
+
+def model_note(output: NestOutput) -> Optional[str]:
+    """:data:`MODEL_NOTE` when ``output`` has text the LM wrote (:func:`model_written`), else None."""
+    return MODEL_NOTE if any(model_written(output, span) for span in output.spans) else None
+
+
 # --------------------------------------------------------------------------- Markdown layout
 _BARE_FENCE = re.compile(r"^[ \t>]*(`{3,}|~{3,})[ \t]*$")
 
@@ -758,14 +779,18 @@ def _unique(items: list[str]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- renderers
-def marked_spans(output: NestOutput, marker: Callable[[int], str]) -> list[tuple[str, Optional[str]]]:
+def marked_spans(output: NestOutput, marker: Callable[[int], str], model_marker: str = MODEL_MARK) -> list[tuple[str, Optional[str]]]:
     """``(span text, marker)`` per span, for :func:`place_markers`: a copied span gets
-    ``marker(n)``, ``n`` the number of its document (:class:`DocumentNumbers`)."""
+    ``marker(n)``, ``n`` the number of its document (:class:`DocumentNumbers`); text the LM
+    wrote (:func:`model_written`) gets ``model_marker``."""
     numbers = DocumentNumbers()
-    return [
-        (span.text, marker(numbers.number(span.source.location)) if span.copied and span.source is not None else None)
-        for span in output.spans
-    ]
+    marked: list[tuple[str, Optional[str]]] = []
+    for span in output.spans:
+        if span.copied and span.source is not None:
+            marked.append((span.text, marker(numbers.number(span.source.location))))
+        else:
+            marked.append((span.text, model_marker if model_written(output, span) else None))
+    return marked
 
 
 def _markdown_text(text: str) -> str:
@@ -782,7 +807,8 @@ def _markdown_code(text: str) -> str:
 
 
 def render_markdown(output: NestOutput) -> str:
-    """Markdown: copied spans in bold (where that is safe) followed by ``[n]``, then the sources.
+    """Markdown: copied spans in bold (where that is safe) followed by ``[n]``, text the LM wrote
+    followed by :data:`MODEL_MARK`, then the sources.
 
     ``[n]`` numbers the cited documents in order of first use
     (:func:`cited_documents`); the markers are escaped brackets, so no renderer
@@ -790,20 +816,24 @@ def render_markdown(output: NestOutput) -> str:
     of code. The sources follow as a list: ``[n]`` the document, then each cited
     range's lines and characters.
     """
-    body = place_markers(marked_spans(output, lambda n: f"\\[{n}\\]"), emphasize=True)
+    body = place_markers(marked_spans(output, lambda n: f"\\[{n}\\]", _markdown_text(MODEL_MARK)), emphasize=True)
     documents = cited_documents(output.spans)
-    if not documents:
+    note = model_note(output)
+    if not documents and note is None:
         return body
     items = []
     for doc in documents:
         name = _markdown_code(doc.document) + (f" ({_markdown_text(doc.extra_title)})" if doc.extra_title else "")
         items.append(f"- \\[{doc.number}\\] {name}: {doc.ranges()}")
+    if note is not None:
+        items.append(f"- {_markdown_text(note)}")
     return body.rstrip() + "\n\nSources:\n\n" + "\n".join(items) + "\n"
 
 
 def render_html(output: NestOutput) -> str:
     """HTML: copied spans highlighted with a hover title naming the document and its lines,
-    numbered superscripts, then the numbered sources."""
+    numbered superscripts, text the LM wrote in grey italics marked :data:`MODEL_MARK`, then the
+    numbered sources."""
     numbers = DocumentNumbers()
     parts = ['<div class="nest-output" style="line-height:1.6">']
     for span in output.spans:
@@ -813,25 +843,36 @@ def render_html(output: NestOutput) -> str:
             n = numbers.number(location)
             title = html.escape(f"[{n}] {location.document}: {location.describe()}")
             parts.append(f'<mark style="background:#cfe8ff" title="{title}">{text}</mark><sup>[{n}]</sup>')
+        elif model_written(output, span):
+            parts.append(
+                f'<span class="nest-model" style="color:#666;font-style:italic" title="{html.escape(MODEL_NOTE)}">{text}</span>'
+                f"<sup>{MODEL_MARK}</sup>"
+            )
         else:
             parts.append(text)
     parts.append("</div>")
     documents = cited_documents(output.spans)
     if documents:
         parts.append("<ol>" + "".join(f"<li>{html.escape(doc.describe())}</li>" for doc in documents) + "</ol>")
+    if (note := model_note(output)) is not None:
+        parts.append(f'<p class="nest-model-note" style="color:#666">{html.escape(note)}</p>')
     return "".join(parts)
 
 
 def render_terminal(output: NestOutput) -> Any:
-    """A rich renderable: copied spans highlighted with ``[n]`` after them, then the numbered sources."""
+    """A rich renderable: copied spans highlighted with ``[n]`` after them, text the LM wrote in
+    italics with :data:`MODEL_MARK` after it, then the numbered sources."""
     from rich.console import Group
     from rich.text import Text
 
     numbers = DocumentNumbers()
     body = Text()
     for span in output.spans:
-        body.append(span.text, style="bold cyan" if span.copied else None)
+        written = model_written(output, span)
+        body.append(span.text, style="bold cyan" if span.copied else "italic" if written else None)
         if span.copied and span.source is not None:
             body.append(f"[{numbers.number(span.source.location)}]", style="dim cyan")
-    listing = source_listing(output)
+        elif written:
+            body.append(MODEL_MARK, style="dim yellow")
+    listing = source_listing(output) + [note for note in [model_note(output)] if note is not None]
     return Group(body, Text("\n".join(listing), style="dim")) if listing else body

@@ -324,6 +324,7 @@ class RowScheduler:
                 continue
             if row.gen.config.max_new_tokens == 0:
                 row.gen.finish("length")
+            if row.gen.finished:  # nothing to decode: no tokens asked for, or an abstention made in preparation
                 self._finish(row)
                 continue
             row.t_decode = time.perf_counter()

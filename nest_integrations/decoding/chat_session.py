@@ -145,7 +145,8 @@ class ChatSession:
             + (f" · {s.finish_reason}" if s.finish_reason else "")
         )
         if s.fallback_reason is not None and output.mode != "base":
-            note += f" · nothing copied: {s.fallback_reason.replace('_', ' ')}"
+            written = "nothing invented" if s.finish_reason == "not_covered" else "the LM wrote alone"
+            note += f" · nothing copied ({s.fallback_reason.replace('_', ' ')}): {written}"
         self.console.print(note, style="dim", highlight=False)
 
     # ------------------------------------------------------------------ commands

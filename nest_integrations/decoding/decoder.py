@@ -7,8 +7,9 @@
 prepare each generation in the caller's thread (:meth:`~NestDecoder.prepare_row`):
 
 * retrieval, then the relevance gate: which retrieved passages may be copied at
-  all (:class:`~nest_integrations.policy.relevance.RelevanceGate`; none left: the LM
-  writes alone and ``stats.fallback_reason`` says why);
+  all (:class:`~nest_integrations.policy.relevance.RelevanceGate`; none left:
+  ``stats.fallback_reason`` says why, and a chat prompt gets a plain abstention,
+  :mod:`~nest_integrations.decoding.abstention`, or with ``fallback="lm"`` the LM's own answer);
 * the candidate set of the kept passages' datastore entries, and where the answer
   opens (:mod:`~nest_integrations.decoding.prepare`: the start of the best kept passage
   for a named subject, the best answer windows for a question);
@@ -50,7 +51,8 @@ from nest_integrations.model.lm import KeyReader, cache_argument
 from nest_integrations.policy.conversation import TRANSCRIPT_STOP, plain_transcript, retrieval_query
 from nest_integrations.policy.relevance import GateDecision, RelevanceGate
 from nest_integrations.store.datastore import CandidateSet, EncodeStats, TokenDatastore
-from .attribution import GenerationStats, NestOutput
+from .abstention import abstention_text
+from .attribution import GenerationStats, NestOutput, TokenRecord
 from .generation import Generation, StreamChunk, StreamCursor
 from .prepare import plan_opening
 from .step import StepRules
@@ -648,7 +650,7 @@ class NestDecoder:
         """First stage: retrieve, gate, build the candidate set and plan the opening
         (:func:`~nest_integrations.decoding.prepare.plan_opening`); returns the
         prompt passages (rag modes). A datastore mode without entries records why in
-        ``stats.fallback_reason`` and generates with the LM alone."""
+        ``stats.fallback_reason`` and abstains (:meth:`_abstains`) or generates with the LM alone."""
         config = gen.config
         stats = gen.stats
         context: list[Passage] = []
@@ -678,7 +680,10 @@ class NestDecoder:
                 stats.fallback_reason = decision.reason
             else:
                 stats.fallback_reason = "empty_datastore"
-            logger.info("no datastore entries for this prompt (%s): generating with the LM alone", stats.fallback_reason)
+            if self._abstains(prompt, config, stats.fallback_reason):
+                self._abstain(gen, [p for p, _ in hits])
+            else:
+                logger.info("no datastore entries for this prompt (%s): generating with the LM alone", stats.fallback_reason)
             return context
         stats.copied_from_datastore = True
         if config.mode not in ("nest", "ra_nest"):
@@ -688,6 +693,24 @@ class NestDecoder:
         else:
             gen.lead_in = str(prompt)
         return context
+
+    def _abstains(self, prompt: PromptLike, config: NestConfig, reason: Optional[str]) -> bool:
+        """Whether a generation with nothing to copy answers with a plain abstention
+        (:mod:`~nest_integrations.decoding.abstention`): a chat prompt in nest or ra_nest whose
+        retrieval found nothing or whose gate kept nothing, unless ``config.fallback`` is ``"lm"``."""
+        return (
+            config.fallback == "abstain" and config.mode in ("nest", "ra_nest") and self._is_chat(prompt, config)
+            and reason in ("nothing_retrieved", "nothing_relevant")
+        )
+
+    def _abstain(self, gen: Generation, retrieved: Sequence[Passage]) -> None:
+        """Finish ``gen`` before its first step with :func:`~nest_integrations.decoding.abstention.abstention_text`
+        of the ``retrieved`` passages (``finish_reason`` ``"not_covered"``, nothing copied)."""
+        text = abstention_text(retrieved)
+        ids = self.lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+        self.rules.commit(gen, [TokenRecord(int(token)) for token in ids])
+        gen.finish("not_covered")
+        logger.info("nothing answers this prompt (%s): the answer says so", gen.stats.fallback_reason)
 
     def _candidates(self, passages: list[Passage], config: NestConfig, stats: GenerationStats) -> Optional[CandidateSet]:
         if self.datastore is None or not passages:

@@ -30,7 +30,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_core.vectorstores import VectorStore
 
-from nest_integrations.decoding.attribution import NestOutput, marked_spans, place_markers, source_listing
+from nest_integrations.decoding.attribution import NestOutput, marked_spans, model_note, place_markers, source_listing
 from nest_integrations.policy.conversation import retrieval_query
 from .chat_models import ChatNest
 
@@ -182,7 +182,8 @@ def nest_output_of(result: Union[BaseMessage, Mapping[str, Any], NestOutput]) ->
 
 
 def cite_text(result: Union[BaseMessage, Mapping[str, Any], NestOutput]) -> str:
-    """The answer with ``[n]`` after each copied span, then ``Sources:``, one line per document.
+    """The answer with ``[n]`` after each copied span and ``[model]`` after text the LM wrote
+    itself, then ``Sources:``, one line per document (and one that explains ``[model]``).
 
     ``n`` numbers the cited documents in order of first use; each source line
     names the document (file path or ``source`` / ``file_name`` / ``doc_id``
@@ -194,7 +195,7 @@ def cite_text(result: Union[BaseMessage, Mapping[str, Any], NestOutput]) -> str:
     """
     output = nest_output_of(result)
     answer = place_markers(marked_spans(output, lambda n: f"[{n}]")).strip()
-    listing = source_listing(output)
+    listing = source_listing(output) + [note for note in [model_note(output)] if note is not None]
     return f"{answer}\n\nSources:\n" + "\n".join(listing) if listing else answer
 
 
