@@ -317,3 +317,48 @@ def test_the_line_break_under_a_copied_title_is_copied_unchecked_like_the_title(
         copied_prefix += span.text
     assert copied_prefix.startswith(" Options\n\n"), out.text
     assert not copied_prefix.startswith(f" Options\n\n{idle}"), "the window's words are still checked"
+
+
+CODE_DOC = Passage(
+    id="guide.md",
+    text="# Guide\n\nInstall the tool, then run it:\n\n```sh\nquill build --out site --verbose\nquill serve --port 8080\n```\n\nThe server stops on Ctrl-C.\n",
+    metadata={"source": "guide.md"},
+)
+
+
+def _copied_to(decoder, passage, char):
+    """A generation that has copied ``passage`` from its start up to the token ending at ``char``."""
+    from nest_integrations.decoding.attribution import TokenRecord
+    from nest_integrations.decoding.generation import Generation
+
+    pidx = decoder.datastore.add(passage)
+    candidates = decoder.datastore.candidates([pidx])
+    encoded = candidates.passage(pidx)
+    last = int((encoded.char_spans[:, 1] <= char).sum()) - 1
+    gen = Generation(config=NestConfig(), candidates=candidates)
+    decoder.rules.commit(gen, [TokenRecord(int(encoded.token_ids[i]), pidx, i) for i in range(last + 1)])
+    return gen, pidx, encoded
+
+
+def test_the_lm_never_writes_inside_copied_code(tiny_lm):
+    """Mid-line in copied code the copy goes on to the line's end; at a line's end the block's
+    own closing fence is copied and the answer ends: no model text inside the source's code."""
+    decoder = NestDecoder(tiny_lm, TokenDatastore([], PassageEncoder(tiny_lm)))
+    text = CODE_DOC.text
+    gen, pidx, encoded = _copied_to(decoder, CODE_DOC, text.index("--out"))
+    first, draft = decoder.rules._inside_copied_code(gen)
+    copied = [first, *draft]
+    assert all(r.passage_index == pidx for r in copied) and gen.unchecked_draft
+    assert text[encoded.char_spans[copied[0].position, 0] : encoded.char_spans[copied[-1].position, 1]] == " --out site --verbose"
+    decoder.rules.commit(gen, copied)
+    first, draft = decoder.rules._inside_copied_code(gen)  # at the line's end: the fence closes the block
+    decoder.rules.commit(gen, [first, *draft])
+    assert gen.finished and gen.stats.finish_reason == "answered"
+    assert gen.text.endswith("quill build --out site --verbose\n```")
+    assert all(r.passage_index is not None for r in gen.records)
+    # Outside code the rule does nothing; an indented block, which no fence closes, ends at the LM's token.
+    prose, _, _ = _copied_to(decoder, CODE_DOC, text.index("then"))
+    assert decoder.rules._inside_copied_code(prose) is None and not prose.between_windows
+    indented = Passage(id="ind.md", text="# Run\n\nType:\n\n    quill build\n    quill serve\n\nDone.\n")
+    gen, _, _ = _copied_to(decoder, indented, indented.text.index("build") + len("build"))
+    assert decoder.rules._inside_copied_code(gen) is None and gen.between_windows

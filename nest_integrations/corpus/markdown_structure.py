@@ -462,6 +462,31 @@ def section_ends_at(text: str, pos: int) -> bool:
     return False
 
 
+def open_code_block(text: str, pos: int) -> tuple[int, int] | None:
+    """``(start, end)`` of the code block whose body a copy that got to character ``pos`` of
+    ``text`` is inside: ``pos`` past the block's first character and before its closing
+    fence line (or its end, for a block without one). None for prose and outside code."""
+    layout = copy_layout(text)
+    if layout is None:
+        return None
+    for start, end in layout.code:
+        if start < pos < end:
+            fence = closing_fence(text, (start, end))
+            return (start, end) if fence is None or pos <= fence[0] else None
+    return None
+
+
+def closing_fence(text: str, block: tuple[int, int]) -> tuple[int, int] | None:
+    """``(start, end)`` of the line break before the closing fence of the code ``block`` of
+    ``text`` and the fence itself (what closes the block when copied after any of its lines);
+    None for an indented block or a fenced one its text does not close (a chunk cut inside it)."""
+    start, end = block
+    line_start = text.rfind("\n", start, end) + 1
+    if line_start <= start or not _BARE_FENCE.match(text, line_start, end):
+        return None
+    return line_start - 1, end
+
+
 _HEADING_MARKS = re.compile(r"[ \t]*#{1,6}[ \t]+")
 _CLOSING_MARKS = re.compile(r"[ \t]+#+[ \t]*$")
 

@@ -75,8 +75,9 @@ class Generation:
     """``(opening, window_end, title)`` of the copies still to make, in order
     (:data:`~nest_integrations.decoding.prepare.PlannedOpening`)."""
     between_windows: bool = False
-    """An answer window that closes an answer was just copied and the next one opens now: if the
-    LM refuses that opening, the answer ends there (``answered``) instead of the LM writing on."""
+    """An LM token now ends the answer (``answered``) instead of the LM writing on: an answer
+    window that closes an answer was just copied and the LM refuses the next one's opening, or
+    a copied line of code ended and its block has no fence to close it with."""
     starts: dict[int, list[int]] = field(default_factory=dict)
     """Sentence starts (characters) of each candidate passage, computed when first needed."""
     lead_in: str = ""

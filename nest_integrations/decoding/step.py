@@ -59,7 +59,9 @@ import torch
 
 from nest_integrations.core.config import NestConfig
 from nest_integrations.core.mixture import accepted_prefix_length, distance_ratio, knn_distribution, mix, relaxed_accept_ratio, rrc_lambda
-from nest_integrations.corpus.markdown_structure import copyable_end, first_copyable, section_ends_at, title_tokens
+from nest_integrations.corpus.markdown_structure import (
+    closing_fence, copyable_end, first_copyable, open_code_block, section_ends_at, title_tokens,
+)
 from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
 from nest_integrations.store.datastore import CandidateSet, EncodedPassage, TokenDatastore
@@ -203,9 +205,50 @@ class StepRules:
             first_ok = relaxed_accept_ratio(p_m[None], torch.tensor([span[0].token_id]), config.effective_gamma) if span else None
             if first_ok is not None and float(first_ok[0]) > config.accept_threshold:
                 return span[0], span[1:]
+        if config.mode in ("nest", "ra_nest") and (in_code := self._inside_copied_code(gen)) is not None:
+            return in_code
         if config.mode in ("nest", "ra_nest") and (repeats := repeating_tokens(gen.ids, config.lm_repeat_ngram)):
             p_m = p_m.index_fill(0, torch.tensor(sorted(repeats)), 0.0)
         return TokenRecord(self._pick(p_m, config, generator)), []
+
+    def _inside_copied_code(self, gen: Generation) -> Optional[tuple[TokenRecord, list[TokenRecord]]]:
+        """Where the LM would write next while the answer's last token was copied from inside a
+        Markdown code block (:func:`~nest_integrations.corpus.markdown_structure.open_code_block`): the
+        next token and draft that keep the code the source's, all unchecked, or None outside code.
+
+        Model text spliced into copied code reads as the documentation's own (an option that
+        does not exist inside a copied command), so: mid-line, the copy goes on to the line's
+        end; at a line's end, the block's closing fence is copied and the answer ends there
+        (``answered``); a block without one (indented, or cut by the chunking) ends the answer
+        at the LM's token (``gen.between_windows``)."""
+        last = gen.records[-1] if gen.records else None
+        if last is None or last.passage_index is None or gen.candidates is None or self.datastore is None:
+            return None
+        pidx, pos = int(last.passage_index), int(last.position)  # type: ignore[arg-type]
+        text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)
+        copied_to = int(encoded.char_spans[pos, 1])
+        block = open_code_block(text, copied_to)
+        if block is None:
+            return None
+        line_end = text.find("\n", copied_to, block[1])
+        if text[copied_to : line_end if line_end >= 0 else block[1]].strip():  # mid-line
+            stop = int(np.searchsorted(encoded.char_spans[:, 0], line_end if line_end >= 0 else block[1], side="left"))
+            positions = range(pos + 1, max(stop, pos + 2))
+        elif (fence := closing_fence(text, block)) is not None:
+            fence_start = fence[0] + 1 if gen.text.rstrip(" \t").endswith("\n") else fence[0]
+            first = int(np.searchsorted(encoded.char_spans[:, 0], fence_start, side="left"))
+            last_token = int(np.searchsorted(encoded.char_spans[:, 0], fence[1], side="left")) - 1
+            positions = range(first, last_token + 1)
+            gen.window_end, gen.next_windows, gen.copying_title = (pidx, last_token), [], False
+        else:
+            gen.between_windows = True  # the LM's token ends the answer where the copied code line does
+            return None
+        span = [TokenRecord(int(encoded.token_ids[i]), pidx, i) for i in positions if i < len(encoded.token_ids)]
+        if not span:
+            gen.between_windows = True
+            return None
+        gen.unchecked_draft = True
+        return span[0], span[1:]
 
     def _select_span(self, gen: Generation, p_m: torch.Tensor, values: torch.Tensor, entries: torch.Tensor) -> Optional[tuple[int, int]]:
         """(passage index, start position) of the neighbour whose value has the highest p_M
