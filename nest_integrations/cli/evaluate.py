@@ -15,7 +15,10 @@ app = typer.Typer()
 
 @app.command("eval")
 def evaluate(
-    task: str = typer.Option("bio", help="bio, completion, qa, wiki-qa, wiki-qa-hard, docs, markdown-docs or markdown-docs-pino."),
+    task: str = typer.Option(
+        "bio", help="bio, completion, qa, wiki-qa, wiki-qa-hard, docs, markdown-docs, markdown-docs-pino, or markdown-qa "
+        "(your questions about your documents: --qa FILE in the documentation format, -d the index of the documents)."
+    ),
     n: Optional[int] = typer.Option(None, min=1, help="Items per condition (default: 100; every question for qa and docs)."),
     seed: int = typer.Option(0, help="Sampling seed of the items."),
     datastore: Optional[Path] = typer.Option(
@@ -25,7 +28,7 @@ def evaluate(
     max_new_tokens: Optional[int] = typer.Option(
         None, min=1, help="Tokens per generation (default: 64 for qa, wiki-qa and docs, 128 otherwise)."
     ),
-    qa_path: Optional[Path] = typer.Option(None, "--qa", help="QA JSONL (task qa)."),
+    qa_path: Optional[Path] = typer.Option(None, "--qa", help="Questions JSONL (tasks qa and markdown-qa)."),
     docs_chunking: str = typer.Option(
         "cli", help="docs and markdown-docs(-pino) without -d: 'cli' (nest index build's default chunking), 'splitter' "
         "(LangChain's default splitter) or, for markdown-docs(-pino), 'sentence' (LlamaIndex's default SentenceSplitter).",
@@ -48,14 +51,17 @@ def evaluate(
     """
     from nest_integrations.core.config import MODES
     from nest_integrations.evaluation.runner import DOCS_DOMAIN_CHUNKINGS, run_eval
-    from nest_integrations.evaluation.tasks import TASKS
+    from nest_integrations.evaluation.tasks import FILE_TASKS, QA_TASKS, TASKS
+    from nest_integrations.evaluation.window_bench import write_funnel
 
     if task not in TASKS:
         fail(f"unknown --task {task!r}; choose from {', '.join(TASKS)}")
     if not comma_list(modes) or set(comma_list(modes)) - set(MODES):
         fail(f"--modes takes some of {', '.join(MODES)}, got {modes!r}")
-    if task == "qa" and qa_path is None:
-        fail("--task qa needs --qa FILE (a JSONL of {\"question\", \"answers\"})")
+    if task in FILE_TASKS and qa_path is None:
+        fail(f"--task {task} needs --qa FILE (a JSONL of {{\"question\", \"answers\"}})")
+    if task == "markdown-qa" and datastore is None:
+        fail("--task markdown-qa needs -d INDEX: the index of the documents the questions are about (nest index build)")
     if key_compression is not None:
         from nest_integrations.store.key_codec import parse_spec
 
@@ -73,10 +79,14 @@ def evaluate(
         if key_compression is not None:
             codec = index.datastore.train_codec(key_compression, sample_passages=codec_sample, seed=seed)
             console.print(f"Keys stored as {codec.spec} ({codec.bytes_per_key:,} B/token)")
-        run_eval(
+        summary = run_eval(
             index, task, n=n, seed=seed, modes=tuple(comma_list(modes)),
             max_new_tokens=max_new_tokens, out_dir=out, qa_path=qa_path,
         )
+        if task in QA_TASKS:
+            write_funnel(index, summary, out, qa_path=qa_path)
     except ValueError as err:
         fail(str(err))
     console.print((out / "summary.md").read_text())
+    if task in QA_TASKS:
+        console.print((out / "funnel.md").read_text())

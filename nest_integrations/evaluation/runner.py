@@ -89,7 +89,7 @@ from .metrics import (
     unanswerable_scores,
     year_precision,
 )
-from .tasks import QA_TASKS, TASK_MAX_NEW_TOKENS, EvalItem, get_task, qa_items
+from .tasks import FILE_TASKS, QA_TASKS, TASK_MAX_NEW_TOKENS, EvalItem, get_task
 
 __all__ = [
     "CONDITIONS",
@@ -124,6 +124,7 @@ COMMON_METRICS: tuple[str, ...] = (
     "markup_copied",
     "cited_unanswerable",
     "unanswerable_attribution",
+    "abstained",
     "wall_s",
     "retrieval_s",
     "encode_s",
@@ -162,6 +163,7 @@ _SHARED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("markup_copied", "markup copied"),
     ("cited_unanswerable", "cited on unanswerable"),
     ("unanswerable_attribution", "attribution on unanswerable"),
+    ("abstained", "abstained on unanswerable"),
     ("datastore_fallback", "LM fallback"),
     ("tokens_per_forward", "tok/fwd"),
     ("new_tokens", "new tok"),
@@ -169,7 +171,7 @@ _SHARED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("speedup_vs_base", "speed vs base"),
     ("speedup_vs_rag", "speed vs rag"),
 )
-_WHEN_MEASURED = frozenset({"cited_unanswerable", "unanswerable_attribution"})
+_WHEN_MEASURED = frozenset({"cited_unanswerable", "unanswerable_attribution", "abstained"})
 """Columns shown only when some row has a value (tasks with unanswerable questions)."""
 
 PROTOCOL = (
@@ -183,7 +185,8 @@ PROTOCOL = (
     "against rag; repetitive: the text repeats a word 4-gram 3+ times or two copied spans share 16+ source "
     "characters; markup_copied: a copied span takes an HTML comment, front matter, link-reference definition, "
     "HTML tag or heading line from outside its source's code fences; answer_recall and attribution over answerable questions; "
-    "cited_unanswerable (attribution > 0) and unanswerable_attribution over unanswerable ones."
+    "cited_unanswerable (attribution > 0), unanswerable_attribution and abstained (the answer says the documents "
+    "do not cover the question: finish_reason not_covered) over unanswerable ones."
 )
 
 
@@ -298,16 +301,16 @@ def load_items(
         raise ValueError(f"n must be >= 1, got {n}")
     if task in ("docs", "wiki-qa-hard", *MARKDOWN_TASK_DOCS_SETS):
         return builder(n, seed)
-    if task != "qa":
+    if task not in FILE_TASKS:
         if qa_path is not None:
-            raise ValueError(f"qa_path is only used by the qa task, not {task!r}")
+            raise ValueError(f"qa_path is only used by the {' and '.join(sorted(FILE_TASKS))} tasks, not {task!r}")
         pool = None if passages is None else list(passages)
         return builder(DEFAULT_N if n is None else n, seed, passages=pool)
     if qa_path is None:
-        raise ValueError("the qa task needs qa_path (a JSONL file of questions and answers)")
-    items = qa_items(qa_path)
+        raise ValueError(f"the {task} task needs qa_path (a JSONL file of questions and answers)")
+    items = builder(qa_path)
     if n is not None and n > len(items):
-        raise ValueError(f"asked for {n} qa items but {qa_path} has {len(items)}")
+        raise ValueError(f"asked for {n} {task} items but {qa_path} has {len(items)}")
     return items[:n]
 
 
@@ -472,7 +475,8 @@ def score_item(
         ``copied_markup`` (the kinds, :func:`~.metrics.copied_markup`),
         ``cited_unanswerable`` and ``unanswerable_attribution``
         (:func:`~.metrics.unanswerable_scores` with ``meta["unanswerable"]``;
-        None for answerable items), the task metrics of
+        None for answerable items), ``abstained`` (an unanswerable item's output says the
+        documents do not cover it, ``finish_reason`` ``"not_covered"``; None for answerable items), the task metrics of
         :data:`TASK_METRICS` (ROUGE F1 in [0, 1] vs ``item.reference``; for bio
         also ``year_precision`` (None without years), the two opening checks
         and ``fragment_answer`` (bools); for the question tasks
@@ -505,6 +509,7 @@ def score_item(
         "markup_copied": bool(markup),
         "copied_markup": markup,
         **unanswerable_scores(output, unanswerable),
+        "abstained": output["stats"].get("finish_reason") == "not_covered" if unanswerable else None,
         **_task_scores(item, output["text"], task),
         **_speed_scores(output["stats"], first_stage_s),
     }

@@ -61,6 +61,7 @@ __all__ = [
     "DOCS_QA_PATH",
     "EvalItem",
     "MARKDOWN_QA_KINDS",
+    "FILE_TASKS",
     "QA_TASKS",
     "TASKS",
     "TASK_MAX_NEW_TOKENS",
@@ -859,17 +860,23 @@ TASKS: dict[str, Callable[..., list[EvalItem]]] = {
     "markdown-docs": markdown_docs_items,
     "markdown-docs-pino": markdown_docs_pino_items,
     "wiki-qa-hard": wiki_qa_hard_items,
+    "markdown-qa": markdown_qa_items,
 }
 
+FILE_TASKS: frozenset[str] = frozenset({"qa", "markdown-qa"})
+"""Tasks whose questions come from a JSONL file of the user's (``qa_path``), over an index of
+their documents: ``qa`` in the plain format (:func:`qa_items`), ``markdown-qa`` in the
+documentation format with kinds, follow-ups and unanswerable questions (:func:`markdown_qa_items`)."""
+
 QA_TASKS: frozenset[str] = frozenset(
-    {"qa", "wiki-qa", "docs", "markdown-docs", "markdown-docs-pino", "wiki-qa-hard"}
+    {"qa", "wiki-qa", "docs", "markdown-docs", "markdown-docs-pino", "wiki-qa-hard", "markdown-qa"}
 )
 """Tasks whose items carry gold ``answers`` (scored by answer recall; markdown-docs(-pino) and
 wiki-qa-hard items marked ``meta["unanswerable"]`` have none and are scored apart)."""
 
 TASK_MAX_NEW_TOKENS: dict[str, int] = {
     "bio": 128, "completion": 128, "qa": 64, "wiki-qa": 64, "docs": 64, "markdown-docs": 64,
-    "markdown-docs-pino": 64, "wiki-qa-hard": 64,
+    "markdown-docs-pino": 64, "wiki-qa-hard": 64, "markdown-qa": 128,
 }
 """Default generation budget per task: questions get short answers."""
 

@@ -51,7 +51,9 @@ __all__ = [
     "plan_windows",
     "planned_text",
     "summarize",
+    "funnel_markdown",
     "window_bench_markdown",
+    "write_funnel",
     "write_window_bench",
 ]
 
@@ -118,8 +120,8 @@ def item_row(index: NestIndex, item: EvalItem, config: NestConfig) -> dict[str, 
     Keys: ``item_id``, ``query``, ``unanswerable``, ``answers``, ``retrieved`` and ``kept``
     (passage ids), ``windows`` (``passage_id``, ``chars`` [start, end), ``tokens`` [first, last],
     ``answers``, ``stops``), ``planned_tokens`` and ``planned_text``; for an answerable item
-    ``window_recall`` (0/1: the answer in the planned text), ``answer_kept`` (the answer in a kept
-    passage) and ``source_kept`` (the item's own passage kept; None when it names none); for an
+    ``window_recall`` (0/1: the answer in the planned text), ``answer_retrieved`` (the answer in a
+    first-stage passage), ``answer_kept`` (the answer in a kept passage) and ``source_kept`` (the item's own passage kept; None when it names none); for an
     unanswerable one ``kept_any`` (the gate kept something NEST could copy from)."""
     hits, _ = first_stage(index, item, "present", config.passage_k)
     kept = gate_kept(index, item.query, [p for p, _ in hits], config)
@@ -148,6 +150,7 @@ def item_row(index: NestIndex, item: EvalItem, config: NestConfig) -> dict[str, 
     answers = item.meta["answers"]
     source = item.meta.get("passage_id")
     row["window_recall"] = answer_recall(text, answers) if text else 0.0
+    row["answer_retrieved"] = any(answer_recall(p.text, answers) for p, _ in hits)
     row["answer_kept"] = any(answer_recall(p.text, answers) for p in kept)
     row["source_kept"] = None if source is None else bool(set(gold_passage_ids(index.passages, source)) & set(row["kept"]))
     return row
@@ -157,7 +160,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Counts over one domain's rows (:func:`item_row`): ``items``, ``answerable``, ``planned``
     (answerable items with a window plan), ``window_recall`` (count of answerable items whose
     planned text holds the answer) and ``window_recall_rate`` (that over ``answerable``; None
-    without answerable items), ``answer_kept``, ``source_kept`` (over the items naming a source,
+    without answerable items), ``answer_retrieved``, ``answer_kept``, ``source_kept`` (over the items naming a source,
     ``with_source``), ``unanswerable`` and ``unanswerable_kept`` (those where the gate kept a passage)."""
     answerable = [r for r in rows if not r["unanswerable"]]
     sourced = [r for r in answerable if r["source_kept"] is not None]
@@ -168,6 +171,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "planned": sum(bool(r["windows"]) for r in answerable),
         "window_recall": recalled,
         "window_recall_rate": recalled / len(answerable) if answerable else None,
+        "answer_retrieved": sum(r["answer_retrieved"] for r in answerable),
         "answer_kept": sum(r["answer_kept"] for r in answerable),
         "with_source": len(sourced),
         "source_kept": sum(r["source_kept"] for r in sourced),
@@ -228,3 +232,57 @@ def write_window_bench(domains: Mapping[str, Mapping[str, Any]], config: NestCon
     (out_dir / "windows.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     (out_dir / "README.md").write_text(window_bench_markdown(report), encoding="utf-8")
     return report
+
+
+FUNNEL_MODES = ("rag", "knnlm", "nest", "ra_nest")
+"""The modes whose answer recall closes the funnel (the stages before it are NEST's)."""
+
+
+def funnel_markdown(plan: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
+    """Where answers are lost, over the answerable questions of one ``nest eval`` run: the first
+    stage's ``passage_k`` passages hold the answer, the gate keeps one that does, the planned
+    windows hold it (:func:`summarize` of ``plan``), the generated text holds it (each mode's
+    answer recall in ``summary``); then what the copying modes did with the unanswerable ones."""
+    answerable = plan["answerable"]
+    recall = {row["mode"]: row.get("answer_recall") for row in summary["results"] if row["condition"] == "present"}
+
+    def share(count: int) -> str:
+        return f"{count} of {answerable} ({format_cell(count / answerable if answerable else None)})"
+
+    rows = [
+        [f"first stage: top {summary['config']['passage_k']} hold it", share(plan["answer_retrieved"])],
+        ["the gate keeps a passage that holds it", share(plan["answer_kept"])],
+        ["the planned answer windows hold it", share(plan["window_recall"])],
+        *[[f"{mode}'s text holds it", format_cell(recall[mode])] for mode in FUNNEL_MODES if mode in recall],
+    ]
+    lines = [
+        f"# Where answers are lost: {summary['task']}",
+        "",
+        f"- command: `{summary['command']}`",
+        "",
+        markdown_table(["stage", "answerable questions"], rows),
+    ]
+    if plan["unanswerable"]:
+        abstained = {row["mode"]: row.get("abstained") for row in summary["results"] if row["condition"] == "present"}
+        lines += [
+            "",
+            f"Unanswerable questions: the gate kept a passage for {plan['unanswerable_kept']} of {plan['unanswerable']}; "
+            + ", ".join(f"{mode} abstained on {format_cell(abstained.get(mode))}" for mode in ("nest", "ra_nest") if mode in abstained)
+            + " of them.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write_funnel(index: NestIndex, summary: Mapping[str, Any], out_dir: Path, *, qa_path: Path | None = None) -> dict[str, Any]:
+    """Plan the answer windows of the items of the ``nest eval`` run ``summary`` (same index,
+    config and items; :func:`domain_report`) and write ``funnel.json`` (the plan per item) and
+    ``funnel.md`` (:func:`funnel_markdown`) beside its summary. Returns the plan's summary."""
+    from .runner import load_items
+
+    config = NestConfig.model_validate(summary["config"])
+    wanted = set(summary["item_ids"])
+    items = [item for item in load_items(summary["task"], None, seed=summary["seed"], passages=index.passages, qa_path=qa_path) if item.id in wanted]
+    plan = domain_report(index, items, config)
+    (out_dir / "funnel.json").write_text(json.dumps(plan, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out_dir / "funnel.md").write_text(funnel_markdown(plan["summary"], summary), encoding="utf-8")
+    return plan["summary"]
