@@ -73,6 +73,10 @@ class EmbeddedModel:
     gguf_path: Any = field(repr=False, compare=False)
     """Callable () -> Path of the GGUF file; raises ImportError when the package is missing."""
 
+    def folder(self) -> Path:
+        """The plain Hugging Face folder it is converted into once: ``cache_dir()/models/<cache_name>``."""
+        return cache_dir() / "models" / self.cache_name
+
 
 def _smollm2_gguf() -> Path:
     # The package's __init__ would import its llama.cpp dependency: find its folder without importing it.
@@ -127,6 +131,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("NEST_CACHE_DIR") or Path.home() / ".cache" / "nest-integrations")
 
 
+def lm_folder(name: str) -> Path | None:
+    """The local folder :func:`load_lm` reads for ``name``, resolved, found without loading or
+    converting anything: an embedded model's folder in the cache, or ``name`` itself when it is a
+    folder (relative to the working directory); None for a hub id or an embedded model not
+    converted yet."""
+    embedded = embedded_model(name)
+    folder = embedded.folder() if embedded else Path(name)
+    return folder.resolve() if folder.is_dir() else None
+
+
 def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
     """Plain Hugging Face folder of an embedded LM, converting its GGUF on first use.
 
@@ -143,7 +157,7 @@ def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
     model_info = embedded_model(name)
     if model_info is None:
         raise ValueError(f"{name!r} is not an embedded model; known: {sorted(a for m in EMBEDDED_MODELS for a in m.aliases)}")
-    target = cache_dir() / "models" / model_info.cache_name
+    target = model_info.folder()
     if (target / "config.json").exists():
         return target
     with _conversion_lock:
