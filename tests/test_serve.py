@@ -51,7 +51,7 @@ def serving(folder: Path, path: Path | None = None, idle_timeout_s: float | None
     """A server of ``folder`` with the tiny LM in a thread, at ``path`` (default: where clients look)."""
     key = server_key(folder, "tiny")
     path = path or default_socket_path(key)
-    server = GenerateServer(path, load_index(folder, "tiny").decoder(), key, folder, claim_socket(path), idle_timeout_s)
+    server = GenerateServer(path, load_index(folder, "tiny"), key, folder, claim_socket(path), idle_timeout_s)
 
     def run():
         server.serve_forever(poll_interval=0.05)
@@ -174,7 +174,7 @@ def test_server_never_generates_here_and_a_named_socket_must_answer(monkeypatch,
         other_lm = CliRunner().invoke(app, ["generate", PROMPT, "-d", str(index_folder), "--model", "other", "--json"])
         assert other_lm.exit_code == 0, other_lm.output  # the tiny LM again (load_lm is patched), generated here
         named = CliRunner().invoke(app, ["generate", PROMPT, "-d", str(index_folder), "--model", "other", "--server", str(server.path)])
-        assert named.exit_code == 2 and "serves another index or LM" in " ".join(named.output.split())
+        assert named.exit_code == 2 and "serves another LM" in " ".join(named.output.split())
         assert seen == []
     missing = CliRunner().invoke(app, ["generate", PROMPT, "-d", str(index_folder), "--model", "tiny", "--server", str(server.path)])
     assert missing.exit_code == 2 and "no server answers" in " ".join(missing.output.split())
@@ -305,13 +305,13 @@ def test_an_auto_started_server_answers_the_next_command_then_stops_when_idle(pa
     folder, model = path_index
     env = {**os.environ, "NEST_AUTO_SERVE": "1", "NEST_SERVE_IDLE_S": "3", "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "nest_integrations.cli", "generate", PROMPT, "-d", str(folder), "--model", model, "--max-new-tokens", "4", "--json"]
-    key = server_key(folder, model)
-    path = default_socket_path(key)
     pid = None
     try:
         first = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
         assert first.returncode == 0, first.stderr
         assert "a server now keeps this index loaded" in first.stderr
+        key = server_key(folder, model)  # after the first command, which calibrated the index
+        path = default_socket_path(key)
         deadline = time.monotonic() + 90
         while pid is None:
             try:

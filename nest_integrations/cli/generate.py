@@ -208,12 +208,13 @@ def _served_output(
     """The output contract (a dict) of ``prompt`` as the ``nest serve`` of the index and LM answers
     it, or None when the command should generate itself.
 
-    ``server``: ``auto`` (the server at the index's and LM's default socket, when one answers
-    the handshake with this index build and LM; a server that goes away mid-answer is logged and
-    the command generates itself, having printed nothing yet) or a socket path (any failure to
-    answer fails the command). A request the server refuses fails the command, as it would fail here.
+    ``server``: ``auto`` (the server at the index's and LM's default socket in a run folder of
+    this user's alone, when one of this user answers the handshake with what this command would
+    load; a server that goes away or falls silent mid-answer is reported on stderr and the
+    command generates itself, having printed nothing yet) or a socket path (any failure to answer
+    fails the command). A request the server refuses fails the command, as it would fail here.
     """
-    from .served import Connection, NoServer, RequestRefused, default_socket_path, server_key
+    from .served import Connection, NoServer, RequestRefused, UntrustedPath, default_socket_path, private_run_folder, server_key
 
     auto = server == "auto"
     try:
@@ -225,6 +226,12 @@ def _served_output(
     path = default_socket_path(key) if auto else Path(server)
     if auto and not path.exists():
         return None
+    if auto:
+        try:
+            private_run_folder()
+        except UntrustedPath as err:
+            sys.stderr.write(f"nest: not using the server at {path}: {err}; generating here\n")
+            return None
     try:
         connection = Connection.open(path, key)
     except NoServer as err:  # a stale socket, another index build or LM: nothing to say unless asked for
@@ -245,7 +252,7 @@ def _served_output(
         except NoServer as err:
             if not auto:
                 fail(str(err))
-            logger.warning("%s; generating here", err)
+            sys.stderr.write(f"nest: {err} (the server at {path}, process {connection.handshake.get('pid')}); generating here\n")
     return None
 
 

@@ -19,16 +19,25 @@ in flight finish and exit, as does ``--idle-timeout`` once that long has passed 
 connection and no answer in flight (``nest generate`` starts its servers so: they hold memory
 only while they are used). A socket file whose server is gone is replaced: a running server
 holds an exclusive lock on ``SOCKET.lock``, so a socket without a held lock is stale.
+
+A server answers its own user only (the peer's uid), and serves what a client would load itself
+(:class:`~.served.ServerKey`): before each handshake, and every :data:`FOLLOW_EVERY_S` seconds,
+it reads the index's manifest, its calibration file and the LM folder's files again; it takes
+up a recalibration (the next answers use the new alpha/tau), and stops when the index was
+rebuilt or the LM's files changed, which it cannot take up without loading again (a client then
+finds no server at that key's socket and starts one of the new files).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import logging
 import os
 import signal
 import socketserver
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +47,10 @@ from typing import IO, Any, Optional
 import typer
 
 from .common import build_default_index, console, default_index_path, fail, load_index, setup_logging
-from .served import MAX_LINE_BYTES, PROTOCOL_VERSION, Connection, NoServer, ServerKey, default_socket_path, idle_timeout, lock_path, server_key
+from .served import (
+    MAX_LINE_BYTES, PROTOCOL_VERSION, Connection, NoServer, ServerKey, UntrustedPath, calibration_digest, check_socket_path,
+    default_socket_path, idle_timeout, lock_path, open_private, peer_uid, private_run_folder, read_calibration, server_key,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -58,52 +70,65 @@ hold has a client."""
 STOP_WAIT_S = 60.0
 """Seconds ``nest serve --stop`` waits for the server to finish its answers in flight and let go of its socket."""
 
+FOLLOW_EVERY_S = 2.0
+"""Seconds between two checks that the index, its calibration and the LM's files are still those
+the server holds (each connection checks too, before its handshake), so that a server nobody
+reaches any more stops soon: reading a manifest and listing the LM's folder cost about a millisecond."""
+
 
 class ServerRunning(Exception):
     """Another server holds the socket's lock."""
 
 
 def claim_socket(path: Path) -> IO[str]:
-    """Take ``path`` for a new server: lock ``PATH.lock`` (held until the server closes it) and
-    remove a stale socket file left by a server that is gone. The folder is made private (0700)
-    when this creates it.
+    """Take ``path`` for a new server: lock ``PATH.lock`` (held until the server closes it; opened
+    without following a link, and only when it is this user's alone) and remove a stale socket
+    file left by a server that is gone. The folder is made private (0700) when this creates it.
 
     Raises:
         ServerRunning: a live server holds the lock.
         ValueError: ``path`` exists and is not a socket, or is too long for a Unix socket.
+        UntrustedPath: the lock file is a link or another user's (a ValueError too).
     """
-    if len(os.fsencode(path)) > 107:  # sun_path holds 108 bytes with the final NUL
-        raise ValueError(f"the socket path {path} is longer than a Unix socket allows (107 bytes); give a shorter --socket")
+    check_socket_path(path)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    lock = os.fdopen(os.open(lock_path(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a", encoding="utf-8")
+    lock = os.fdopen(open_private(lock_path(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a", encoding="utf-8")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
         raise ServerRunning(f"a server already runs at {path} (nest serve --stop stops it)") from None
-    if path.exists() or path.is_symlink():
-        if not path.is_socket():
-            lock.close()
-            raise ValueError(f"{path} exists and is not a socket")
-        logger.info("replacing the stale socket %s (its server is gone)", path)
-        path.unlink()
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return lock
+    if not stat.S_ISSOCK(found.st_mode):
+        lock.close()
+        raise ValueError(f"{path} exists and is not a socket")
+    logger.info("replacing the stale socket %s (its server is gone)", path)
+    path.unlink()
     return lock
 
 
 class GenerateServer(socketserver.UnixStreamServer):
-    """A Unix-socket server answering generate requests with ``decoder``, each connection in a
-    thread of a pool of :data:`MAX_CLIENTS`.
+    """A Unix-socket server answering generate requests with a decoder of ``index``, each
+    connection in a thread of a pool of :data:`MAX_CLIENTS`.
 
     Args:
         path: the socket to listen on (mode 0600), claimed with :func:`claim_socket` first.
-        decoder: the :class:`~nest_integrations.decoding.decoder.NestDecoder` answering; its
-            config is each answer's base, a request's options apply on top.
-        key: what it serves (the handshake says it).
+        index: the loaded :class:`~nest_integrations.index.nest_index.NestIndex`; its
+            :meth:`decoder` answers (its config is each answer's base, a request's options apply
+            on top), made again when the index is recalibrated.
+        key: what it serves, read before the index was loaded (:func:`~.served.server_key`: a
+            file that changed while it loaded reads as changed at the first check, never the
+            other way round); the handshake says it.
         folder: the index folder (the handshake names it).
         lock: the lock :func:`claim_socket` returned, released on :meth:`server_close`.
         idle_timeout_s: seconds with no connection and no answer in flight after which the
             server stops itself (None: it answers until stopped), counted from its start and
             checked at each poll of :meth:`serve_forever`.
+        warmup: generate one token before listening, so that the first question pays nothing
+            lazy (the calibration, the first forward's set-up).
 
     :meth:`serve_forever` answers until :meth:`stop`; :meth:`server_close` then waits for the
     answers in flight and removes the socket.
@@ -111,14 +136,24 @@ class GenerateServer(socketserver.UnixStreamServer):
 
     request_queue_size = MAX_CLIENTS
 
-    def __init__(self, path: Path, decoder: Any, key: ServerKey, folder: Path, lock: IO[str], idle_timeout_s: Optional[float] = None):
+    def __init__(
+        self, path: Path, index: Any, key: ServerKey, folder: Path, lock: IO[str], idle_timeout_s: Optional[float] = None, *, warmup: bool = False,
+    ):
         self.path = path
-        self.decoder = decoder
+        self.index = index
+        self.decoder = index.decoder()
+        if warmup:
+            started = time.perf_counter()
+            self.decoder.generate("Hello.", max_new_tokens=1)
+            logger.info("warmed up in %.2f s", time.perf_counter() - started)
         self.key = key
         self.folder = folder
         self.idle_timeout_s = idle_timeout_s
+        self.lm_fingerprint = index.lm.fingerprint()
         self._lock = lock
         self._activity = threading.Lock()
+        self._following = threading.Lock()
+        self._followed_at = time.monotonic()
         self._in_flight = 0
         self._idle_since = time.monotonic()
         self._pool = ThreadPoolExecutor(max_workers=MAX_CLIENTS, thread_name_prefix="nest-serve")
@@ -131,7 +166,43 @@ class GenerateServer(socketserver.UnixStreamServer):
         self._inode = path.stat().st_ino
 
     def handshake(self) -> dict[str, Any]:
-        return {"protocol": PROTOCOL_VERSION, "index": self.key.index, "model": self.key.model, "folder": str(self.folder), "pid": os.getpid()}
+        key = self.key
+        return {
+            "protocol": PROTOCOL_VERSION, "index": key.index, "model": key.model, "lm_path": key.lm_path, "lm_files": key.lm_files,
+            "lm_fingerprint": self.lm_fingerprint, "calibration": key.calibration, "folder": str(self.folder), "pid": os.getpid(),
+        }
+
+    def follow(self) -> None:
+        """Check that the index, its calibration and the LM's files are still those this server
+        holds: take up a new calibration file (a fresh decoder with its alpha/tau answers the next
+        requests; those in flight finish with the one they started with), and stop when the index
+        or the LM changed, or their files cannot be read."""
+        with self._following:
+            self._followed_at = time.monotonic()
+            if self.stopping.is_set():
+                return
+            try:
+                now = self.key.reread(self.folder)
+                if not now.same_build(self.key):
+                    raise ValueError("the index was rebuilt or the LM's files changed")
+                if now.calibration != self.key.calibration:
+                    self._recalibrated()
+            except ValueError as err:
+                logger.warning("stopping, as this server no longer holds what a client would load from %s: %s", self.folder, err)
+                self.stop()
+
+    def _recalibrated(self) -> None:
+        """Take up the calibration file as it is now: its bytes read once, digested and parsed. The
+        decoder is made again only when this LM's calibration changed (not when the server's own
+        first generation fitted and saved the one it already uses)."""
+        from nest_integrations.policy.calibration import CALIBRATION_FILE, CalibrationFile
+
+        raw = read_calibration(self.folder)
+        self.index.calibrations = dict(CalibrationFile.parse(raw, str(self.folder / CALIBRATION_FILE)).calibrations)
+        if self.index.calibrations.get(self.lm_fingerprint) != self.decoder.calibration:
+            self.decoder = self.index.decoder()
+            logger.info("took up the recalibration of %s", self.folder)
+        self.key = dataclasses.replace(self.key, calibration=calibration_digest(raw))
 
     def stop(self) -> None:
         """Stop answering (safe from a signal handler or a request's thread): the socket goes at
@@ -159,7 +230,10 @@ class GenerateServer(socketserver.UnixStreamServer):
                 self._idle_since = time.monotonic()
 
     def service_actions(self) -> None:
-        """At each poll of :meth:`serve_forever`: stop once idle for ``idle_timeout_s``."""
+        """At each poll of :meth:`serve_forever`: :meth:`follow` the files every
+        :data:`FOLLOW_EVERY_S` seconds, stop once idle for ``idle_timeout_s``."""
+        if time.monotonic() - self._followed_at >= FOLLOW_EVERY_S:
+            self.follow()
         if self.idle_timeout_s is None or self.stopping.is_set():
             return
         with self._activity:
@@ -191,16 +265,21 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         try:
+            uid = peer_uid(self.request)
+            if uid != os.geteuid():  # the socket is 0600 in a private folder: a connection of another user got past both
+                logger.warning("refused a connection of another user (uid %d)", uid)
+                return self._refuse("this server answers its own user only")
+            self.server.follow()
             self._send(self.server.handshake())
             line = self.rfile.readline(MAX_LINE_BYTES)
             if not line:  # a client that only read the handshake
                 return
             try:
                 request = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
                 request = None
             if not isinstance(request, dict):
-                self._refuse("the request is not a JSON object")
+                self._refuse("the request is not a JSON object (or is nested too deep to read)")
             elif request.get("op") == "stop":
                 self._send({"stopping": True})
                 logger.info("stopping on request")
@@ -249,14 +328,19 @@ class _Handler(socketserver.StreamRequestHandler):
         self._send({"error": reason, "refused": True})
 
 
-def socket_path_for(datastore: Optional[Path], model: Optional[str], socket_path: Optional[Path]) -> tuple[Path, Path]:
-    """The index folder and the socket of the server of ``datastore`` and ``model`` (``socket_path``
-    when given); the default index is built first when it is missing."""
+def served_index(datastore: Optional[Path], model: Optional[str], socket_path: Optional[Path], *, create: bool) -> tuple[Path, ServerKey, Path]:
+    """The index folder, the key and the socket of the server of ``datastore`` and ``model``
+    (``socket_path`` when given, else the key's in the run folder, checked -- and made when
+    ``create`` -- by :func:`~.served.private_run_folder`); the default index is built first when
+    it is missing. Fails the command on an unreadable index or an untrusted run folder."""
     folder = datastore or default_index_path(model)
     if datastore is None and not (folder / "manifest.json").exists():
         build_default_index(folder, model)
     try:
-        return folder, socket_path or default_socket_path(server_key(folder, model))
+        key = server_key(folder, model)
+        if socket_path is None:
+            private_run_folder(create=create)
+        return folder, key, socket_path or default_socket_path(key)
     except ValueError as err:
         fail(str(err))
 
@@ -282,24 +366,19 @@ def serve(
     if verbose:  # else keep what `nest -v` set
         setup_logging(True)
     if stop:
-        _stop(socket_path or socket_path_for(datastore, model, None)[1])
+        _stop(socket_path or served_index(datastore, model, None, create=False)[2])
         return
     try:
         idle_timeout_s = idle_timeout(idle_timeout_text)
     except ValueError as err:
         fail(str(err))
-    folder, path = socket_path_for(datastore, model, socket_path)
+    folder, key, path = served_index(datastore, model, socket_path, create=True)
     try:
         lock = claim_socket(path)
     except (ServerRunning, ValueError) as err:
         fail(str(err))
     try:
-        decoder = load_index(folder, model).decoder()
-        if warmup:
-            started = time.perf_counter()
-            decoder.generate("Hello.", max_new_tokens=1)
-            logger.info("warmed up in %.2f s", time.perf_counter() - started)
-        server = GenerateServer(path, decoder, server_key(folder, model), folder, lock, idle_timeout_s)
+        server = GenerateServer(path, load_index(folder, model), key, folder, lock, idle_timeout_s, warmup=warmup)
     except BaseException:
         lock.close()
         raise
@@ -324,7 +403,11 @@ def _stop(path: Path) -> None:
     except NoServer as err:
         fail(str(err))
     # The server holds its lock until the answers in flight are done and its socket is gone.
-    with open(lock_path(path), "a", encoding="utf-8") as lock:
+    try:
+        lock_fd = open_private(lock_path(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    except UntrustedPath as err:
+        fail(str(err))
+    with os.fdopen(lock_fd, "a") as lock:
         deadline = time.monotonic() + STOP_WAIT_S
         while True:
             try:
