@@ -1,4 +1,4 @@
-"""Safe persistence: refusals, atomic replacement, leftovers, confined and checked reads."""
+"""Safe persistence: refusals, atomic replacement, leftovers, confined and checked reads, each file read once."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from langchain_core.embeddings import DeterministicFakeEmbedding
 
 from nest_integrations.core import safe_io
-from nest_integrations.core.safe_io import ArtefactManifest, atomic_folder, leftovers, read_manifest, recover, verify_files
+from nest_integrations.core.safe_io import ArtefactManifest, FolderSnapshot, atomic_folder, leftovers, recover
 from nest_integrations.langchain import NestVectorStore
 
 KIND = "test-artefact"
@@ -101,8 +101,18 @@ def test_reads_are_listed_confined_and_checked(tmp_path, checksums, needed, matc
     folder = save(tmp_path / "a")
     (tmp_path / "secret.txt").write_text("secret")
     (folder / "out").symlink_to(tmp_path)
-    with pytest.raises(ValueError, match=match):
-        verify_files(folder, checksums, needed)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "checksums": checksums}))
+    with pytest.raises(ValueError, match=match), FolderSnapshot(folder, what="test artefact") as snapshot:
+        snapshot.read_manifest(ArtefactManifest, kind=KIND, supported_version=1)
+        snapshot.require(needed)
+        for rel in checksums:
+            snapshot.read(rel)
+
+
+def read_manifest(path):
+    with FolderSnapshot(path.parent, what="test artefact") as snapshot:
+        return snapshot.read_manifest(ArtefactManifest, kind=KIND, supported_version=1)
 
 
 @pytest.mark.parametrize("version", [True, 0, -5, 99, "1", 1.0, None])
@@ -111,14 +121,14 @@ def test_format_version_must_be_a_supported_int(tmp_path, version):
     manifest = json.loads((folder / "manifest.json").read_text())
     (folder / "manifest.json").write_text(json.dumps({**manifest, "format_version": version}))
     with pytest.raises(ValueError, match="format version"):
-        read_manifest(folder / "manifest.json", ArtefactManifest, kind=KIND, supported_version=1, what="test artefact")
+        read_manifest(folder / "manifest.json")
 
 
 def test_a_mistyped_manifest_field_is_named(tmp_path):
     folder = save(tmp_path / "a")
     (folder / "manifest.json").write_text(json.dumps({"format": KIND, "format_version": 1, "checksums": {"data.txt": 5}}))
     with pytest.raises(ValueError, match=r"checksums\.data\.txt"):
-        read_manifest(folder / "manifest.json", ArtefactManifest, kind=KIND, supported_version=1, what="test artefact")
+        read_manifest(folder / "manifest.json")
 
 
 # --------------------------------------------------------------------------- the LangChain and LlamaIndex stores
@@ -185,3 +195,49 @@ def test_langchain_store_k_must_be_a_non_negative_int(k, error):
     store = NestVectorStore.from_texts(["a", "b"], DeterministicFakeEmbedding(size=8))
     with pytest.raises(error, match="k must"):
         store.similarity_search("a", k=k)
+
+
+# --------------------------------------------------------------------------- key files
+@pytest.fixture(scope="module")
+def keyed_index(tiny_lm, tmp_path_factory):
+    from nest_integrations.corpus.passages import Passage
+    from nest_integrations.index.nest_index import NestIndex
+
+    passages = [Passage(id=f"p{i}", text=f"Passage {i} holds a sentence. It has a second one too.") for i in range(4)]
+    return NestIndex.build(passages, tiny_lm, precompute_keys=True, show_progress=False).save(tmp_path_factory.mktemp("keyed") / "index")
+
+
+def truncate(path):
+    os.truncate(path, path.stat().st_size - 64)  # in place, inside the key rows
+
+
+def folder_instead(path):
+    path.unlink()
+    path.mkdir()
+
+
+def fifo_instead(path):
+    path.unlink()
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        (truncate, r"keys/keys\.npy holds \d+ bytes; its header describes \d+: the file was truncated"),
+        (folder_instead, r"keys/keys\.npy is not a regular file"),
+        (fifo_instead, r"keys/keys\.npy is not a regular file"),
+    ],
+)
+def test_a_damaged_key_file_is_an_error_naming_it_before_anything_is_mapped(keyed_index, tiny_lm, tmp_path, damage, match):
+    """Unhashed (verify_checksums=False), a truncated key file would be mapped and fault (SIGBUS) at its first
+    read; a FIFO would block the load. Each is refused by its size or type, naming the file."""
+    import shutil
+
+    from nest_integrations.index.nest_index import NestIndex
+
+    folder = tmp_path / "index"
+    shutil.copytree(keyed_index, folder)
+    damage(folder / "keys" / "keys.npy")
+    with pytest.raises(ValueError, match=match):
+        NestIndex.load(folder, tiny_lm, verify_checksums=False)

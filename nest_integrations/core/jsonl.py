@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 JSON_WHITESPACE = " \t\r"
 """What a line may hold besides a value (``\\n`` ends it); a line of only these is blank."""
@@ -33,25 +33,36 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
     The file is read one line at a time (constant memory for any file size).
 
     Raises:
-        ValueError: the message names ``path:line``: bytes that are not UTF-8,
-            invalid JSON, or a value that is not a JSON object.
+        ValueError: as :func:`iter_jsonl_lines`, naming ``path:line``.
         FileNotFoundError: ``path`` does not exist.
     """
     path = Path(path)
     with open(path, "rb") as handle:  # binary lines end at b"\n" and nowhere else
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as err:
-                raise ValueError(f"{path}:{number}: not UTF-8 ({err.reason} at byte {err.start})") from None
-            if not line.strip(JSON_WHITESPACE + "\n"):
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: invalid JSON ({err.msg}, column {err.colno})") from None
-            except RecursionError:
-                raise ValueError(f"{path}:{number}: JSON nested too deeply") from None
-            if not isinstance(value, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object, got {type(value).__name__}")
-            yield number, value
+        yield from iter_jsonl_lines(handle, str(path))
+
+
+def iter_jsonl_lines(lines: Iterable[bytes], where: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(1-based line number, object)`` for each non-blank line of ``lines``, the lines of a
+    JSONL file as a binary file gives them (each ending at ``b"\n"``), e.g. an open file or a
+    :class:`~nest_integrations.core.safe_io.VerifiedStream`.
+
+    Raises:
+        ValueError: the message names ``where:line``: bytes that are not UTF-8,
+            invalid JSON, or a value that is not a JSON object.
+    """
+    for number, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{where}:{number}: not UTF-8 ({err.reason} at byte {err.start})") from None
+        if not line.strip(JSON_WHITESPACE + "\n"):
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}:{number}: invalid JSON ({err.msg}, column {err.colno})") from None
+        except RecursionError:
+            raise ValueError(f"{where}:{number}: JSON nested too deeply") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}:{number}: expected a JSON object, got {type(value).__name__}")
+        yield number, value

@@ -742,11 +742,24 @@ def load_passages_jsonl(path: PathLike) -> list[Passage]:
         ValueError: a malformed line (named ``file:line``) or duplicate ids.
     """
     path = Path(path)
+    with open(path, "rb") as handle:
+        return parse_passages_jsonl(handle, str(path))
+
+
+def parse_passages_jsonl(lines: Iterable[bytes], where: str) -> list[Passage]:
+    """The passages of the lines of a file written by :func:`save_passages_jsonl`, as a binary
+    file gives them (a saved index reads its own through a checked stream).
+
+    Raises:
+        ValueError: a malformed line (named ``where:line``) or duplicate ids.
+    """
+    from nest_integrations.core.jsonl import iter_jsonl_lines
+
     passages = []
-    for line_no, record in _iter_jsonl(path):
+    for line_no, record in iter_jsonl_lines(lines, where):
         try:
             passages.append(Passage.from_dict(record))
         except (ValueError, TypeError) as err:
-            raise ValueError(f"{path}:{line_no}: {err}") from err
+            raise ValueError(f"{where}:{line_no}: {err}") from err
     _check_unique_ids(passages)
     return passages

@@ -20,10 +20,12 @@ every file against the manifest. See :mod:`nest_integrations.core.safe_io`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
 
@@ -31,20 +33,23 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 from typing_extensions import Annotated
 
-from nest_integrations.core.safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
+from nest_integrations.core.safe_io import (
+    MANIFEST_FILE, ArtefactManifest, FolderSnapshot, atomic_folder, read_consistently, recover, sha256_file, update_if_current,
+)
 from nest_integrations.core.similarity import cosine_similarities
-from nest_integrations.corpus.passages import Passage, load_passages_jsonl, save_passages_jsonl
+from nest_integrations.corpus.passages import Passage, parse_passages_jsonl, save_passages_jsonl
 from nest_integrations.model.lm import parse_key_layer
-from nest_integrations.policy.calibration import Calibration, CalibrationFile, retrieve_excluding
+from nest_integrations.policy.calibration import CALIBRATION_FILE, Calibration, CalibrationFile, retrieve_excluding
 from nest_integrations.store.datastore import PassageEncoder, PrecomputedKeys, TokenDatastore
 from nest_integrations.store.key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, codec_from_arrays, parse_spec, resolve_codec, saved_array_names
-from nest_integrations.store.shards import KEY_ARRAYS, ShardedKeys, ShardRecord, read_arrays, shard_files
+from nest_integrations.store.shards import EMBEDDINGS, KEY_ARRAYS, ShardedKeys, ShardRecord, shard_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.core.config import NestConfig
     from nest_integrations.decoding.decoder import NestDecoder
     from nest_integrations.model.lm import LoadedLM
     from nest_integrations.retrieval import DenseRetriever
+    from nest_integrations.retrieval.dense import SavedDense
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +103,9 @@ class NestIndex:
         self._passage_of_text: Optional[dict[str, Passage]] = None
         self.folder: Optional[Path] = None
         """Where the index was saved or loaded from (calibrations are written there); None in memory."""
+        self.identity: Optional[str] = None
+        """The sha256 of the manifest of the version saved or loaded (:func:`index_identity`); None in memory.
+        A calibration is written into :attr:`folder` only while it still holds this version."""
         self.calibrations: dict[str, Calibration] = {}
         """Calibrations of this corpus by LM fingerprint (:mod:`~nest_integrations.policy.calibration`)."""
         self.datastore = TokenDatastore(self.passages, PassageEncoder(lm, key_layer, encoding_prefix), cache_mb=cache_mb)
@@ -233,11 +241,31 @@ class NestIndex:
 
         fitted = calibrate(self, n=n, seed=seed, budget_s=budget_s, show_progress=show_progress)
         self.calibrations[fitted.lm_fingerprint] = fitted
-        if self.folder is not None:
-            saved = CalibrationFile.read(self.folder)
-            saved.calibrations[fitted.lm_fingerprint] = fitted
-            saved.write(self.folder)
+        if self.folder is not None and self.identity is not None:
+            self._save_calibration(self.folder, self.identity, fitted)
         return fitted
+
+    @staticmethod
+    def _save_calibration(folder: Path, identity: str, fitted: Calibration) -> None:
+        """Add ``fitted`` to ``folder``'s calibrations (others, e.g. another process's, stay) while the folder
+        holds the version ``identity``: an index rebuilt or replaced since gets nothing of this one's."""
+        where = folder / CALIBRATION_FILE
+
+        def added(raw: Optional[bytes]) -> bytes:
+            saved = CalibrationFile.parse(raw, str(where))
+            saved.calibrations[fitted.lm_fingerprint] = fitted
+            return saved.to_bytes()
+
+        try:
+            written = update_if_current(where, added, manifest=folder / MANIFEST_FILE, digest=identity, lock=Path(os.path.abspath(folder)).parent)
+        except (OSError, ValueError) as err:  # a read-only folder, a calibration.json that is not a file
+            logger.warning("cannot save the calibration of %s to %s (%s); it is kept in memory", fitted.lm_name, where, err)
+            return
+        if not written:
+            logger.warning(
+                "%s was rebuilt or replaced since this index was loaded; the calibration of %s is kept in memory, "
+                "not written into the other index", folder, fitted.lm_name,
+            )
 
     def info(self) -> dict[str, Any]:
         pre = self.datastore.precomputed
@@ -277,7 +305,8 @@ class NestIndex:
             self.write_into(tmp)
             if self.calibrations:
                 CalibrationFile(calibrations=self.calibrations).write(tmp)
-        self.folder = target
+            identity = sha256_file(tmp / MANIFEST_FILE)
+        self.folder, self.identity = target, identity
         return target
 
     def write_into(self, folder: Path) -> None:
@@ -371,15 +400,11 @@ class NestIndex:
 
         folder = Path(path)
         recover(folder)
-        manifest = read_manifest(folder / MANIFEST_FILE, IndexManifest, kind=FORMAT, supported_version=FORMAT_VERSION, what="NEST index")
-        needed = ["passages.jsonl", "dense.faiss", "dense.json"]
-        if manifest.key_shards is not None:
-            needed += [rel for number in range(len(manifest.key_shards)) for rel in shard_files(number)]
-        elif manifest.precomputed_keys:
-            needed += [f"keys/{name}.npy" for name in KEY_ARRAYS]
-        if manifest.precomputed_keys:
-            needed += [f"keys/codec/{name}.npy" for name in saved_array_names(manifest.key_codec)]
-        verify_files(folder, manifest.checksums, needed, hash_files=verify_checksums)
+        saved = read_consistently(
+            lambda: FolderSnapshot(folder, what="NEST index"), lambda snapshot: _read_index(snapshot, verify_checksums=verify_checksums),
+            where=str(folder),
+        )
+        manifest = saved.manifest
         if lm is None:
             if embedded_model(manifest.lm.name) is None and not trust_paths:
                 raise ValueError(
@@ -395,10 +420,8 @@ class NestIndex:
             )
         if lm.tokenizer_fingerprint() != manifest.tokenizer_fingerprint:
             raise ValueError(f"{folder} was built with another tokenizer than {lm.name!r}'s")
-        passages = load_passages_jsonl(folder / "passages.jsonl")
-        if len(passages) != manifest.counts.passages:
-            raise ValueError(f"{folder}: manifest says {manifest.counts.passages} passages, found {len(passages)}")
-        dense = DenseRetriever.load(folder, passages, embedder=embedder, show_progress=False, trust_paths=trust_paths)
+        passages = saved.passages
+        dense = DenseRetriever.from_saved(saved.dense, passages, embedder=embedder, show_progress=False, trust_paths=trust_paths)
         index = cls(
             lm,
             passages,
@@ -411,10 +434,68 @@ class NestIndex:
         if manifest.hidden_size != index.datastore.hidden_size:
             raise ValueError(f"{folder}: keys are {manifest.hidden_size}-d, the LM's hidden size is {index.datastore.hidden_size}")
         if manifest.precomputed_keys:
-            index.datastore.attach_precomputed(_load_keys(folder, manifest, passages, vocab_size=len(lm.tokenizer)))
+            index.datastore.attach_precomputed(_check_keys(folder, saved, vocab_size=len(lm.tokenizer)))
         index.folder = folder
-        index.calibrations = dict(CalibrationFile.read(folder).calibrations)
+        index.identity = saved.identity
+        index.calibrations = dict(CalibrationFile.parse(saved.calibration, str(folder / CALIBRATION_FILE)).calibrations)
         return index
+
+
+@dataclass
+class _SavedIndex:
+    """The files of one saved version of an index, read (key arrays memory-mapped) and not yet checked against an LM.
+
+    Attributes:
+        identity: the sha256 of the manifest read (:func:`index_identity`).
+        keys: the flat key arrays (with ``embeddings`` of each shard, per shard), empty without precomputed keys.
+        codec: the key codec's arrays.
+        calibration: the bytes of ``calibration.json``, None when there is none.
+    """
+
+    manifest: "IndexManifest"
+    identity: str
+    passages: list[Passage]
+    dense: "SavedDense"
+    keys: list[dict[str, np.ndarray]]
+    codec: dict[str, np.ndarray]
+    calibration: Optional[bytes]
+
+
+def _read_index(snapshot: FolderSnapshot, *, verify_checksums: bool) -> _SavedIndex:
+    """Read every file of the index in ``snapshot`` once (see :class:`~nest_integrations.core.safe_io.FolderSnapshot`):
+    the manifest, passages, dense index, key arrays (memory-mapped), codec and calibrations.
+
+    Raises:
+        ValueError: an invalid or newer manifest; a missing, unlisted, damaged or unreadable file.
+    """
+    from nest_integrations.retrieval.dense import read_saved_dense
+
+    manifest = snapshot.read_manifest(IndexManifest, kind=FORMAT, supported_version=FORMAT_VERSION)
+    folders = [f"keys/{shard_name(n)}" for n in range(len(manifest.key_shards or []))] or ["keys"]
+    key_files = [f"{prefix}/{name}.npy" for prefix in folders for name in shard_arrays(manifest)] if manifest.precomputed_keys else []
+    codec_files = [f"keys/codec/{name}.npy" for name in saved_array_names(manifest.key_codec)] if manifest.precomputed_keys else []
+    snapshot.require(["passages.jsonl", "dense.faiss", "dense.json", *key_files, *codec_files], hash_files=verify_checksums)
+    with snapshot.stream("passages.jsonl") as stream:
+        passages = parse_passages_jsonl(stream, str(snapshot.folder / "passages.jsonl"))
+    if len(passages) != manifest.counts.passages:
+        raise ValueError(f"{snapshot.folder}: manifest says {manifest.counts.passages} passages, found {len(passages)}")
+    dense = read_saved_dense(snapshot)
+    keys = []
+    if manifest.precomputed_keys:
+        keys = [{name: snapshot.array(f"{prefix}/{name}.npy", mmap=True) for name in shard_arrays(manifest)} for prefix in folders]
+    listed = sorted(rel for rel in manifest.checksums if rel.startswith("keys/codec/"))
+    if manifest.precomputed_keys and listed != codec_files:  # e.g. an opq index relabelled pq: its codes would be read unrotated
+        raise ValueError(
+            f"{snapshot.folder}: a {manifest.key_codec} key codec is saved as {codec_files or 'no files'}, the manifest lists {listed or 'none'}"
+        )
+    codec = {name: snapshot.array(f"keys/codec/{name}.npy", mmap=False) for name in saved_array_names(manifest.key_codec)} if codec_files else {}
+    identity = hashlib.sha256(snapshot.manifest_raw or b"").hexdigest()
+    return _SavedIndex(manifest, identity, passages, dense, keys, codec, snapshot.optional(CALIBRATION_FILE))
+
+
+def shard_arrays(manifest: "IndexManifest") -> tuple[str, ...]:
+    """The arrays each key folder of the index holds: :data:`KEY_ARRAYS`, and the embeddings of each shard."""
+    return (*KEY_ARRAYS, EMBEDDINGS) if manifest.key_shards is not None else KEY_ARRAYS
 
 
 def _check_retriever(kind: str) -> None:
@@ -530,19 +611,18 @@ class IndexManifest(ArtefactManifest):
         return value
 
 
-def _load_keys(
-    folder: Path, manifest: IndexManifest, passages: Sequence[Passage], *, vocab_size: int
-) -> "PrecomputedKeys | ShardedKeys":
-    """Memory-map the saved keys (one set of arrays, or shards), each checked by :func:`check_key_arrays`.
+def _check_keys(folder: Path, saved: _SavedIndex, *, vocab_size: int) -> "PrecomputedKeys | ShardedKeys":
+    """The saved keys (one set of arrays, or shards), each checked by :func:`check_key_arrays`.
 
     Raises:
-        ValueError: an unreadable or inconsistent array, shards that do not cover
-            the passages, or totals differing from the manifest's counts.
+        ValueError: an inconsistent array, shards that do not cover the passages,
+            totals differing from the manifest's counts, or a codec that does not fit.
     """
+    manifest, passages = saved.manifest, saved.passages
     keys: PrecomputedKeys | ShardedKeys
-    codec = load_codec(folder, manifest)
+    codec = load_codec(folder, manifest, saved.codec)
     if manifest.key_shards is None:
-        arrays = read_arrays(folder / "keys", KEY_ARRAYS)
+        [arrays] = saved.keys
         try:
             check_key_arrays(arrays, passages, hidden_size=manifest.hidden_size, vocab_size=vocab_size, codec=codec)
         except ValueError as err:
@@ -558,7 +638,7 @@ def _load_keys(
             )
 
         records = [ShardRecord(s.passages, s.tokens, s.entries) for s in manifest.key_shards]
-        keys = ShardedKeys.open(folder / "keys", records, check=check, codec=codec)
+        keys = ShardedKeys.from_arrays(folder / "keys", records, saved.keys, check=check, codec=codec)
     if manifest.counts.tokens != keys.num_tokens or manifest.counts.entries != keys.num_entries:
         raise ValueError(
             f"{folder / MANIFEST_FILE} counts {manifest.counts.tokens} tokens and {manifest.counts.entries} entries; "
@@ -567,24 +647,16 @@ def _load_keys(
     return keys
 
 
-def load_codec(folder: Path, manifest: IndexManifest) -> KeyCodec:
-    """The trained key codec named by the manifest, from ``keys/codec/*.npy`` (checked by :func:`codec_from_arrays`).
+def load_codec(folder: Path, manifest: IndexManifest, arrays: dict[str, np.ndarray]) -> KeyCodec:
+    """The trained key codec named by the manifest, from the arrays of ``keys/codec/*.npy`` (checked by :func:`codec_from_arrays`).
 
     Raises:
-        ValueError: codec files other than the codec's, an unreadable codec
-            file, or parameters that do not fit the codec or the hidden size.
+        ValueError: parameters that do not fit the codec or the hidden size.
     """
     spec = manifest.key_codec
-    listed = sorted(rel for rel in manifest.checksums if rel.startswith("keys/codec/"))
-    expected = sorted(f"keys/codec/{name}.npy" for name in saved_array_names(spec))
-    if listed != expected:  # e.g. an opq index relabelled pq: its codes would be read unrotated
-        raise ValueError(f"{folder}: a {spec} key codec is saved as {expected or 'no files'}, the manifest lists {listed or 'none'}")
     try:
-        arrays = {
-            name: np.load(folder / "keys" / "codec" / f"{name}.npy", allow_pickle=False) for name in saved_array_names(spec)
-        }
         return codec_from_arrays(spec, manifest.hidden_size, arrays)
-    except (ValueError, EOFError, OSError) as err:  # numpy's words for a truncated or foreign .npy, or ours
+    except ValueError as err:
         raise ValueError(f"{folder}: its {spec} key codec cannot be loaded ({err})") from err
 
 

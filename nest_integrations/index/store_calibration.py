@@ -14,9 +14,11 @@ other. It does what both need:
   its first nest generation that leaves alpha or tau to calibration); the
   store only brings its similarity search (:data:`Search`);
 * calibrations are saved with the store (:class:`CalibrationsFile`): written
-  when the store is saved, read when it is loaded, and a calibration fitted
-  after either is added to that file at once, so a reloaded store never fits
-  the same LM again.
+  when the store is saved, read when it is loaded (with its other files, so
+  from the same version), and a calibration fitted after either is added to
+  that file at once, so a reloaded store never fits the same LM again; but
+  only while the store saved there is still that version: a store saved or
+  loaded before another was saved in its place keeps its fit in memory.
 
 Calibrations are keyed by the LM fingerprint. Documents added or removed later
 keep the calibration: alpha/tau follow mostly the model's ratio scale, which a few
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from nest_integrations.core.config import NestConfig
-from nest_integrations.core.safe_io import write_file_atomic
+from nest_integrations.core.safe_io import update_if_current
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.policy.calibration import Calibration, CalibrationFile, calibrate, retrieve_excluding
 from .store_keys import StoreKeys
@@ -78,32 +80,24 @@ class StoreCorpus:
 @dataclass(frozen=True)
 class CalibrationsFile:
     """Where a saved store keeps its calibrations (a :class:`~nest_integrations.policy.calibration.CalibrationFile`
-    document), as the store's own file system reads and replaces it.
+    document), as the store's own file system updates it.
 
     Attributes:
         where: the file, for messages.
-        read: the file's bytes; None when there is none.
-        write: replaces the file whole.
+        update: ``update(change)`` replaces the file with ``change(its bytes, or None)`` and
+            returns True; False, writing nothing, when the store saved there was replaced
+            since (a store holding an old version never writes into the new one).
     """
 
     where: str
-    read: Callable[[], Optional[bytes]]
-    write: Callable[[bytes], None]
-
-    def calibrations(self) -> dict[str, Calibration]:
-        """The file's calibrations by LM fingerprint; empty when it has none or is unreadable
-        (a calibration is a cache: it is fitted again, never trusted half-written)."""
-        try:
-            raw = self.read()
-        except OSError as err:
-            logger.warning("cannot read %s (%s); the model will be calibrated again", self.where, err)
-            return {}
-        return dict(CalibrationFile.parse(raw, self.where).calibrations)
+    update: Callable[[Callable[[Optional[bytes]], bytes]], bool]
 
 
-def local_calibrations_file(path: Path) -> CalibrationsFile:
-    """The calibrations file at ``path`` on the local disk (replaced atomically)."""
-    return CalibrationsFile(str(path), lambda: path.read_bytes() if path.exists() else None, lambda data: write_file_atomic(path, data))
+def local_calibrations_file(path: Path, *, manifest: Path, digest: str, lock: Path) -> CalibrationsFile:
+    """The calibrations file at ``path`` on the local disk, of the saved store whose manifest ``manifest``
+    has the sha256 ``digest`` (:func:`~nest_integrations.core.safe_io.update_if_current`, under the
+    store's save lock on the folder ``lock``)."""
+    return CalibrationsFile(str(path), lambda change: update_if_current(path, change, manifest=manifest, digest=digest, lock=lock))
 
 
 def calibrations_json(calibrations: dict[str, Calibration]) -> bytes:
@@ -202,12 +196,22 @@ class StoreCalibrations:
     @staticmethod
     def _add_to_file(file: CalibrationsFile, fitted: Calibration) -> None:
         """Add ``fitted`` to the calibrations in ``file`` (others, e.g. from another process, stay)."""
-        saved = file.calibrations()
-        saved[fitted.lm_fingerprint] = fitted
+
+        def added(raw: Optional[bytes]) -> bytes:
+            saved = dict(CalibrationFile.parse(raw, file.where).calibrations)
+            saved[fitted.lm_fingerprint] = fitted
+            return calibrations_json(saved)
+
         try:
-            file.write(calibrations_json(saved))
-        except OSError as err:  # the store folder moved or is read-only: the calibration stays in memory
+            written = file.update(added)
+        except (OSError, ValueError) as err:  # the store folder moved or is read-only, the file is a folder...
             logger.warning("cannot save the calibration of %s to %s (%s); it is kept in memory", fitted.lm_name, file.where, err)
+            return
+        if not written:
+            logger.warning(
+                "the store saved at %s was replaced since this one was saved or loaded; the calibration of %s is kept "
+                "in memory, not written into the other store", file.where, fitted.lm_name,
+            )
 
     # ------------------------------------------------------------------ persistence
     def to_save(self) -> Optional[bytes]:
@@ -218,7 +222,8 @@ class StoreCalibrations:
         """The store was saved with :meth:`to_save`'s bytes in ``file``: later fits go there too."""
         self._file = file
 
-    def load(self, file: CalibrationsFile) -> None:
-        """Take the calibrations saved in ``file`` (the store was loaded); later fits go there too."""
-        self.calibrations = file.calibrations()
+    def load(self, file: CalibrationsFile, raw: Optional[bytes]) -> None:
+        """Take the calibrations the loaded store had in ``file`` (its bytes ``raw``, None: no file,
+        read with the store's other files); later fits go there too."""
+        self.calibrations = dict(CalibrationFile.parse(raw, file.where).calibrations)
         self._file = file

@@ -20,12 +20,14 @@ by any other LM.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import threading
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Optional, Sequence, Union
 
@@ -39,12 +41,12 @@ from langchain_core.vectorstores.utils import maximal_marginal_relevance
 from typing_extensions import Self
 
 from nest_integrations.core.jsonsafe import json_safe
-from nest_integrations.core.safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, read_manifest, recover, sha256_file, verify_files
+from nest_integrations.core.safe_io import MANIFEST_FILE, ArtefactManifest, FolderSnapshot, atomic_folder, read_consistently, recover, sha256_file
 from nest_integrations.core.similarity import cosine_similarities
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.index.store_calibration import StoreCalibrations, local_calibrations_file
+from nest_integrations.index.store_calibration import CalibrationsFile, StoreCalibrations, local_calibrations_file
 from nest_integrations.index.store_keys import SavedKeysInfo, StoreKeys
-from nest_integrations.store.shards import KEY_ARRAYS, read_arrays
+from nest_integrations.store.shards import KEY_ARRAYS
 from .documents import default_embeddings, document_to_passage
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -513,8 +515,9 @@ class NestVectorStore(VectorStore):
             if calibrations is not None:
                 (tmp / _CALIBRATION_FILE).write_bytes(calibrations)  # fsynced with the folder
             manifest["checksums"] = {name: sha256_file(tmp / name) for name in files}
-            (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
-        self._calibrations.saved_to(local_calibrations_file(target / _CALIBRATION_FILE))
+            raw_manifest = json.dumps(manifest, indent=2, ensure_ascii=False).encode("utf-8")
+            (tmp / MANIFEST_FILE).write_bytes(raw_manifest)
+        self._calibrations.saved_to(_calibrations_file(target, raw_manifest))
         return target
 
     @classmethod
@@ -548,27 +551,69 @@ class NestVectorStore(VectorStore):
         """
         base = Path(folder)
         recover(base)
-        manifest = read_manifest(base / MANIFEST_FILE, _StoreManifest, kind=FORMAT, supported_version=FORMAT_VERSION, what="saved NestVectorStore")
-        with_keys = load_keys and manifest.keys is not None
-        verify_files(base, manifest.checksums, [_DOCUMENTS_FILE, _VECTORS_FILE, *(_key_files() if with_keys else [])])
-        try:
-            records = json.loads((base / _DOCUMENTS_FILE).read_text(encoding="utf-8"))["documents"]
-            vectors = np.load(base / _VECTORS_FILE, allow_pickle=False)
-        except (ValueError, KeyError, TypeError, OSError, RecursionError) as err:
-            raise ValueError(f"{base}: unreadable store files ({err})") from err
-        _check_contents(base, manifest, records, vectors)
+        saved = read_consistently(
+            lambda: FolderSnapshot(base, what="saved NestVectorStore"), lambda snapshot: _read_store(snapshot, load_keys=load_keys),
+            where=str(base),
+        )
+        manifest = saved.manifest
         options = {"key_layer": manifest.key_layer, "encoding_prefix": manifest.encoding_prefix, "precompute_keys": manifest.precompute_keys}
         store = cls(embeddings, lm, **{**options, **kwargs})
         with store._lock:
-            for record, vector in zip(records, vectors):
+            for record, vector in zip(saved.records, saved.vectors):
                 store._upsert(Document(id=record["id"], page_content=record["page_content"], metadata=record["metadata"]), vector)
-            if with_keys:
+            if saved.keys is not None:
                 assert manifest.keys is not None
-                arrays = read_arrays(base / _KEYS_FOLDER, KEY_ARRAYS)
-                store._keys.attach_saved(store._passages(), arrays, manifest.keys, str(base))
-        store._calibrations.load(local_calibrations_file(base / _CALIBRATION_FILE))
+                store._keys.attach_saved(store._passages(), saved.keys, manifest.keys, str(base))
+        store._calibrations.load(_calibrations_file(base, saved.raw_manifest), saved.calibration)
         store._keys.after_add()
         return store
+
+
+@dataclass
+class _SavedStore:
+    """The files of one saved version of a store, read (key arrays memory-mapped), not yet in a store.
+
+    Attributes:
+        keys: the key arrays; None when none are saved or ``load_keys`` is False.
+        calibration: the bytes of ``calibration.json``; None when there is none.
+    """
+
+    manifest: "_StoreManifest"
+    raw_manifest: bytes
+    records: list[dict[str, Any]]
+    vectors: np.ndarray
+    keys: Optional[dict[str, np.ndarray]]
+    calibration: Optional[bytes]
+
+
+def _read_store(snapshot: FolderSnapshot, *, load_keys: bool) -> _SavedStore:
+    """Read every file of the store in ``snapshot`` once (:class:`~nest_integrations.core.safe_io.FolderSnapshot`).
+
+    Raises:
+        ValueError: an invalid manifest, a missing, unlisted, damaged or unreadable file, or inconsistent contents.
+    """
+    base = snapshot.folder
+    manifest = snapshot.read_manifest(_StoreManifest, kind=FORMAT, supported_version=FORMAT_VERSION)
+    with_keys = load_keys and manifest.keys is not None
+    snapshot.require([_DOCUMENTS_FILE, _VECTORS_FILE, *(_key_files() if with_keys else [])])
+    with snapshot.stream(_DOCUMENTS_FILE) as stream:
+        try:
+            records = json.load(stream)["documents"]
+        except (ValueError, KeyError, TypeError, RecursionError) as err:
+            raise ValueError(f"{base}: unreadable store files ({err})") from err
+    vectors = snapshot.array(_VECTORS_FILE, mmap=False)
+    _check_contents(base, manifest, records, vectors)
+    keys = {name: snapshot.array(f"{_KEYS_FOLDER}/{name}.npy", mmap=True) for name in KEY_ARRAYS} if with_keys else None
+    assert snapshot.manifest_raw is not None
+    return _SavedStore(manifest, snapshot.manifest_raw, records, vectors, keys, snapshot.optional(_CALIBRATION_FILE))
+
+
+def _calibrations_file(folder: Path, raw_manifest: bytes) -> CalibrationsFile:
+    """The calibrations file of the store saved in ``folder`` whose manifest is ``raw_manifest``."""
+    return local_calibrations_file(
+        folder / _CALIBRATION_FILE, manifest=folder / MANIFEST_FILE, digest=hashlib.sha256(raw_manifest).hexdigest(),
+        lock=Path(os.path.abspath(folder)).parent,
+    )
 
 
 class _StoreManifest(ArtefactManifest):

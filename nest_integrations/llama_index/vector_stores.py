@@ -35,8 +35,9 @@ import posixpath
 import re
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, List, Literal, Optional, Sequence
 
 import fsspec
 import numpy as np
@@ -60,10 +61,12 @@ from llama_index.core.vector_stores.utils import (
     node_to_metadata_dict,
 )
 
-from nest_integrations.core.safe_io import ArtefactManifest, locked_folder, parse_manifest, sha256_file, write_file_atomic
+from nest_integrations.core.safe_io import (
+    ArtefactManifest, FolderReplaced, FolderSnapshot, locked_folder, parse_manifest, read_consistently, write_file_atomic,
+)
 from nest_integrations.core.similarity import unit_rows
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.index.store_calibration import CalibrationsFile, Search, StoreCalibrations
+from nest_integrations.index.store_calibration import CalibrationsFile, Search, StoreCalibrations, local_calibrations_file
 from nest_integrations.index.store_keys import SavedKeysInfo, StoreKeys
 from nest_integrations.model.lm import parse_key_layer
 from nest_integrations.store.datastore import TokenDatastore
@@ -105,17 +108,29 @@ def _calibration_path(persist_path: str) -> str:
     return posixpath.join(posixpath.dirname(persist_path), f"{_stem(persist_path)}.calibration.json")
 
 
-def _calibrations_file(fs: fsspec.AbstractFileSystem, persist_path: str) -> CalibrationsFile:
-    """The store's calibrations file on ``fs`` (see :func:`_calibration_path`)."""
-    path = _calibration_path(persist_path)
+def _calibrations_file(fs: fsspec.AbstractFileSystem, persist_path: str, raw_manifest: bytes) -> CalibrationsFile:
+    """The calibrations file on ``fs`` (see :func:`_calibration_path`) of the store persisted at ``persist_path``
+    whose manifest is ``raw_manifest``: updated only while that manifest is still there."""
+    path, digest = _calibration_path(persist_path), _sha256(raw_manifest)
+    if _is_local(fs):
+        folder = Path(posixpath.dirname(persist_path) or ".")
+        return local_calibrations_file(Path(path), manifest=Path(persist_path), digest=digest, lock=folder)
 
-    def read() -> Optional[bytes]:
-        if not fs.exists(path):
-            return None
-        with fs.open(path, "rb") as handle:
-            return handle.read()
+    def update(change: Callable[[Optional[bytes]], bytes]) -> bool:  # no lock on other file systems: checked, then written
+        if _read_optional(fs, persist_path) != raw_manifest:
+            return False
+        _write_file(fs, path, change(_read_optional(fs, path)))
+        return True
 
-    return CalibrationsFile(path, read, lambda data: _write_file(fs, path, data))
+    return CalibrationsFile(path, update)
+
+
+def _read_optional(fs: fsspec.AbstractFileSystem, path: str) -> Optional[bytes]:
+    """The bytes of ``path`` on ``fs``; None when there is no such file."""
+    if not fs.exists(path):
+        return None
+    with fs.open(path, "rb") as handle:
+        return handle.read()
 
 
 def _data_names(persist_path: str, data: dict[str, bytes]) -> dict[str, str]:
@@ -141,31 +156,6 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
     return buffer.getvalue()
-
-
-def _read_key_array(fs: fsspec.AbstractFileSystem, path: str, sha256: str, persist_path: str) -> np.ndarray:
-    """A saved key array after its checksum: memory-mapped on a local disk, read whole elsewhere.
-
-    Raises:
-        ValueError: the file is missing, does not match ``sha256``, or is not a ``.npy`` file.
-    """
-    name = posixpath.basename(path)
-    if not fs.exists(path):
-        raise ValueError(f"cannot load NestVectorStore: {path} is missing")
-    try:
-        if _is_local(fs):
-            matches = sha256_file(Path(path)) == sha256
-            array = np.load(path, mmap_mode="r", allow_pickle=False)
-        else:
-            with fs.open(path, "rb") as handle:
-                payload = handle.read()
-            matches = _sha256(payload) == sha256
-            array = np.load(io.BytesIO(payload), allow_pickle=False)
-    except (ValueError, EOFError, OSError) as err:  # numpy's words for a truncated or foreign .npy
-        raise ValueError(f"NestVectorStore at {persist_path}: {name} is not a readable .npy file ({err})") from err
-    if not matches:
-        raise ValueError(f"NestVectorStore at {persist_path} is corrupted: {name} does not match its checksum")
-    return array
 
 
 def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -198,7 +188,9 @@ def _check_foreign(fs: fsspec.AbstractFileSystem, persist_path: str) -> None:
 
 
 def _remove_stale(fs: fsspec.AbstractFileSystem, persist_path: str, keep: set[str]) -> None:
-    """Delete the data files and temporaries of replaced or interrupted persists beside ``persist_path``."""
+    """Delete the data files and temporaries of replaced or interrupted persists beside ``persist_path``,
+    all but ``keep``. Call under the folder's save lock, with ``keep`` the names the manifest there
+    now lists: a persist writes its data files and its manifest under that lock."""
     folder = posixpath.dirname(persist_path) or "."
     pattern = _stale_data_pattern(persist_path)
     for path in fs.ls(folder, detail=False):
@@ -208,12 +200,27 @@ def _remove_stale(fs: fsspec.AbstractFileSystem, persist_path: str, keep: set[st
             logger.info("removed %s, data of an earlier or interrupted persist", name)
 
 
+def _listed_now(fs: fsspec.AbstractFileSystem, persist_path: str) -> Optional[set[str]]:
+    """The file names the manifest at ``persist_path`` lists now; None when it is not a readable store manifest
+    (then nothing beside it is known to be stale)."""
+    try:
+        manifest = json.loads(_read_optional(fs, persist_path) or b"null")
+    except (ValueError, RecursionError, OSError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        return None
+    files, checksums = manifest.get("files") or {}, manifest.get("checksums") or {}
+    if not isinstance(files, dict) or not isinstance(checksums, dict):
+        return None
+    return {str(name) for name in files.values()} | {str(name) for name in checksums}
+
+
 @contextmanager
 def _persist_lock(fs: fsspec.AbstractFileSystem, folder: str, *, blocking: bool) -> Iterator[bool]:
-    """The folder's save lock on a local disk (:func:`~nest_integrations.core.safe_io.locked_folder`);
-    other file systems have none (yields True)."""
+    """The folder's save lock on a local disk (:func:`~nest_integrations.core.safe_io.locked_folder`).
+    Other file systems have none: a persist goes on (yields True), a load's cleaning does not (False)."""
     if not _is_local(fs):
-        yield True
+        yield blocking
         return
     with locked_folder(Path(folder or "."), blocking=blocking) as acquired:
         yield acquired
@@ -246,8 +253,7 @@ class _PersistManifest(ArtefactManifest):
 
 
 def _data_files(persist_path: str, manifest: _PersistManifest) -> dict[str, str]:
-    """Paths of the nodes and embeddings files a manifest names."""
-    folder = posixpath.dirname(persist_path)
+    """Names, beside the manifest, of the data files a manifest names (nodes, embeddings, key arrays)."""
     stem = _stem(persist_path)
     names = manifest.files or {"nodes": f"{stem}.nodes.json", "embeddings": f"{stem}.embeddings.npy"}
     expected = {"nodes", "embeddings", *(KEY_ARRAYS if manifest.keys is not None else ())}
@@ -256,15 +262,14 @@ def _data_files(persist_path: str, manifest: _PersistManifest) -> dict[str, str]
     for name in names.values():
         if name not in manifest.checksums:
             raise ValueError(f"{persist_path}: {name} is not listed in the manifest's checksums; refusing to read it")
-    return {key: posixpath.join(folder, name) for key, name in names.items()}
+    return dict(names)
 
 
-def _parse_entries(persist_path: str, nodes: bytes, embeddings: bytes, manifest: _PersistManifest) -> tuple[list[Any], np.ndarray]:
-    """Node records and their embedding matrix, checked against each other and the manifest."""
+def _parse_entries(persist_path: str, nodes: bytes, matrix: np.ndarray, manifest: _PersistManifest) -> list[Any]:
+    """Node records, checked against their embedding matrix and the manifest."""
     try:
         entries = json.loads(nodes)
-        matrix = np.load(io.BytesIO(embeddings), allow_pickle=False)
-    except (ValueError, RecursionError, OSError) as err:
+    except (ValueError, RecursionError) as err:
         raise ValueError(f"NestVectorStore at {persist_path} has unreadable data files ({err})") from err
     if not isinstance(entries, list) or not all(
         isinstance(e, dict) and isinstance(e.get("id"), str) and e["id"] and isinstance(e.get("record"), dict) for e in entries
@@ -277,7 +282,102 @@ def _parse_entries(persist_path: str, nodes: bytes, embeddings: bytes, manifest:
         )
     if not np.isfinite(matrix).all():
         raise ValueError(f"NestVectorStore at {persist_path}: embeddings must be finite")
-    return entries, matrix
+    return entries
+
+
+@dataclass
+class _Persisted:
+    """The files of one persisted version of a store, read (key arrays memory-mapped on a local disk).
+
+    Attributes:
+        keys: the key arrays; None when none are saved or ``load_keys`` is False.
+        calibration: the bytes of the calibrations file; None when there is none.
+    """
+
+    manifest: _PersistManifest
+    raw_manifest: bytes
+    entries: list[Any]
+    matrix: np.ndarray
+    keys: Optional[dict[str, np.ndarray]]
+    calibration: Optional[bytes]
+
+
+def _read_persisted(
+    snapshot: "FolderSnapshot | _RemoteFiles", persist_path: str, lock: Callable[[], ContextManager[bool]], *, load_keys: bool
+) -> _Persisted:
+    """Read the manifest at ``persist_path`` and the calibrations file, then every data file the manifest names, each once.
+
+    The manifest and the calibrations file are read under the folder's save lock (``lock()``),
+    so both come from one finished persist; the data files, named by their content, then
+    belong to that manifest, or are gone (a later persist cleaned them) and the read starts again.
+
+    Raises:
+        ValueError: an invalid manifest; a missing, unlisted, damaged or unreadable file; inconsistent contents.
+    """
+    with lock():
+        manifest = snapshot.read_manifest(_PersistManifest, kind=FORMAT, supported_version=FORMAT_VERSION)
+        calibration = snapshot.optional(posixpath.basename(_calibration_path(persist_path)))
+    names = _data_files(persist_path, manifest)
+    matrix = snapshot.array(names["embeddings"], mmap=False)
+    entries = _parse_entries(persist_path, snapshot.read(names["nodes"]), matrix, manifest)
+    keys = None
+    if load_keys and manifest.keys is not None:
+        keys = {name: snapshot.array(names[name], mmap=True) for name in KEY_ARRAYS}
+    if snapshot.replaced():  # without a lock (other file systems), the calibrations may be the next persist's
+        raise FolderReplaced(f"{persist_path} was persisted again")
+    assert snapshot.manifest_raw is not None
+    return _Persisted(manifest, snapshot.manifest_raw, entries, matrix, keys, calibration)
+
+
+class _RemoteFiles:
+    """The files beside a manifest on a file system other than the local disk, as a
+    :class:`~nest_integrations.core.safe_io.FolderSnapshot` offers them to :func:`_read_persisted`:
+    each read whole, once, and checked against its sha256 (arrays in memory)."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, persist_path: str):
+        self.fs, self.persist_path = fs, persist_path
+        self.folder = posixpath.dirname(persist_path)
+        self.manifest_raw: Optional[bytes] = None
+        self._checksums: dict[str, str] = {}
+
+    def __enter__(self) -> "_RemoteFiles":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def read_manifest(self, schema: type[_PersistManifest], *, kind: str, supported_version: int) -> _PersistManifest:
+        raw = self.optional(posixpath.basename(self.persist_path))
+        if raw is None:
+            raise ValueError(f"cannot load NestVectorStore: {self.persist_path} is missing")
+        manifest = parse_manifest(raw, schema, kind=kind, supported_version=supported_version, what="NestVectorStore", where=self.persist_path)
+        self.manifest_raw, self._checksums = raw, dict(manifest.checksums)
+        return manifest
+
+    def read(self, name: str) -> bytes:
+        data = self.optional(name)
+        if data is None:
+            raise ValueError(f"cannot load NestVectorStore: {posixpath.join(self.folder, name)} is missing")
+        if self._checksums.get(name) != _sha256(data):
+            raise ValueError(f"NestVectorStore at {self.persist_path} is corrupted: {name} does not match its checksum")
+        return data
+
+    def array(self, name: str, *, mmap: bool) -> np.ndarray:
+        """The ``.npy`` file ``name``, in memory (``mmap`` is for local disks only)."""
+        data = self.read(name)
+        try:
+            return np.load(io.BytesIO(data), allow_pickle=False)
+        except (ValueError, EOFError, OSError) as err:  # numpy's words for a truncated or foreign .npy
+            raise ValueError(f"NestVectorStore at {self.persist_path}: {name} is not a readable .npy file ({err})") from err
+
+    def optional(self, name: str) -> Optional[bytes]:
+        return _read_optional(self.fs, posixpath.join(self.folder, name))
+
+    def replaced(self) -> bool:
+        try:
+            return self.optional(posixpath.basename(self.persist_path)) != self.manifest_raw
+        except OSError:
+            return True
 
 
 class NestVectorStore(BasePydanticVectorStore):
@@ -641,18 +741,19 @@ class NestVectorStore(BasePydanticVectorStore):
         folder = posixpath.dirname(persist_path)
         if folder:
             fs.makedirs(folder, exist_ok=True)
+        raw_manifest = json.dumps(manifest, indent=2).encode()
         with _persist_lock(fs, folder, blocking=True):
             _check_foreign(fs, persist_path)
             for key, payload in data.items():
                 _write_file(fs, posixpath.join(folder, names[key]), payload)
-            _write_file(fs, persist_path, json.dumps(manifest, indent=2).encode())
+            _write_file(fs, persist_path, raw_manifest)
             _remove_stale(fs, persist_path, keep=set(names.values()))
             calibrations, calibration_path = self._calibrations.to_save(), _calibration_path(persist_path)
             if calibrations is not None:
                 _write_file(fs, calibration_path, calibrations)
             elif fs.exists(calibration_path):
                 fs.rm(calibration_path)  # a store persisted in place of another: not its calibrations
-        self._calibrations.saved_to(_calibrations_file(fs, persist_path))
+        self._calibrations.saved_to(_calibrations_file(fs, persist_path, raw_manifest))
         logger.info("persisted %d node(s) to %s", len(ids), persist_path)
 
     @classmethod
@@ -695,38 +796,30 @@ class NestVectorStore(BasePydanticVectorStore):
                 persisted keys that another LM (``lm``) encoded.
         """
         fs = fs or fsspec.filesystem("file")
-
-        def read(path: str) -> bytes:
-            if not fs.exists(path):
-                raise ValueError(f"cannot load NestVectorStore: {path} is missing")
-            with fs.open(path, "rb") as handle:
-                return handle.read()
-
-        manifest = parse_manifest(
-            read(persist_path), _PersistManifest, kind=FORMAT, supported_version=FORMAT_VERSION, what="NestVectorStore", where=persist_path
+        folder = posixpath.dirname(persist_path)
+        if _is_local(fs):
+            manifest_name = posixpath.basename(persist_path)
+            files: Callable[[], Any] = lambda: FolderSnapshot(folder or ".", what="NestVectorStore", manifest=manifest_name)
+        else:
+            files = lambda: _RemoteFiles(fs, persist_path)
+        saved = read_consistently(
+            files, lambda snapshot: _read_persisted(snapshot, persist_path, lambda: _persist_lock(fs, folder, blocking=True), load_keys=load_keys),
+            where=persist_path,
         )
-        paths = _data_files(persist_path, manifest)
-        data = {key: read(paths[key]) for key in ("nodes", "embeddings")}
-        for key, payload in data.items():
-            name = posixpath.basename(paths[key])
-            if manifest.checksums[name] != _sha256(payload):
-                raise ValueError(f"NestVectorStore at {persist_path} is corrupted: {name} does not match its checksum")
-        entries, matrix = _parse_entries(persist_path, data["nodes"], data["embeddings"], manifest)
+        manifest, entries = saved.manifest, saved.entries
         store = cls(lm=lm, **manifest.settings.model_dump())
         with store._lock:
-            for entry, vector in zip(entries, matrix, strict=True):
+            for entry, vector in zip(entries, saved.matrix, strict=True):
                 store._records[entry["id"]] = entry["record"]
                 store._vectors[entry["id"]] = np.asarray(vector, dtype=np.float32)
-            if load_keys and manifest.keys is not None:
-                arrays = {
-                    name: _read_key_array(fs, paths[name], manifest.checksums[posixpath.basename(paths[name])], persist_path)
-                    for name in KEY_ARRAYS
-                }
-                store._keys.attach_saved(store._passages(), arrays, manifest.keys, persist_path)
-        store._calibrations.load(_calibrations_file(fs, persist_path))
+            if saved.keys is not None:
+                assert manifest.keys is not None
+                store._keys.attach_saved(store._passages(), saved.keys, manifest.keys, persist_path)
+        store._calibrations.load(_calibrations_file(fs, persist_path, saved.raw_manifest), saved.calibration)
         store._keys.after_add()
-        with _persist_lock(fs, posixpath.dirname(persist_path), blocking=False) as acquired:
-            if acquired:
-                _remove_stale(fs, persist_path, keep=set(manifest.checksums))
+        with _persist_lock(fs, folder, blocking=False) as acquired:
+            listed = _listed_now(fs, persist_path) if acquired else None
+            if listed is not None:  # by the manifest there now: a persist since this load read its own may have replaced it
+                _remove_stale(fs, persist_path, keep=listed)
         logger.info("loaded %d node(s) from %s", len(entries), persist_path)
         return store

@@ -17,6 +17,7 @@ import logging
 import sys
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional, Protocol, Sequence, Union
 
@@ -24,11 +25,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, StringConstraints, ValidationError
 from typing_extensions import Annotated
 
-from nest_integrations.core.safe_io import validation_message
+from nest_integrations.core.safe_io import FolderSnapshot, validation_message
 from nest_integrations.core.similarity import unit_rows
 from nest_integrations.corpus.passages import Passage
 from .base import BatchRetrieverMixin, ScoredPassage, check_passages, index_text, with_added, without_ids
-from .faiss_index import DEFAULT_HNSW_M, IndexSpec, index_bytes, read_index, set_search_params, stores_vectors
+from .faiss_index import DEFAULT_HNSW_M, IndexSpec, index_bytes, read_index, read_index_stream, set_search_params, stores_vectors
 from .sentence_encoder import TransformerSentenceEmbedder, plain_sentence_model
 
 if TYPE_CHECKING:
@@ -470,40 +471,55 @@ class DenseRetriever(BatchRetrieverMixin):
                 differing from the saved index, an untrusted saved embedder path,
                 or an embedder whose dimension differs from the index.
         """
-        folder = Path(folder)
-        index_path, meta_path = folder / _INDEX_FILE, folder / _META_FILE
-        if not index_path.is_file() or not meta_path.is_file():
-            raise ValueError(f"{folder} does not contain {_INDEX_FILE} and {_META_FILE}")
-        meta = _read_meta(meta_path)
+        with FolderSnapshot(folder, what="dense index", manifest=_META_FILE) as snapshot:
+            saved = read_saved_dense(snapshot, mmap=mmap)
+        return cls.from_saved(
+            saved, passages, embedder, batch_size=batch_size, show_progress=show_progress, trust_paths=trust_paths,
+            nprobe=nprobe, ef_search=ef_search,
+        )
+
+    @classmethod
+    def from_saved(
+        cls,
+        saved: "SavedDense",
+        passages: Sequence[Passage],
+        embedder: EmbedderLike = None,
+        *,
+        batch_size: int = 64,
+        show_progress: bool = True,
+        trust_paths: bool = False,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+    ) -> "DenseRetriever":
+        """The retriever over ``passages`` of an index :func:`read_saved_dense` read (see :meth:`load`)."""
+        meta, index, where = saved.meta, saved.index, saved.where
         spec = IndexSpec(
             meta.first_stage or meta.factory, nlist=meta.nlist, nprobe=nprobe, hnsw_m=meta.hnsw_m,
             ef_search=ef_search, on_disk=meta.on_disk,
         )
         passages = list(passages)
-        memory_mapped = meta.on_disk if mmap is None else mmap
-        index = read_index(index_path, mmap=memory_mapped)
         if not (meta.count == index.ntotal == len(passages)):
             raise ValueError(
-                f"the index in {folder} holds {index.ntotal} vectors (metadata: {meta.count}) "
+                f"the index in {where} holds {index.ntotal} vectors (metadata: {meta.count}) "
                 f"but {len(passages)} passages were given; pass the passages the index was built from"
             )
         if meta.ids_sha256 != _ids_fingerprint(passages):
-            raise ValueError(f"the passages given differ (ids or order) from those the index in {folder} was built from")
+            raise ValueError(f"the passages given differ (ids or order) from those the index in {where} was built from")
         if meta.dim != index.d:
-            raise ValueError(f"{meta_path} says dim={meta.dim} but the index has dim={index.d}")
+            raise ValueError(f"{where}/{_META_FILE} says dim={meta.dim} but the index has dim={index.d}")
         if embedder is None:
             embedder = cls._saved_embedder(meta, trust_paths=trust_paths)
         self = cls.__new__(cls)
         self._configure(passages, embedder, spec, batch_size, show_progress)
-        self._index, self.index_factory, self.memory_mapped = index, meta.factory, memory_mapped
+        self._index, self.index_factory, self.memory_mapped = index, meta.factory, saved.memory_mapped
         set_search_params(index, nprobe=nprobe, ef_search=ef_search)
         probe_dim = embed_texts(self._embedder, ["dimension probe"]).shape[1]
         if probe_dim != index.d:
-            raise ValueError(f"embedder {self.embedder_name!r} has dimension {probe_dim}, the index in {folder} {index.d}")
+            raise ValueError(f"embedder {self.embedder_name!r} has dimension {probe_dim}, the index in {where} {index.d}")
         return self
 
     @staticmethod
-    def _saved_embedder(meta: "_DenseMeta", *, trust_paths: bool) -> EmbedderLike:
+    def _saved_embedder(meta: "DenseMeta", *, trust_paths: bool) -> EmbedderLike:
         """The embedder to reload from saved metadata (None = bundled default).
 
         A path or name written in the folder is loaded only with ``trust_paths``:
@@ -521,7 +537,7 @@ class DenseRetriever(BatchRetrieverMixin):
         raise ValueError(f"the index was built with a custom embedder ({meta.embedder}); pass embedder= to load()")
 
 
-class _DenseMeta(BaseModel):
+class DenseMeta(BaseModel):
     """``dense.json``, typed."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -540,9 +556,42 @@ class _DenseMeta(BaseModel):
     on_disk: StrictBool = False
 
 
-def _read_meta(path: Path) -> _DenseMeta:
-    """Parse ``dense.json``; ValueError naming the field when it is malformed."""
+@dataclass(frozen=True)
+class SavedDense:
+    """A saved dense index read back: ``dense.json`` and the FAISS index (see :meth:`DenseRetriever.from_saved`).
+
+    Attributes:
+        memory_mapped: whether ``index`` maps its file instead of holding it in memory.
+        where: the folder, for messages.
+    """
+
+    meta: DenseMeta
+    index: "faiss.Index"
+    memory_mapped: bool
+    where: str
+
+
+def read_saved_dense(folder: FolderSnapshot, *, mmap: bool | None = None) -> SavedDense:
+    """Read ``dense.json`` and ``dense.faiss`` from a snapshot of a saved folder, each file once
+    (checked against the folder's manifest when the snapshot has one).
+
+    Args:
+        mmap: memory-map the FAISS file (None = as saved: the index's ``on_disk``).
+
+    Raises:
+        ValueError: a missing, unlisted or damaged file, or malformed ``dense.json``.
+    """
+    where = f"{folder.folder / _META_FILE}"
     try:
-        return _DenseMeta.model_validate_json(path.read_bytes())
+        meta = DenseMeta.model_validate_json(folder.read(_META_FILE))
     except ValidationError as err:
-        raise ValueError(f"{path} is not valid dense index metadata: {validation_message(err)}") from None
+        raise ValueError(f"{where} is not valid dense index metadata: {validation_message(err)}") from None
+    memory_mapped = meta.on_disk if mmap is None else mmap
+    index_where = str(folder.folder / _INDEX_FILE)
+    if memory_mapped:
+        with folder.path(_INDEX_FILE) as path:
+            index = read_index(path, mmap=True, where=index_where)
+    else:
+        with folder.stream(_INDEX_FILE) as stream:
+            index = read_index_stream(stream.read, where=index_where)
+    return SavedDense(meta, index, memory_mapped, str(folder.folder))

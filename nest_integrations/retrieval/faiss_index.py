@@ -33,7 +33,7 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
@@ -246,8 +246,11 @@ def _ivf(index: "faiss.Index") -> "Optional[faiss.IndexIVF]":
         return None
 
 
-def read_index(path: Path, *, mmap: bool) -> "faiss.Index":
+def read_index(path: Path | str, *, mmap: bool, where: Optional[str] = None) -> "faiss.Index":
     """Read a saved FAISS index, memory-mapped when ``mmap`` (module docstring).
+
+    Args:
+        where: the file for messages (default: ``path``).
 
     Raises:
         ValueError: the file is not a readable FAISS index.
@@ -257,7 +260,24 @@ def read_index(path: Path, *, mmap: bool) -> "faiss.Index":
     try:
         return faiss.read_index(str(path), faiss.IO_FLAG_MMAP if mmap else 0)
     except RuntimeError as err:  # FAISS reports a truncated or foreign file this way
-        raise ValueError(f"{path} is not a readable FAISS index: {err}") from err
+        raise ValueError(f"{where or path} is not a readable FAISS index: {err}") from err
+
+
+def read_index_stream(read: Callable[[int], bytes], *, where: str) -> "faiss.Index":
+    """Read a FAISS index into memory from ``read(n) -> up to n bytes`` (a file's ``read``), in order.
+
+    Args:
+        where: the file, for messages.
+
+    Raises:
+        ValueError: the bytes are not a readable FAISS index.
+    """
+    import faiss
+
+    try:
+        return faiss.read_index(faiss.PyCallbackIOReader(read))
+    except RuntimeError as err:
+        raise ValueError(f"{where} is not a readable FAISS index: {err}") from err
 
 
 def index_bytes(index: "faiss.Index") -> int:

@@ -29,7 +29,6 @@ token and entry counts, and every file with its sha256 (:mod:`nest_integrations.
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
@@ -95,15 +94,20 @@ def write_shard(folder: Path, keys: PrecomputedKeys, embeddings: np.ndarray) -> 
 
 
 def read_arrays(folder: Path, names: Iterable[str]) -> dict[str, np.ndarray]:
-    """Memory-map ``folder/<name>.npy`` for each name (read-only, no pickle).
+    """Memory-map ``folder/<name>.npy`` for each name (read-only, no pickle), e.g. shards a build
+    just wrote; a saved index reads its own through :class:`~nest_integrations.core.safe_io.FolderSnapshot`.
 
     Raises:
-        ValueError: a file is truncated or not a ``.npy`` file.
+        ValueError: a file is truncated or not a ``.npy`` file (naming it).
     """
-    try:
-        return {name: np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in names}
-    except (ValueError, EOFError, OSError) as err:  # numpy's words for a truncated or foreign .npy
-        raise ValueError(f"{folder}: a key array is not a readable .npy file ({err})") from err
+    arrays = {}
+    for name in names:
+        path = folder / f"{name}.npy"
+        try:
+            arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, EOFError, OSError) as err:  # numpy's words for a truncated or foreign .npy
+            raise ValueError(f"{path} is not a readable .npy file ({err})") from err
+    return arrays
 
 
 class ShardedKeys:
@@ -173,11 +177,13 @@ class ShardedKeys:
         return self.shards[shard].passage(index - int(self._starts[shard]))
 
     def copy_to(self, folder: Path) -> list[ShardRecord]:
-        """Copy every shard folder into the new ``keys/`` folder ``folder`` (a re-save);
-        a no-op when ``folder`` is where the shards already are (a fresh distributed build)."""
+        """Write every shard into the new ``keys/`` folder ``folder`` (a re-save) from the arrays
+        this object serves, not from the files at :attr:`folder`, which a later save may have
+        replaced since; a no-op when ``folder`` is where the shards already are (a fresh
+        distributed build)."""
         if folder.resolve() != self.folder.resolve():
-            for number in range(len(self.shards)):
-                shutil.copytree(self.folder / shard_name(number), folder / shard_name(number))
+            for number, (keys, embeddings) in enumerate(zip(self.shards, self.embeddings)):
+                write_shard(folder / shard_name(number), keys, embeddings)
         return self.records
 
     @classmethod
@@ -185,10 +191,27 @@ class ShardedKeys:
         cls, folder: Path, records: Sequence[ShardRecord], *, check: Optional[ShardCheck] = None,
         codec: Optional[KeyCodec] = None,
     ) -> "ShardedKeys":
-        """Memory-map the shards ``records`` describes, checking each against its record.
+        """Memory-map the shards ``records`` describes (:func:`read_arrays`), checked as :meth:`from_arrays` says.
 
         Args:
             folder: the ``keys/`` folder.
+
+        Raises:
+            ValueError: an unreadable array, or as :meth:`from_arrays`.
+        """
+        shards = [read_arrays(folder / shard_name(n), (*KEY_ARRAYS, EMBEDDINGS)) for n in range(len(records))]
+        return cls.from_arrays(folder, records, shards, check=check, codec=codec)
+
+    @classmethod
+    def from_arrays(
+        cls, folder: Path, records: Sequence[ShardRecord], shards: Sequence[dict[str, np.ndarray]], *,
+        check: Optional[ShardCheck] = None, codec: Optional[KeyCodec] = None,
+    ) -> "ShardedKeys":
+        """The shards ``records`` describes from their arrays (each shard's :data:`KEY_ARRAYS` and
+        ``embeddings``, memory-mapped), checking each against its record.
+
+        Args:
+            folder: the ``keys/`` folder they were read from (for messages).
             codec: the trained codec the shards' keys are stored with (None: float16
                 of the width the first shard holds).
             check: called as ``check(arrays, first_passage, shard_passages)`` on each
@@ -196,32 +219,30 @@ class ShardedKeys:
                 token ids and spans against the passages); raises ValueError.
 
         Raises:
-            ValueError: an unreadable array, or a shard whose arrays disagree with
-                its record or whose embeddings are not float32 (P_s, D); the message
-                names the shard folder.
+            ValueError: a shard whose arrays disagree with its record or whose embeddings
+                are not float32 (P_s, D); the message names the shard folder.
         """
-        shards, embeddings, start = [], [], 0
-        for number, record in enumerate(records):
+        keys_of, embeddings, start = [], [], 0
+        for number, (record, arrays) in enumerate(zip(records, shards, strict=True)):
             where = folder / shard_name(number)
-            arrays = read_arrays(where, KEY_ARRAYS)
+            key_arrays = {name: arrays[name] for name in KEY_ARRAYS}
             if check is not None:
                 try:
-                    check(arrays, start, record.passages)
+                    check(key_arrays, start, record.passages)
                 except ValueError as err:  # the check knows the passages, not which shard it reads
                     raise ValueError(f"{where}: {err}") from err
             if codec is None:
-                codec = Float16Codec(arrays["keys"].shape[1])
-            keys = PrecomputedKeys(**arrays, codec=codec)
+                codec = Float16Codec(key_arrays["keys"].shape[1])
+            keys = PrecomputedKeys(**key_arrays, codec=codec)
             if (keys.num_passages, keys.num_tokens, keys.num_entries) != (record.passages, record.tokens, record.entries):
                 raise ValueError(
                     f"{where}: the manifest records {record.passages} passages, {record.tokens} tokens and "
                     f"{record.entries} entries; the arrays hold {keys.num_passages}, {keys.num_tokens} and {keys.num_entries}"
                 )
-            vectors = read_arrays(where, [EMBEDDINGS])[EMBEDDINGS]
+            vectors = arrays[EMBEDDINGS]
             if vectors.dtype != np.float32 or vectors.ndim != 2 or len(vectors) != record.passages:
                 raise ValueError(f"{where}: embeddings must be float32 ({record.passages}, dim), got {vectors.dtype} {vectors.shape}")
-            shards.append(keys)
+            keys_of.append(keys)
             embeddings.append(vectors)
             start += record.passages
-        return cls(folder, shards, embeddings)
-
+        return cls(folder, keys_of, embeddings)
