@@ -109,3 +109,72 @@ def test_an_index_meeting_an_lm_without_calibration_fits_one_on_its_own_corpus_a
 
     (folder / CALIBRATION_FILE).write_text("{not json")  # a broken cache is refitted, never trusted
     assert NestIndex.load(folder, tiny_lm).calibrations == {}
+
+
+def saved_calibration(lm, **values) -> dict:
+    """A calibration entry as ``calibration.json`` holds it, with ``values`` in place of the fitted ones."""
+    quantiles = {"0.1": 0.1, "0.5": 0.2, "0.9": 0.3}
+    entry = {
+        "lm_name": lm.name, "lm_fingerprint": lm.fingerprint(), "alpha": 0.25, "tau": 0.05, "separating_alpha": 0.3,
+        "balanced_accuracy": 0.8, "known_ratio_quantiles": quantiles, "unknown_ratio_quantiles": quantiles,
+        "passages": 4, "tokens": 100, "seconds": 1.0,
+    }
+    return {**entry, **values}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"alpha": "NaN"}, {"alpha": "Infinity"}, {"alpha": "-Infinity"}, {"alpha": 1.5}, {"tau": "Infinity"}, {"tau": 1e-300},
+     {"tau": 0.0}, {"known_ratio_quantiles": {"0.5": "NaN"}}, {"balanced_accuracy": "-Infinity"}],
+)
+def test_a_saved_calibration_not_finite_or_out_of_bounds_is_refitted_with_a_warning(tiny_lm, tmp_path, docs_index, values, caplog):
+    import shutil
+
+    folder = tmp_path / "index"
+    shutil.copytree(docs_index, folder)
+    good = saved_calibration(tiny_lm)
+    bad = saved_calibration(tiny_lm, **values)
+    raw = json.dumps({"format": "nest-calibration", "version": 1, "calibrations": {"other-lm": {**good, "lm_fingerprint": "other-lm"}, tiny_lm.fingerprint(): bad}})
+    for literal in ("NaN", "Infinity", "-Infinity"):  # as Python's json writes them
+        raw = raw.replace(f'"{literal}"', literal)
+    (folder / CALIBRATION_FILE).write_text(raw)
+    with caplog.at_level("WARNING", logger="nest_integrations.policy.calibration"):
+        index = NestIndex.load(folder, tiny_lm)
+    assert tiny_lm.fingerprint() not in index.calibrations, "a value no fit gives is never decoded with"
+    assert list(index.calibrations) == ["other-lm"], "the other LMs' calibrations stay"
+    assert any(str(folder / CALIBRATION_FILE) in r.getMessage() and "calibrated again" in r.getMessage() for r in caplog.records)
+    decoder = index.decoder()
+    decoder.generate("How are routes declared?", mode="nest", max_new_tokens=2)
+    fitted = decoder.calibration  # fitted again on the first generation that needs one
+    assert fitted is not None and np.isfinite([fitted.alpha, fitted.tau]).all() and 0.0 <= fitted.alpha <= 1.0 and fitted.tau >= 1e-3
+
+
+def test_a_calibration_file_that_is_a_folder_is_an_error_naming_it(tiny_lm, tmp_path, docs_index, monkeypatch):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from nest_integrations.cli import app
+
+    folder = tmp_path / "index"
+    shutil.copytree(docs_index, folder)
+    (folder / CALIBRATION_FILE).unlink(missing_ok=True)
+    (folder / CALIBRATION_FILE).mkdir()
+    with pytest.raises(ValueError, match=f"{folder / CALIBRATION_FILE} is not a regular file"):
+        NestIndex.load(folder, tiny_lm)
+    monkeypatch.setattr("nest_integrations.model.lm.load_lm", lambda *args, **kwargs: tiny_lm)
+    result = CliRunner().invoke(app, ["generate", "How are routes declared?", "-d", str(folder), "--model", "tiny", "--max-new-tokens", "2", "--server", "never"])
+    assert result.exit_code == 2 and "calibration.json is not a regular file" in result.output.replace("\n", ""), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_an_index_loaded_before_a_rebuild_keeps_its_calibration_out_of_the_new_index(tiny_lm, tmp_path):
+    folder = NestIndex.build(DOCS, tiny_lm, show_progress=False).save(tmp_path / "index")
+    old = NestIndex.load(folder, tiny_lm)
+    NestIndex.build(DOCS[:4], tiny_lm, show_progress=False).save(folder, overwrite=True)  # rebuilt meanwhile
+    fitted = old.calibrate(n=2, budget_s=None, show_progress=False)
+    assert old.calibrations == {tiny_lm.fingerprint(): fitted}, "kept in memory"
+    assert not (folder / CALIBRATION_FILE).exists(), "the rebuilt index got a calibration of another corpus"
+    again = NestIndex.load(folder, tiny_lm)
+    again.calibrate(n=2, budget_s=None, show_progress=False)  # the index there now still saves its own
+    assert tiny_lm.fingerprint() in json.loads((folder / CALIBRATION_FILE).read_text())["calibrations"]

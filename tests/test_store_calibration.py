@@ -184,3 +184,59 @@ def test_a_llama_index_store_fits_at_the_first_nest_call_keeps_and_persists_it(t
 
     LlamaIndexStore(lm=tiny_lm).persist(str(tmp_path / "default__vector_store.json"))  # another store in its place
     assert not (tmp_path / "default__vector_store.calibration.json").exists()
+
+
+# --------------------------------------------------------------------------- files that cannot be trusted
+def write_calibration(path, lm, **values) -> None:
+    """A calibration file holding one entry for ``lm`` with ``values`` in place of fitted ones (NaN and
+    infinities as Python's json writes them)."""
+    quantiles = {"0.1": 0.1, "0.5": 0.2, "0.9": 0.3}
+    entry = {
+        "lm_name": lm.name, "lm_fingerprint": lm.fingerprint(), "alpha": 0.25, "tau": 0.05, "separating_alpha": 0.3,
+        "balanced_accuracy": 0.8, "known_ratio_quantiles": quantiles, "unknown_ratio_quantiles": quantiles,
+        "passages": 4, "tokens": 100, "seconds": 1.0, **values,
+    }
+    path.write_text(json.dumps({"format": "nest-calibration", "version": 1, "calibrations": {lm.fingerprint(): entry}}))
+
+
+@pytest.mark.parametrize("values", [{"alpha": float("nan")}, {"alpha": float("inf")}, {"tau": float("inf")}, {"tau": 1e-300}])
+def test_a_store_calibration_not_finite_or_out_of_bounds_is_refitted_with_a_warning(tiny_lm, tmp_path, values, caplog):
+    folder = langchain_store(tiny_lm).save_local(tmp_path / "store")
+    write_calibration(folder / "calibration.json", tiny_lm, **values)
+    with caplog.at_level("WARNING", logger="nest_integrations.policy.calibration"):
+        store = LangChainStore.load_local(folder, DeterministicFakeEmbedding(size=16), lm=tiny_lm, show_progress=False)
+    assert store.calibrations == {} and any("calibrated again" in r.getMessage() for r in caplog.records)
+
+    llama = LlamaIndexStore(lm=tiny_lm, show_progress=False)
+    llama_index(llama).storage_context.persist(str(tmp_path / "llama"))
+    write_calibration(tmp_path / "llama" / "default__vector_store.calibration.json", tiny_lm, **values)
+    assert LlamaIndexStore.from_persist_dir(str(tmp_path / "llama"), lm=tiny_lm).calibrations == {}
+
+
+def test_a_store_calibration_file_that_is_a_folder_is_an_error_naming_it(tiny_lm, tmp_path):
+    folder = langchain_store(tiny_lm).save_local(tmp_path / "store")
+    (folder / "calibration.json").mkdir()
+    with pytest.raises(ValueError, match="calibration.json is not a regular file"):
+        LangChainStore.load_local(folder, DeterministicFakeEmbedding(size=16), lm=tiny_lm)
+
+    llama = LlamaIndexStore(lm=tiny_lm, show_progress=False)
+    llama_index(llama).storage_context.persist(str(tmp_path / "llama"))
+    (tmp_path / "llama" / "default__vector_store.calibration.json").mkdir()
+    with pytest.raises(ValueError, match="default__vector_store.calibration.json is not a regular file"):
+        LlamaIndexStore.from_persist_dir(str(tmp_path / "llama"), lm=tiny_lm)
+
+
+def test_a_store_saved_over_keeps_the_old_stores_fit_out_of_its_folder(tiny_lm, tmp_path, spy):
+    old = langchain_store(tiny_lm)
+    folder = old.save_local(tmp_path / "store")
+    LangChainStore.from_texts(["Another store. It is saved in the same place."], DeterministicFakeEmbedding(size=16), lm=tiny_lm, show_progress=False).save_local(folder, overwrite=True)
+    fitted = old.calibrate(n=2, budget_s=None)
+    assert old.calibrations == {tiny_lm.fingerprint(): fitted}
+    assert not (folder / "calibration.json").exists(), "the other store got this store's calibration"
+
+    llama = LlamaIndexStore(lm=tiny_lm, show_progress=False)
+    index = llama_index(llama)
+    index.storage_context.persist(str(tmp_path / "llama"))
+    LlamaIndexStore(lm=tiny_lm).persist(str(tmp_path / "llama" / "default__vector_store.json"))  # another store in its place
+    llama.calibrate(tiny_lm, HashEmbedding(), n=2, budget_s=None)
+    assert not (tmp_path / "llama" / "default__vector_store.calibration.json").exists()

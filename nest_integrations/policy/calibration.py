@@ -31,6 +31,7 @@ Results are keyed by the model fingerprint and saved with an index
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -38,10 +39,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing_extensions import Annotated
 
 from nest_integrations.core.config import DEFAULT_ALPHA, DEFAULT_TAU, NestConfig
-from nest_integrations.core.safe_io import write_file_atomic
+from nest_integrations.core.safe_io import validation_message, write_file_atomic
 from nest_integrations.corpus.passages import Passage, sentence_spans
 
 logger = logging.getLogger(__name__)
@@ -74,6 +76,13 @@ gate keeps 1 to 4 passages for most questions, and each one costs its key encodi
 MIN_PASSAGES = 4
 """Passages measured before a time budget may end a calibration."""
 
+MIN_TAU = 1e-3
+"""The smallest tau a fit gives: below it lambda is a step function of the ratio (a saved tau
+below it, 1e-300 say, makes every step all LM or all retrieval)."""
+
+Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
+"""A distance ratio ``d_min/d_max``, or a threshold on it, or a share: in [0, 1]."""
+
 
 class CalibrationCorpus(Protocol):
     """What calibration needs of an index or a store: its LM, its passages, a first stage
@@ -99,18 +108,23 @@ def retrieve_excluding(
 
 
 class Calibration(BaseModel):
-    """alpha and tau fitted for one LM on one corpus, with the evidence behind them."""
+    """alpha and tau fitted for one LM on one corpus, with the evidence behind them.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Every number is finite and within what a fit can give (a ratio in [0, 1], tau in
+    [:data:`MIN_TAU`, 1]): a saved file holding NaN, an infinity or 1e-300 is refused
+    (:meth:`CalibrationFile.parse` fits that LM again).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     lm_name: str = Field(description="Name the LM was loaded under.")
     lm_fingerprint: str = Field(description="The LM's weights digest (lm.model_fingerprint): the key it is saved under.")
-    alpha: float = Field(description="Calibrated RRC offset on this model's ratio scale.")
-    tau: float = Field(gt=0, description="Calibrated RRC temperature on this model's ratio scale.")
-    separating_alpha: float = Field(description="The ratio threshold that best separates known from unknown steps.")
-    balanced_accuracy: float = Field(description="Balanced accuracy of that threshold: 0.5 is chance, 1.0 perfect.")
-    known_ratio_quantiles: dict[str, float] = Field(description="Quantiles 0.1..0.9 of the ratio where the corpus holds the next token.")
-    unknown_ratio_quantiles: dict[str, float] = Field(description="The same where it does not.")
+    alpha: Ratio = Field(description="Calibrated RRC offset on this model's ratio scale (a quantile of its ratios).")
+    tau: float = Field(ge=MIN_TAU, le=1.0, description="Calibrated RRC temperature on this model's ratio scale (a spread of its ratios).")
+    separating_alpha: Ratio = Field(description="The ratio threshold that best separates known from unknown steps.")
+    balanced_accuracy: Ratio = Field(description="Balanced accuracy of that threshold: 0.5 is chance, 1.0 perfect.")
+    known_ratio_quantiles: dict[str, Ratio] = Field(description="Quantiles 0.1..0.9 of the ratio where the corpus holds the next token.")
+    unknown_ratio_quantiles: dict[str, Ratio] = Field(description="The same where it does not.")
     passages: int = Field(ge=0, description="Passages teacher-forced.")
     tokens: int = Field(ge=0, description="Forced tokens per condition.")
     seconds: float = Field(ge=0, description="Wall time of the calibration.")
@@ -127,28 +141,40 @@ class CalibrationFile(BaseModel):
 
     @classmethod
     def parse(cls, raw: Optional[bytes], where: str) -> "CalibrationFile":
-        """The calibrations in a file's bytes (None: no file); empty, with a warning naming
-        ``where``, when they do not parse (a calibration is a cache: it is redone, never
-        trusted half-written)."""
+        """The calibrations in a file's bytes (None: no file). A calibration is a cache: what is
+        not valid is fitted again, never trusted, with a warning naming ``where``: the whole file
+        when it is not a calibration file, else each entry that is not a valid
+        :class:`Calibration` (a value not finite or out of bounds) or that stands under
+        another LM's fingerprint."""
         if raw is None:
             return cls()
         try:
-            return cls.model_validate_json(raw)
-        except ValueError as err:
+            data = json.loads(raw)
+            entries = data.get("calibrations", {}) if isinstance(data, dict) else None
+            if not isinstance(entries, dict):
+                raise ValueError("not a JSON object with a 'calibrations' object")
+            file = cls.model_validate({**data, "calibrations": {}})
+        except (ValueError, RecursionError) as err:  # a pydantic ValidationError is a ValueError
             logger.warning("ignoring unreadable %s (%s); the model will be calibrated again", where, err)
             return cls()
+        for key, entry in entries.items():
+            try:
+                calibration = Calibration.model_validate(entry)
+            except ValidationError as err:
+                logger.warning("ignoring the calibration %s in %s (%s); the model will be calibrated again", key, where, validation_message(err))
+                continue
+            if calibration.lm_fingerprint != key:
+                logger.warning("ignoring the calibration %s in %s: it is %s's; the model will be calibrated again", key, where, calibration.lm_fingerprint)
+                continue
+            file.calibrations[key] = calibration
+        return file
 
     def to_bytes(self) -> bytes:
         """The file's bytes (indented JSON)."""
         return self.model_dump_json(indent=1).encode()
 
-    @classmethod
-    def read(cls, folder: Path) -> "CalibrationFile":
-        """The calibrations saved in an index folder (:meth:`parse`)."""
-        path = Path(folder) / CALIBRATION_FILE
-        return cls.parse(path.read_bytes() if path.exists() else None, str(path))
-
     def write(self, folder: Path) -> None:
+        """Write the file into the new folder of a save (an existing file is replaced atomically)."""
         write_file_atomic(Path(folder) / CALIBRATION_FILE, self.to_bytes())
 
 
@@ -177,7 +203,7 @@ def fit_alpha_tau(known: np.ndarray, unknown: np.ndarray) -> dict[str, Any]:
     """alpha and tau on the reference scale, the separating threshold, and both distributions.
 
     alpha is the ``REFERENCE_UNKNOWN_SHARE`` quantile of the unknown ratios; tau is
-    ``REFERENCE_TAU_SPREAD`` times their interquartile range (at least 1e-3).
+    ``REFERENCE_TAU_SPREAD`` times their interquartile range (at least :data:`MIN_TAU`).
     Quantiles, not raw values, carry over between models: a model whose
     ratios all sit near 1 (every key about as far as the others) gets an alpha
     near 1 instead of an LM weight of 1 everywhere.
@@ -191,7 +217,7 @@ def fit_alpha_tau(known: np.ndarray, unknown: np.ndarray) -> dict[str, Any]:
     iqr = float(np.quantile(unknown, 0.75) - np.quantile(unknown, 0.25))
     return {
         "alpha": round(float(np.quantile(unknown, REFERENCE_UNKNOWN_SHARE)), 4),
-        "tau": round(max(REFERENCE_TAU_SPREAD * iqr, 1e-3), 4),
+        "tau": round(max(REFERENCE_TAU_SPREAD * iqr, MIN_TAU), 4),
         "separating_alpha": round(separating, 4),
         "balanced_accuracy": round(accuracy, 4),
         "known_ratio_quantiles": _quantiles(known),
