@@ -98,6 +98,53 @@ def test_sources_and_save_before_any_answer(session, tmp_path):
     assert not session.handle("/quit")
 
 
+def test_a_bad_save_path_never_ends_the_session_nor_loses_the_conversation(session, tmp_path):
+    session.run(reader([FIRST, "/save ~nosuchuser-of-this-machine/t.jsonl", f"/save {tmp_path}", "/save bad\x00name", FOLLOW_UP, f"/save {tmp_path / 't.jsonl'}"]))
+    out = " ".join(printed(session).split())
+    assert out.count("Could not save to") == 3 and out.count("The conversation is kept") == 3, out
+    assert out.rstrip().endswith("Bye.") and "Saved 2 turns" in out
+    saved = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [turn["question"] for turn in saved] == [FIRST, FOLLOW_UP]
+
+
+def test_save_asks_before_replacing_a_file_that_is_not_its_own_transcript(session, tmp_path):
+    notes, transcript = tmp_path / "notes.txt", tmp_path / "t.jsonl"
+    notes.write_text("my notes")
+    session.run(reader([FIRST, f"/save {notes}", "n", f"/save {transcript}", FOLLOW_UP, f"/save {transcript}"]))
+    out = " ".join(printed(session).split())
+    assert notes.read_text() == "my notes" and "notes.txt exists and is not this conversation's transcript" in out
+    assert "Not saved; the conversation is kept" in out
+    assert out.count("Replace it?") == 1, "its own transcript is replaced without asking"
+    assert len(transcript.read_text(encoding="utf-8").splitlines()) == 2
+
+    transcript.write_text("written by something else")  # no longer the file this session wrote
+    session.run(reader([f"/save {transcript}", "", f"/save {notes}", "yes"]))
+    assert transcript.read_text() == "written by something else", "Enter alone answers no"
+    assert len(notes.read_text(encoding="utf-8").splitlines()) == 2, "replaced once the user said yes"
+    unasked = ChatSession(session.decoder, session.console)  # driven without a reader: nothing to ask with
+    assert unasked.handle(f"/save {transcript}") and transcript.read_text() == "written by something else"
+    assert "not replacing it" in printed(session)
+
+
+def test_the_question_history_is_private_and_never_written_through_a_link(session, tmp_path):
+    import os
+    import stat
+
+    from nest_integrations.decoding.chat_session import terminal_reader
+
+    history = tmp_path / "cache" / "chat_history"
+    terminal_reader(session, history)
+    assert stat.S_IMODE(history.stat().st_mode) == 0o600
+    history.chmod(0o644)  # written by an older release
+    terminal_reader(session, history)
+    assert stat.S_IMODE(history.stat().st_mode) == 0o600
+    history.unlink()
+    (tmp_path / "elsewhere").write_text("someone's file")
+    os.symlink(tmp_path / "elsewhere", history)
+    terminal_reader(session, history)  # history kept in memory instead
+    assert (tmp_path / "elsewhere").read_text() == "someone's file" and stat.S_IMODE((tmp_path / "elsewhere").stat().st_mode) != 0o600
+
+
 # --------------------------------------------------------------------------- through a pseudo-terminal
 LAUNCHER = textwrap.dedent(
     """
@@ -162,6 +209,7 @@ def test_nest_chat_in_a_terminal(monkeypatch, tiny_lm, tmp_path):
     assert [m["role"] for m in turns[2]["messages"]] == ["user", "assistant", "user", "assistant", "user"]
     history = (tmp_path / "cache" / "chat_history").read_text(encoding="utf-8")
     assert FIRST in history and "/mode rag" in history
+    assert (tmp_path / "cache" / "chat_history").stat().st_mode & 0o777 == 0o600
 
 
 def test_nest_chat_refuses_a_bad_mode_and_a_stdin_that_is_not_a_terminal_before_loading(monkeypatch, tmp_path):

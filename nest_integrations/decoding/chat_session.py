@@ -20,8 +20,11 @@ interactive reader (prompt_toolkit: line editing, history across sessions).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
+import stat
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -40,7 +43,8 @@ logger = logging.getLogger(__name__)
 COMMANDS = {
     "/mode MODE": f"answer the next questions in another mode: {', '.join(MODES)} (without MODE: show the current one)",
     "/sources": "the sources of the last answer: document, lines and characters cited",
-    "/save FILE": "write the transcript as JSONL, one line per turn with the full output contract",
+    "/save FILE": "write the transcript as JSONL, one line per turn with the full output contract (asks before "
+    "replacing a file it did not write)",
     "/reset": "forget the conversation (the next question starts a new one)",
     "/help": "this list",
     "/quit": "end the session (or Ctrl-D)",
@@ -74,6 +78,8 @@ class ChatSession:
         self.messages: list[dict[str, str]] = []
         self.turns: list[dict[str, Any]] = []
         self.last: Optional[NestOutput] = None
+        self._read_line: Optional[Callable[[], str]] = None  # asks before /save replaces a file: set by run()
+        self._transcripts: set[tuple[int, int, int, int]] = set()  # each file /save wrote, as it left it: its own to replace
 
     # ------------------------------------------------------------------ the loop
     def run(self, read_line: Callable[[], str]) -> None:
@@ -82,6 +88,7 @@ class ChatSession:
         answering, it abandons the answer and the conversation stays as it was, as
         it does when the decoder refuses the question (ValueError, shown)."""
         self.console.print("Ask a question; /help lists the commands, Ctrl-D ends.", style="dim", highlight=False)
+        self._read_line = read_line
         while True:
             try:
                 line = read_line()
@@ -193,15 +200,48 @@ class ChatSession:
             self.console.print(line, highlight=False, markup=False)
 
     def _save(self, name: str) -> None:
+        """``/save FILE``: a file that cannot be written, or that is not a transcript this session wrote
+        and the user does not agree to replace, is said so and left as it was; the session and the
+        conversation go on either way (/save again with another file)."""
         if not name:
             self.console.print("/save needs a file name: /save transcript.jsonl", style="red", highlight=False)
             return
         try:
-            count = self.save(Path(name).expanduser())
-        except OSError as err:
-            self.console.print(f"Could not save to {name}: {err.strerror or err}", style="red", highlight=False, markup=False)
+            path = Path(name).expanduser()
+            if not self._may_replace(path, name):
+                self.console.print("Not saved; the conversation is kept: /save another file.", highlight=False, markup=False)
+                return
+            count = self.save(path)
+            status = path.stat()
+        except (OSError, RuntimeError, ValueError) as err:  # RuntimeError: ~user without a home; ValueError: a NUL in the name
+            reason = str(err.strerror if isinstance(err, OSError) and err.strerror else err).rstrip(".")
+            self.console.print(
+                f"Could not save to {name}: {reason}. The conversation is kept: /save another file.", style="red", highlight=False, markup=False
+            )
             return
+        self._transcripts.add(_written(status))
         self.console.print(f"Saved {count} turns to {name}", highlight=False, markup=False)
+
+    def _may_replace(self, path: Path, name: str) -> bool:
+        """Whether /save may write ``path``: nothing is there, it is a transcript this session wrote, or the user says so."""
+        try:
+            status = path.lstat()
+        except FileNotFoundError:
+            return True
+        if _written(status) in self._transcripts:  # unchanged since: the same file, size and time
+            return True
+        if stat.S_ISDIR(status.st_mode):  # never replaced: no question to ask
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        question = f"{name} exists and is not this conversation's transcript. Replace it? [y/N]"
+        if self._read_line is None:  # driven without a reader: no way to ask
+            self.console.print(f"{name} exists and is not this conversation's transcript; not replacing it.", style="red", highlight=False, markup=False)
+            return False
+        self.console.print(question, style="yellow", highlight=False, markup=False)
+        try:
+            answer = self._read_line()
+        except (EOFError, KeyboardInterrupt):
+            return False
+        return answer.strip().lower() in ("y", "yes")
 
     def save(self, path: Path) -> int:
         """Write the transcript to ``path`` (replaced whole, atomically) as JSONL: one line per
@@ -215,14 +255,27 @@ class ChatSession:
         return len(self.turns)
 
 
+def _written(status: os.stat_result) -> tuple[int, int, int, int]:
+    """A file as it is: device, inode, size and modification time (a file rewritten in place differs)."""
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+
+
 def terminal_reader(session: ChatSession, history_file: Optional[Path]) -> Callable[[], str]:
     """A prompt_toolkit line reader showing the session's mode (``nest> ``), with line editing
     and the questions of earlier sessions in ``history_file`` (Up/Down, Ctrl-R); None keeps
-    the history in memory only. Raises EOFError on Ctrl-D, KeyboardInterrupt on Ctrl-C."""
+    the history in memory only (as does a history file that cannot be made private). The file is
+    created 0600 (an existing one is set to 0600). Raises EOFError on Ctrl-D, KeyboardInterrupt on Ctrl-C."""
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory, InMemoryHistory
 
+    from nest_integrations.core.safe_io import create_private_file
+
     if history_file is not None:
-        history_file.parent.mkdir(parents=True, exist_ok=True)
+        try:  # the questions asked are the user's alone: 0600, never written through a link planted there
+            history_file.parent.mkdir(parents=True, exist_ok=True)
+            create_private_file(history_file)
+        except OSError as err:
+            logger.warning("keeping the question history in memory only: %s cannot be used (%s)", history_file, err)
+            history_file = None
     prompt = PromptSession(history=FileHistory(str(history_file)) if history_file is not None else InMemoryHistory())
     return lambda: prompt.prompt(f"{session.mode}> ")
