@@ -119,3 +119,33 @@ def test_each_batch_item_wall_time_is_its_own(tiny_lm, tiny_datastore, small_pas
         s = output.stats
         assert s.retrieval_s >= 0.4 and s.wall_s >= s.retrieval_s + s.decode_s
         assert s.wall_s - s.decode_s < 0.4 + 0.6  # its own retrieval; the others' two would make it 0.8 more
+
+
+def test_a_second_job_on_the_same_output_is_refused_and_the_first_writes_each_item_once(index_folder, tmp_path, monkeypatch):
+    """Two ``nest generate --input X --output O`` at once: the second one is refused with a clear message while
+    the first runs, instead of both appending (duplicated, interleaved lines)."""
+    items, output = tmp_path / "items.jsonl", tmp_path / "out.jsonl"
+    items.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Who was person {i}?"}) + "\n" for i in range(4)), encoding="utf-8")
+    job = ["generate", "--input", str(items), "--output", str(output), "-d", str(index_folder), "--model", "tiny",
+           "--max-new-tokens", "2", "--batch-size", "2"]
+    generate_batch, second = NestDecoder.generate_batch, []
+
+    def meanwhile(self, *args, **kwargs):
+        if not second:  # the first job is running: start another on the same output
+            second.append(CliRunner().invoke(app, job))
+        return generate_batch(self, *args, **kwargs)
+
+    monkeypatch.setattr(NestDecoder, "generate_batch", meanwhile)
+    first = CliRunner().invoke(app, job)
+    assert first.exit_code == 0, first.output
+    assert second[0].exit_code == 2 and "is being written by another nest generate job" in " ".join(second[0].output.split())
+    assert [json.loads(line)["id"] for line in output.read_text(encoding="utf-8").splitlines()] == ["q0", "q1", "q2", "q3"]
+    again = CliRunner().invoke(app, job)  # the lock ends with the job: a resume finds everything done
+    assert again.exit_code == 0 and "4 kept from an earlier run" in " ".join(again.output.split())
+
+
+def test_a_job_that_fails_before_writing_leaves_no_output_behind(index_folder, tmp_path):
+    items, output = tmp_path / "items.jsonl", tmp_path / "out.jsonl"
+    items.write_text(json.dumps({"prompt": "Who?"}) + "\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["generate", "--input", str(items), "--output", str(output), "-d", str(tmp_path / "nowhere"), "--model", "tiny"])
+    assert result.exit_code == 2 and not output.exists()

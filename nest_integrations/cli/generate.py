@@ -279,39 +279,39 @@ def _generate_items(
     The input and the output file are checked before the index or the LM is loaded; the
     settings a resume must share (index, LM, decoding) once they are."""
     from nest_integrations.core.config import NestConfig
-    from nest_integrations.index.jobs import check_output, in_process_runner, job_settings, read_items, run_job
+    from nest_integrations.index.jobs import in_process_runner, job_settings, output_lock, read_items, run_job
     from nest_integrations.index.nest_index import index_identity
 
     use_ray, address, workers, cpus_per_worker, timeout_s = ray
     folder = datastore or default_index_path()
     try:
         items = read_items(input_path)
-        check_output(output_path)
-        if datastore is None and not (folder / "manifest.json").exists():
-            build_default_index(folder)
-        identity = index_identity(folder)
-        if use_ray:
-            from nest_integrations.index.distributed import ray_cluster, ray_generator
+        with output_lock(output_path):  # checked first; a second job on this output is refused
+            if datastore is None and not (folder / "manifest.json").exists():
+                build_default_index(folder)
+            identity = index_identity(folder)
+            if use_ray:
+                from nest_integrations.index.distributed import ray_cluster, ray_generator
 
-            with ray_cluster(address, timeout_s=timeout_s), ray_generator(
-                folder, model=model, overrides=overrides, workers=workers, cpus_per_worker=cpus_per_worker
-            ) as ray_runner:
-                settings = job_settings(index=identity, lm_fingerprint=ray_runner.lm_fingerprint, config=NestConfig().updated(**overrides))
-                runner, tally = _tallied(ray_runner)
+                with ray_cluster(address, timeout_s=timeout_s), ray_generator(
+                    folder, model=model, overrides=overrides, workers=workers, cpus_per_worker=cpus_per_worker
+                ) as ray_runner:
+                    settings = job_settings(index=identity, lm_fingerprint=ray_runner.lm_fingerprint, config=NestConfig().updated(**overrides))
+                    runner, tally = _tallied(ray_runner)
+                    started = time.perf_counter()
+                    generated = run_job(items, output_path, runner, settings=settings, chunk_size=batch_size, restart=restart)
+                    tally.wall_s = time.perf_counter() - started
+            else:
+                decoder = load_index(folder, model).decoder()
+                decoder.config = decoder.config.updated(**overrides)
+                decoder.ensure_calibration(decoder.config)
+                # The calibrated alpha/tau decide the outputs too: a resume after `nest calibrate` is refused.
+                alpha, tau = decoder.rrc_parameters(decoder.config)
+                settings = job_settings(index=identity, lm_fingerprint=decoder.lm.fingerprint(), config=decoder.config.updated(alpha=alpha, tau=tau))
+                runner, tally = _tallied(in_process_runner(decoder))
                 started = time.perf_counter()
                 generated = run_job(items, output_path, runner, settings=settings, chunk_size=batch_size, restart=restart)
                 tally.wall_s = time.perf_counter() - started
-        else:
-            decoder = load_index(folder, model).decoder()
-            decoder.config = decoder.config.updated(**overrides)
-            decoder.ensure_calibration(decoder.config)
-            # The calibrated alpha/tau decide the outputs too: a resume after `nest calibrate` is refused.
-            alpha, tau = decoder.rrc_parameters(decoder.config)
-            settings = job_settings(index=identity, lm_fingerprint=decoder.lm.fingerprint(), config=decoder.config.updated(alpha=alpha, tau=tau))
-            runner, tally = _tallied(in_process_runner(decoder))
-            started = time.perf_counter()
-            generated = run_job(items, output_path, runner, settings=settings, chunk_size=batch_size, restart=restart)
-            tally.wall_s = time.perf_counter() - started
     except (ValueError, ImportError) as err:
         fail(str(err))
     kept = len(items) - generated

@@ -37,6 +37,9 @@ ValueError naming what differs, and the file is left as it was: resume with the
 same settings, or start afresh with another output (or ``restart=True``, CLI
 ``--restart``, which replaces a job's output, never another file).
 
+One job writes an output at a time: ``nest generate`` holds :func:`output_lock`
+on it for the whole job, and a second job on the same output is refused.
+
 The batch size is not a setting: it groups items for speed, and a resumed job
 may use another one.
 """
@@ -47,9 +50,15 @@ import hashlib
 import json
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+
+try:  # POSIX; elsewhere two jobs on one output are not refused
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.core.config import NestConfig
@@ -256,6 +265,61 @@ def check_output(output: Path) -> None:
         record = None
     if not isinstance(record, dict) or "input_sha256" not in record:
         raise ValueError(f"{output} is not the output of a generation job; not touching it. Choose another --output")
+
+
+@contextmanager
+def output_lock(output: Path) -> Iterator[None]:
+    """Hold ``output`` for one job (checked first by :func:`check_output`): a second job writing the
+    same file, in another process or this one, is refused at once instead of interleaving its lines.
+
+    The lock is an exclusive ``flock`` on the output file itself, which keeps its inode for the
+    whole job (:func:`run_job` appends, :func:`clear_output` and a resume truncate in place). A
+    missing output is created empty to be locked, and removed again if the job leaves it empty.
+    The lock goes with the process: a killed job leaves none behind.
+
+    Raises:
+        ValueError: ``output`` is not a job's output (:func:`check_output`), cannot be opened, or
+            another job holds it.
+    """
+    check_output(output)
+    if fcntl is None:  # pragma: no cover - no flock on this platform: jobs are not serialised
+        yield
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        created = True
+        try:
+            try:
+                fd = os.open(output, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            except FileExistsError:
+                created = False
+                fd = os.open(output, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        except OSError as err:
+            raise ValueError(f"cannot open {output} for writing ({err.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ValueError(
+                f"{output} is being written by another nest generate job; wait for it to end, or choose another --output"
+            ) from None
+        if _names(output, fd):
+            break
+        os.close(fd)  # the job before removed the file it had left empty: lock the one there now
+    try:
+        yield
+    finally:
+        if created and os.fstat(fd).st_size == 0:
+            output.unlink(missing_ok=True)  # still locked: a job waiting on this file sees it gone and starts afresh
+        os.close(fd)
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` names the file open as ``fd``."""
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(fd))
+    except FileNotFoundError:
+        return False
 
 
 def clear_output(output: Path) -> None:
