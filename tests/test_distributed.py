@@ -219,6 +219,9 @@ def test_ray_generate_keeps_the_order_and_equals_in_process(cluster, single, tin
     expected = [json.loads(line) for line in (tmp_path / "local.jsonl").read_text().splitlines()]
     assert [r["text"] for r in lines] == [r["text"] for r in expected]
     assert [r["input_sha256"] for r in lines] == [r["input_sha256"] for r in expected]
+    # The calibrated alpha/tau the workers decode with are recorded, as in-process: a resume after `nest calibrate` is refused.
+    assert lines[0]["settings"]["alpha"] is not None and lines[0]["settings"]["tau"] is not None
+    assert [r["settings"] for r in lines] == [r["settings"] for r in expected]
 
 
 def test_a_tampered_shard_or_shard_list_is_refused(on_ray, path_lm, tmp_path):

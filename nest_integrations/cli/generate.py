@@ -278,7 +278,6 @@ def _generate_items(
 
     The input and the output file are checked before the index or the LM is loaded; the
     settings a resume must share (index, LM, decoding) once they are."""
-    from nest_integrations.core.config import NestConfig
     from nest_integrations.index.jobs import in_process_runner, job_settings, output_lock, read_items, run_job
     from nest_integrations.index.nest_index import index_identity
 
@@ -296,7 +295,7 @@ def _generate_items(
                 with ray_cluster(address, timeout_s=timeout_s), ray_generator(
                     folder, model=model, overrides=overrides, workers=workers, cpus_per_worker=cpus_per_worker
                 ) as ray_runner:
-                    settings = job_settings(index=identity, lm_fingerprint=ray_runner.lm_fingerprint, config=NestConfig().updated(**overrides))
+                    settings = job_settings(index=identity, lm_fingerprint=ray_runner.lm_fingerprint, config=ray_runner.config)
                     runner, tally = _tallied(ray_runner)
                     started = time.perf_counter()
                     generated = run_job(items, output_path, runner, settings=settings, chunk_size=batch_size, restart=restart)

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
+from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.store.key_codec import DEFAULT_TRAIN_KEYS
 
@@ -220,12 +221,17 @@ def _last_error_line(message: str) -> str:
     return lines[-1] if lines else message
 
 
-def _one_lm(workers: list[dict[str, str]]) -> None:
-    """Raise ValueError unless every worker holds the same LM."""
+def _one_lm(workers: list[dict[str, Any]]) -> None:
+    """Raise ValueError unless every worker holds the same LM, and decodes with the same config when they say."""
     first = workers[0]
     for other in workers[1:]:
         if (other["fingerprint"], other["tokenizer"]) != (first["fingerprint"], first["tokenizer"]):
             raise ValueError(f"the workers on {first['host']} and {other['host']} decode with different LMs")
+        if other.get("config") != first.get("config"):
+            raise ValueError(
+                f"the workers on {first['host']} and {other['host']} decode with different settings (e.g. each fitted its "
+                "own alpha/tau): run `nest calibrate` on the index first"
+            )
 
 
 class _BuildWorker:
@@ -294,8 +300,8 @@ def _workers(ray: Any, cls: type, count: Optional[int], cpus_per_worker: float, 
 @contextmanager
 def _actors(
     ray: Any, cls: type, count: Optional[int], cpus_per_worker: float, *args: Any,
-    check: Callable[[list[dict[str, str]]], None],
-) -> Iterator[tuple[list[Any], list[dict[str, str]]]]:
+    check: Callable[[list[dict[str, Any]]], None],
+) -> Iterator[tuple[list[Any], list[dict[str, Any]]]]:
     """Start the actors, ``check`` what their ``describe()`` says of their LMs, yield the actors
     and those descriptions, and end them after the block (so a caller's long-lived Ray
     runtime gets its CPUs back)."""
@@ -440,11 +446,16 @@ class _GenerateWorker:
 
         self.index = NestIndex.load(index_path, load_lm(model) if model else None)
         self.decoder = self.index.decoder()
-        self.decoder.config = self.decoder.config.updated(**overrides)
+        config = self.decoder.config.updated(**overrides)
+        self.decoder.ensure_calibration(config)
+        # The calibrated alpha/tau decide the outputs: they are pinned in the config the job records.
+        alpha, tau = self.decoder.rrc_parameters(config)
+        self.decoder.config = config.updated(alpha=alpha, tau=tau)
         self.max_batch = max_batch
 
-    def describe(self) -> dict[str, str]:
-        return _describe(self.index.lm)
+    def describe(self) -> dict[str, Any]:
+        """The LM (:func:`_describe`) and the decoding config, alpha and tau resolved, as JSON."""
+        return {**_describe(self.index.lm), "config": self.decoder.config.model_dump(mode="json")}
 
     def generate(self, number: int, chunk: list[Any]) -> tuple[int, list[dict[str, Any]]]:
         from .jobs import generate_chunk
@@ -455,11 +466,13 @@ class _GenerateWorker:
 @dataclass(frozen=True)
 class RayRunner:
     """A :data:`~nest_integrations.index.jobs.ChunkRunner` over Ray actors (call it with the chunks),
-    and the weight fingerprint of the LM every actor decodes with (for
-    :func:`~nest_integrations.index.jobs.job_settings`)."""
+    the weight fingerprint of the LM every actor decodes with and their decoding config, alpha
+    and tau resolved (the calibration's, as in-process), both for
+    :func:`~nest_integrations.index.jobs.job_settings`: a resume after a recalibration is refused."""
 
     run: "ChunkRunner"
     lm_fingerprint: str
+    config: NestConfig
 
     def __call__(self, chunks: Sequence[Sequence[Any]]) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         return self.run(chunks)
@@ -504,4 +517,4 @@ def ray_generator(
             pool = ray.util.ActorPool(actors)
             yield from pool.map_unordered(lambda actor, task: actor.generate.remote(*task), list(enumerate(map(list, chunks))))
 
-        yield RayRunner(run, described[0]["fingerprint"])
+        yield RayRunner(run, described[0]["fingerprint"], NestConfig.model_validate(described[0]["config"]))
