@@ -471,31 +471,27 @@ def _read_index(snapshot: FolderSnapshot, *, verify_checksums: bool) -> _SavedIn
     from nest_integrations.retrieval.dense import read_saved_dense
 
     manifest = snapshot.read_manifest(IndexManifest, kind=FORMAT, supported_version=FORMAT_VERSION)
-    folders = [f"keys/{shard_name(n)}" for n in range(len(manifest.key_shards or []))] or ["keys"]
-    key_files = [f"{prefix}/{name}.npy" for prefix in folders for name in shard_arrays(manifest)] if manifest.precomputed_keys else []
-    codec_files = [f"keys/codec/{name}.npy" for name in saved_array_names(manifest.key_codec)] if manifest.precomputed_keys else []
+    key_folders = [f"keys/{shard_name(n)}" for n in range(len(manifest.key_shards or []))] or ["keys"]
+    key_arrays = (*KEY_ARRAYS, EMBEDDINGS) if manifest.key_shards is not None else KEY_ARRAYS  # a shard holds its embeddings too
+    key_files = [f"{folder}/{name}.npy" for folder in key_folders for name in key_arrays] if manifest.precomputed_keys else []
+    codec_names = saved_array_names(manifest.key_codec) if manifest.precomputed_keys else ()
+    codec_files = [f"keys/codec/{name}.npy" for name in codec_names]
     snapshot.require(["passages.jsonl", "dense.faiss", "dense.json", *key_files, *codec_files], hash_files=verify_checksums)
+    listed = sorted(rel for rel in manifest.checksums if rel.startswith("keys/codec/"))
+    if manifest.precomputed_keys and listed != sorted(codec_files):  # e.g. an opq index relabelled pq: its codes would be read unrotated
+        raise ValueError(
+            f"{snapshot.folder}: a {manifest.key_codec} key codec is saved as {codec_files or 'no files'}, the manifest lists {listed or 'none'}"
+        )
     with snapshot.stream("passages.jsonl") as stream:
         passages = parse_passages_jsonl(stream, str(snapshot.folder / "passages.jsonl"))
     if len(passages) != manifest.counts.passages:
         raise ValueError(f"{snapshot.folder}: manifest says {manifest.counts.passages} passages, found {len(passages)}")
     dense = read_saved_dense(snapshot)
-    keys = []
-    if manifest.precomputed_keys:
-        keys = [{name: snapshot.array(f"{prefix}/{name}.npy", mmap=True) for name in shard_arrays(manifest)} for prefix in folders]
-    listed = sorted(rel for rel in manifest.checksums if rel.startswith("keys/codec/"))
-    if manifest.precomputed_keys and listed != codec_files:  # e.g. an opq index relabelled pq: its codes would be read unrotated
-        raise ValueError(
-            f"{snapshot.folder}: a {manifest.key_codec} key codec is saved as {codec_files or 'no files'}, the manifest lists {listed or 'none'}"
-        )
-    codec = {name: snapshot.array(f"keys/codec/{name}.npy", mmap=False) for name in saved_array_names(manifest.key_codec)} if codec_files else {}
-    identity = hashlib.sha256(snapshot.manifest_raw or b"").hexdigest()
+    keys = [{name: snapshot.array(f"{folder}/{name}.npy", mmap=True) for name in key_arrays} for folder in key_folders] if key_files else []
+    codec = {name: snapshot.array(rel, mmap=False) for name, rel in zip(codec_names, codec_files)}
+    assert snapshot.manifest_raw is not None
+    identity = hashlib.sha256(snapshot.manifest_raw).hexdigest()
     return _SavedIndex(manifest, identity, passages, dense, keys, codec, snapshot.optional(CALIBRATION_FILE))
-
-
-def shard_arrays(manifest: "IndexManifest") -> tuple[str, ...]:
-    """The arrays each key folder of the index holds: :data:`KEY_ARRAYS`, and the embeddings of each shard."""
-    return (*KEY_ARRAYS, EMBEDDINGS) if manifest.key_shards is not None else KEY_ARRAYS
 
 
 def _check_retriever(kind: str) -> None:

@@ -55,11 +55,6 @@ def shard_name(number: int) -> str:
     return f"shard-{number:05d}"
 
 
-def shard_files(number: int) -> list[str]:
-    """Paths, relative to the index folder, of the files shard ``number`` must hold."""
-    return [f"keys/{shard_name(number)}/{name}.npy" for name in (*KEY_ARRAYS, EMBEDDINGS)]
-
-
 @dataclass(frozen=True)
 class ShardRecord:
     """What the manifest says of one shard: passages, tokens and datastore entries."""
