@@ -131,6 +131,28 @@ def test_a_mistyped_manifest_field_is_named(tmp_path):
         read_manifest(folder / "manifest.json")
 
 
+def test_an_update_beside_an_artefact_goes_only_into_its_version_and_waits_for_a_save_a_bounded_time(tmp_path, monkeypatch):
+    import time
+
+    from nest_integrations.core.safe_io import locked_folder, update_if_current
+
+    folder = save(tmp_path / "a")
+    digest = safe_io.sha256_file(folder / "manifest.json")
+
+    def update(value):
+        return update_if_current(folder / "cache.json", lambda raw: (raw or b"") + value, manifest=folder / "manifest.json", digest=digest, lock=tmp_path)
+
+    assert update(b"x") and update(b"y") and (folder / "cache.json").read_bytes() == b"xy"
+    save(tmp_path / "a", "v2", overwrite=True)  # another version in its place
+    assert not update(b"z") and not (folder / "cache.json").exists()
+    monkeypatch.setattr(safe_io, "UPDATE_WAIT_S", 0.2)
+    with locked_folder(tmp_path, blocking=True):  # a save holding the folder's lock
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            update(b"z")
+        assert time.monotonic() - started < 2
+
+
 # --------------------------------------------------------------------------- the LangChain and LlamaIndex stores
 def test_langchain_store_refuses_an_empty_checksum_list(tmp_path):
     store = NestVectorStore.from_texts(["a", "b"], DeterministicFakeEmbedding(size=8), ids=["1", "2"])

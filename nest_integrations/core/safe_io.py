@@ -64,6 +64,7 @@ import re
 import secrets
 import shutil
 import stat
+import time
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Callable, ContextManager, Iterable, Iterator, Mapping, Optional, Protocol, TypeVar
@@ -794,6 +795,29 @@ def read_regular_file(path: Path, *, what: str = "folder") -> Optional[bytes]:
         return folder.optional(path.name)
 
 
+UPDATE_WAIT_S = 10.0
+"""How long :func:`update_if_current` waits for a save holding the lock (a build can hold it for
+hours; the artefact it writes is another version anyway)."""
+
+
+@contextmanager
+def _locked_within(folder: Path, seconds: float) -> Iterator[None]:
+    """:func:`locked_folder`, waiting at most ``seconds`` for it.
+
+    Raises:
+        TimeoutError: another holder kept it that long.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        with locked_folder(folder, blocking=False) as acquired:
+            if acquired:
+                yield
+                return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(errno.ETIMEDOUT, f"a save held {folder} for {seconds:g} s")
+        time.sleep(0.05)
+
+
 def update_if_current(
     path: Path, update: Callable[[Optional[bytes]], bytes], *, manifest: Path, digest: str, lock: Path
 ) -> bool:
@@ -803,7 +827,7 @@ def update_if_current(
     Runs under the save lock on ``lock`` (:func:`locked_folder`: the parent of a
     folder :func:`atomic_folder` replaces, or the folder whose manifest is replaced),
     so no save switches a new version in between the check and the write, and two
-    updates do not lose each other's change.
+    updates do not lose each other's change; it waits :data:`UPDATE_WAIT_S` at most for it.
 
     Returns:
         False, writing nothing, when the artefact was replaced or removed: a process
@@ -811,9 +835,9 @@ def update_if_current(
 
     Raises:
         ValueError: ``path`` is not a regular file, or as ``update``.
-        OSError: the file cannot be written.
+        OSError: the file cannot be written; TimeoutError: a save held the lock too long.
     """
-    with locked_folder(lock, blocking=True):
+    with _locked_within(lock, UPDATE_WAIT_S):
         try:
             found = hashlib.sha256(manifest.read_bytes()).hexdigest()
         except OSError:
