@@ -407,7 +407,7 @@ class Snapshot(Protocol):
         ...
 
 
-def plain_parts(folder: Path, rel: str) -> list[str]:
+def _plain_parts(folder: Path, rel: str) -> list[str]:
     """The parts of ``rel``, once it is shown to be a plain relative path (for messages: ``folder``).
 
     Raises:
@@ -419,7 +419,7 @@ def plain_parts(folder: Path, rel: str) -> list[str]:
     return parts
 
 
-def fd_path(fd: int) -> str:
+def _fd_path(fd: int) -> str:
     """A path that opens the file behind the descriptor ``fd`` itself (Linux ``/proc/self/fd``, else ``/dev/fd``),
     for a reader that takes only a path: it reads that file even after a save removed or replaced its name."""
     return f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else f"/dev/fd/{fd}"
@@ -575,7 +575,7 @@ class FolderSnapshot:
             raw, schema, kind=kind, supported_version=supported_version, what=self.what, where=str(self.folder / self.manifest_name)
         )
         for rel in manifest.checksums:
-            plain_parts(self.folder, rel)
+            _plain_parts(self.folder, rel)
         self.manifest_raw, self._checksums = raw, manifest.checksums
         return manifest
 
@@ -626,7 +626,7 @@ class FolderSnapshot:
             ValueError: ``rel`` is not a plain relative path, passes through a symbolic
                 link, is not a regular file or cannot be opened.
         """
-        parts = plain_parts(self.folder, rel)
+        parts = _plain_parts(self.folder, rel)
         current = self._fd
         try:
             for depth, part in enumerate(parts):
@@ -744,7 +744,7 @@ class FolderSnapshot:
 
     @contextmanager
     def path(self, rel: str) -> Iterator[str]:
-        """A path that opens the very file ``rel`` of this snapshot (:func:`fd_path`), once it
+        """A path that opens the very file ``rel`` of this snapshot (:func:`_fd_path`), once it
         is checked, for a reader that takes only a path (a FAISS memory map). The file is
         read twice, hashed then used, both times the same file: saves never rewrite one in place.
 
@@ -753,7 +753,7 @@ class FolderSnapshot:
         """
         with self.stream(rel) as stream:
             stream.finish()
-            yield fd_path(stream.fileno())
+            yield _fd_path(stream.fileno())
 
 
 def read_consistently(open_snapshot: Callable[[], ContextManager[S]], read: Callable[[S], T], *, where: str, attempts: int = READ_ATTEMPTS) -> T:

@@ -64,7 +64,8 @@ _VECTORS_FILE = "vectors.npy"
 _KEYS_FOLDER = "keys"
 _CALIBRATION_FILE = "calibration.json"
 """alpha/tau fitted on the store's documents, by LM fingerprint: a cache, so outside the checksums
-(an unreadable one is fitted again, see :mod:`nest_integrations.index.store_calibration`)."""
+(an invalid entry is fitted again, see :mod:`nest_integrations.index.store_calibration`; a path that
+is not a regular file is a ``ValueError``)."""
 
 MetadataFilter = Union[Callable[[Document], bool], dict[str, Any]]
 """A document predicate, or metadata values that must all match exactly."""

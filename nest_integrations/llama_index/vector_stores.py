@@ -16,12 +16,17 @@ Persisted layout (``persist_path`` is the manifest, as LlamaIndex's
                                                    manifest's ``keys`` names the LM that encoded them
     default__vector_store.calibration.json         alpha/tau fitted on the nodes, by LM fingerprint
                                                    (:mod:`nest_integrations.index.store_calibration`): a cache,
-                                                   outside the checksums (an unreadable one is fitted again)
+                                                   outside the checksums (an invalid entry is fitted again;
+                                                   a path that is not a regular file is a ``ValueError``)
 
 Data files are named by their content, so replacing a store is one rename of
 the manifest (see :meth:`NestVectorStore.persist`). Loading never executes code
 from the files and reads only files the manifest lists with a checksum, so a
-modified or truncated file is a ``ValueError``, never silent garbage.
+modified or truncated file is a ``ValueError``, never silent garbage. A load
+reads the manifest and the calibrations under the folder's save lock, then each
+data file once (:class:`~nest_integrations.core.safe_io.FolderSnapshot`), so a
+persist running meanwhile never mixes into it; it cleans stale files only by the
+manifest there at its end.
 """
 
 from __future__ import annotations
