@@ -263,3 +263,20 @@ def test_a_damaged_key_file_is_an_error_naming_it_before_anything_is_mapped(keye
     damage(folder / "keys" / "keys.npy")
     with pytest.raises(ValueError, match=match):
         NestIndex.load(folder, tiny_lm, verify_checksums=False)
+
+
+def test_a_key_file_truncated_in_place_after_loading_is_an_error_not_a_sigbus(keyed_index, tiny_lm, tmp_path):
+    """A process holds an index whose keys are memory-mapped; something truncates keys.npy in place. Reading
+    the lost pages would kill the process with SIGBUS: the datastore refuses them with a ValueError naming the file."""
+    import shutil
+
+    from nest_integrations.index.nest_index import NestIndex
+
+    folder = tmp_path / "index"
+    shutil.copytree(keyed_index, folder)
+    index = NestIndex.load(folder, tiny_lm)
+    last = len(index.passages) - 1
+    assert len(index.datastore.fetch([last])[0].token_ids)  # mapped and readable
+    truncate(folder / "keys" / "keys.npy")
+    with pytest.raises(ValueError, match=r"keys/keys\.npy was truncated after it was loaded"):
+        index.datastore.fetch([last])  # no page of the file was read

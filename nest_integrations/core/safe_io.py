@@ -57,8 +57,10 @@ import ctypes
 import errno
 import hashlib
 import json
+import io
 import logging
 import math
+import mmap
 import os
 import re
 import secrets
@@ -674,7 +676,9 @@ class FolderSnapshot:
                 I/O error; a file that does not match its checksum.
         """
         expected = self._expected(rel)
-        with os.fdopen(self._open(rel), "rb") as handle:
+        raw = io.FileIO(self._open(rel), "r")
+        raw.name = str(self.folder / rel)  # np.memmap takes it as its filename, for messages (check_mapping)
+        with io.BufferedReader(raw) as handle:
             stream = VerifiedStream(handle, expected, self.folder, rel)
             try:
                 try:
@@ -754,6 +758,26 @@ class FolderSnapshot:
         with self.stream(rel) as stream:
             stream.finish()
             yield _fd_path(stream.fileno())
+
+
+def check_mapping(array: np.ndarray) -> None:
+    """Raise ValueError when ``array`` is memory-mapped from a file that something truncated in place
+    since it was mapped (a save never does): reading the lost pages would kill the process with
+    SIGBUS. One ``fstat``; an array that is not mapped passes. What a read right after the check
+    meets is not covered: replace files, never rewrite them in place.
+
+    Raises:
+        ValueError: naming the file, when it is shorter than its mapping.
+    """
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, mmap.mmap) and not base.closed and base.size() < len(base):
+        name = getattr(array, "filename", None) or "a memory-mapped file"
+        raise ValueError(
+            f"{name} was truncated after it was loaded ({base.size()} bytes left of {len(base)} mapped); "
+            "load it again (or save it again, if it was damaged)"
+        )
 
 
 def read_consistently(open_snapshot: Callable[[], ContextManager[S]], read: Callable[[S], T], *, where: str, attempts: int = READ_ATTEMPTS) -> T:

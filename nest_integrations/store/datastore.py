@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
+from nest_integrations.core.safe_io import check_mapping
 from nest_integrations.corpus.markdown_structure import copyable_tokens
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.model.lm import KeyReader
@@ -705,6 +706,14 @@ class PrecomputedKeys:
         return int(self.keys.shape[1])
 
     def passage(self, index: int) -> EncodedPassage:
+        """Passage ``index``'s rows (views, not copies).
+
+        Raises:
+            ValueError: a memory-mapped array's file was truncated in place since it was
+                loaded (:func:`~nest_integrations.core.safe_io.check_mapping`): reading it would be a SIGBUS.
+        """
+        for array in (self.token_ids, self.char_spans, self.keys, self.valid, self.offsets):
+            check_mapping(array)
         lo, hi = int(self.offsets[index]), int(self.offsets[index + 1])
         return EncodedPassage(self.token_ids[lo:hi], self.char_spans[lo:hi], self.keys[lo:hi], self.valid[lo:hi])
 
