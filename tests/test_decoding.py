@@ -267,6 +267,14 @@ def test_a_model_without_chat_template_reads_a_conversation_as_a_plain_transcrip
     assert decoder.prepare_row("Once", None, None, NestConfig(mode="base", use_chat_template=False)).gen.config.stop == []
 
 
+def word_share(query: str, texts: list[str]) -> list[float]:
+    """A stand-in for the embedder: the share of the query's content words a text holds."""
+    from nest_integrations.policy.relevance import content_words, text_stems
+
+    wanted = content_words(query)
+    return [len(wanted & text_stems(text)) / max(len(wanted), 1) for text in texts]
+
+
 def test_a_question_copies_its_best_answer_windows_in_turn_and_stops_answered(tiny_lm):
     """Two windows: the best one, then the next best after its line break; nothing else of the passage."""
     body = "The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients."
@@ -274,7 +282,7 @@ def test_a_question_copies_its_best_answer_windows_in_turn_and_stops_answered(ti
     doc = Passage(id="srv", title="Server", text=f"## Options\n\n{body}\n\nUnrelated words about logging and colours go here.\n\n{idle}\n")
     store = TokenDatastore([doc], PassageEncoder(tiny_lm))
     knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=80)
-    decoder = NestDecoder(tiny_lm, store, ListRetriever([doc]), NestConfig(**knobs))
+    decoder = NestDecoder(tiny_lm, store, ListRetriever([doc]), NestConfig(**knobs), relevance=word_share)
     question = "How many milliseconds does an idle socket stay open, and which option sets the largest request body?"
     both = decoder.generate([{"role": "user", "content": question}], query=question)
     assert both.text == f" Options\n\n{idle}\n\n{body}", both.text  # the section's title labels the answer
@@ -307,7 +315,7 @@ def test_the_line_break_under_a_copied_title_is_copied_unchecked_like_the_title(
     doc = Passage(id="srv", title="Server", text=f"## Options\n\n{body}\n\nUnrelated words about logging and colours go here.\n\n{idle}\n")
     store = TokenDatastore([doc], PassageEncoder(tiny_lm))
     knobs = dict(mode="nest", alpha=-5.0, tau=0.1, delta=1.0, gamma=1.0, min_passage_relevance=-1.0, max_new_tokens=30)
-    decoder = NestDecoder(tiny_lm, store, ListRetriever([doc]), NestConfig(**knobs))
+    decoder = NestDecoder(tiny_lm, store, ListRetriever([doc]), NestConfig(**knobs), relevance=word_share)
     question = "How many milliseconds does an idle socket stay open, and which option sets the largest request body?"
     out = decoder.generate([{"role": "user", "content": question}], query=question)
     copied_prefix = ""

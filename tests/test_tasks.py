@@ -23,6 +23,7 @@ from nest_integrations.evaluation.tasks import (
     WIKI_QA_KINDS,
     EvalItem,
     bio_items,
+    markdown_qa_items,
     completion_items,
     docs_items,
     get_task,
@@ -318,11 +319,13 @@ def test_qa_items_keep_a_gold_passage(tmp_path: Path) -> None:
 
 
 def test_registry() -> None:
-    assert set(TASKS) == {"bio", "completion", "qa", "wiki-qa", "docs", "markdown-docs", "markdown-docs-pino", "wiki-qa-hard"}
+    assert set(TASKS) == {"bio", "completion", "qa", "wiki-qa", "docs", "markdown-docs", "markdown-docs-pino", "wiki-qa-hard", "markdown-qa"}
     assert QA_TASKS <= set(TASKS) and set(TASK_MAX_NEW_TOKENS) == set(TASKS)
-    assert all(TASK_MAX_NEW_TOKENS[t] == 64 for t in QA_TASKS)
+    # Your own documentation questions are answered at nest generate's budget; the bundled sets at 64.
+    assert all(TASK_MAX_NEW_TOKENS[t] == (128 if t == "markdown-qa" else 64) for t in QA_TASKS)
     assert get_task("bio") is bio_items
     assert get_task("qa") is qa_items
     assert get_task("wiki-qa") is wiki_qa_items and get_task("docs") is docs_items
-    with pytest.raises(ValueError, match="bio, completion, docs, markdown-docs, markdown-docs-pino, qa, wiki-qa"):
+    assert get_task("markdown-qa") is markdown_qa_items
+    with pytest.raises(ValueError, match="bio, completion, docs, markdown-docs, markdown-docs-pino, markdown-qa, qa, wiki-qa"):
         get_task("summarise")

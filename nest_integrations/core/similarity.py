@@ -3,7 +3,7 @@
 * :data:`Relevance`: ``(query, texts) -> cosine of each text to the query``, what
   :class:`~nest_integrations.decoding.decoder.NestDecoder` asks about its retrieved passages (for the
   relevance gate, :class:`~nest_integrations.policy.relevance.RelevanceGate`) and its candidate answer
-  windows (:func:`~nest_integrations.policy.copy_policy.focus_windows`).
+  windows (:class:`~nest_integrations.policy.selection.AnswerSelector`).
 * :func:`unit_rows` and :func:`cosine_similarities`: the one L2 normalisation and the one cosine.
 * :func:`embedding_relevance`: a :data:`Relevance` over an embedding model's two functions
   (LangChain ``embed_query`` / ``embed_documents``, LlamaIndex ``get_query_embedding`` /

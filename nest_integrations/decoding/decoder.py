@@ -10,9 +10,11 @@ prepare each generation in the caller's thread (:meth:`~NestDecoder.prepare_row`
   all (:class:`~nest_integrations.policy.relevance.RelevanceGate`; none left:
   ``stats.fallback_reason`` says why, and a chat prompt gets a plain abstention,
   :mod:`~nest_integrations.decoding.abstention`, or with ``fallback="lm"`` the LM's own answer);
-* the candidate set of the kept passages' datastore entries, and where the answer
-  opens (:mod:`~nest_integrations.decoding.prepare`: the start of the best kept passage
-  for a named subject, the best answer windows for a question);
+* for a question, when the gate kept anything, the answer windows of the retrieved passages
+  that the fitted selector ranks best (:mod:`~nest_integrations.policy.selection`);
+* the candidate set of the kept passages' (and the windows' passages') datastore entries,
+  and where the answer opens (:mod:`~nest_integrations.decoding.prepare`: the start of the
+  best kept passage for a named subject, the answer windows for a question);
 * the prompt the LM reads (:meth:`~NestDecoder.format_prompt`: chat template,
   passages in the prompt in the rag modes) and its token ids, cut to fit the
   context (:meth:`~NestDecoder.encode_prompt`).
@@ -49,7 +51,9 @@ from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.model.lm import KeyReader, cache_argument
 from nest_integrations.policy.conversation import TRANSCRIPT_STOP, plain_transcript, retrieval_query
+from nest_integrations.policy.copy_policy import Window, wants_focus
 from nest_integrations.policy.relevance import GateDecision, RelevanceGate
+from nest_integrations.policy.selection import DEFAULT_SELECTOR
 from nest_integrations.store.datastore import CandidateSet, EncodeStats, TokenDatastore
 from .abstention import abstention_text
 from .attribution import GenerationStats, NestOutput, TokenRecord
@@ -666,9 +670,12 @@ class NestDecoder:
             return context
         self.ensure_calibration(config)
         decision = self._gate(q, hits, config)
-        gated = decision.kept
+        windows = self._answer_windows(prompt, q, hits, config) if decision.kept else []
+        kept_ids = {p.id for p in decision.kept}
+        answering = {w.passage_id for w in windows} - kept_ids
+        gated = decision.kept + [p for p, _ in hits if p.id in answering]
         stats.retrieval_s = time.perf_counter() - t0
-        stats.gate_retrieved, stats.gate_kept = len(hits), len(gated)
+        stats.gate_retrieved, stats.gate_kept = len(hits), len(decision.kept)
         gen.candidates = self._candidates(gated, config, stats)
         if gen.candidates is None or len(gen.candidates) == 0:
             gen.candidates = None
@@ -689,10 +696,22 @@ class NestDecoder:
         if config.mode not in ("nest", "ra_nest"):
             return context
         if self._is_chat(prompt, config):
-            plan_opening(gen, q, gated, self.datastore, self.relevance)  # type: ignore[arg-type]
+            plan_opening(gen, q, gated, self.datastore, windows)  # type: ignore[arg-type]
         else:
             gen.lead_in = str(prompt)
         return context
+
+    def _answer_windows(self, prompt: PromptLike, query: str, hits: ScoredPassages, config: NestConfig) -> list[Window]:
+        """The windows a question's answer copies in nest and ra_nest (``config.answer_windows`` of
+        them, best first), chosen among the retrieved passages (``hits``, best first) by
+        :data:`~nest_integrations.policy.selection.DEFAULT_SELECTOR`; none for a prompt that is no
+        chat question (:func:`~nest_integrations.policy.copy_policy.wants_focus`), with
+        ``answer_focus`` off, or without a relevance function."""
+        if config.mode not in ("nest", "ra_nest") or not self._is_chat(prompt, config):
+            return []
+        if not config.answer_focus or self.relevance is None or not wants_focus(query):
+            return []
+        return DEFAULT_SELECTOR.select(query, [p for p, _ in hits], self.relevance, count=config.answer_windows)
 
     def _abstains(self, prompt: PromptLike, config: NestConfig, reason: Optional[str]) -> bool:
         """Whether a generation with nothing to copy answers with a plain abstention

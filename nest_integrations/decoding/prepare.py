@@ -15,10 +15,9 @@ from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.markdown_structure import first_copyable, label_start, section_title
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.policy.copy_policy import Window, closes_answer, focus_windows, wants_focus
+from nest_integrations.policy.copy_policy import Window, closes_answer
 from nest_integrations.policy.relevance import subject_name
 from nest_integrations.store.datastore import CandidateSet, TokenDatastore
 from .generation import Generation
@@ -86,7 +85,7 @@ def window_token_plan(windows: Sequence[Window], tokens_of: Callable[[str], tupl
             first = first_copyable(text, spans, first)
             while 0 < first < len(spans) and not text[slice(*spans[first - 1])].strip():
                 first -= 1
-        stops = window.answers and closes_answer(text, window.end)
+        stops = closes_answer(text, window.end)
         planned.append(PlannedCopy(window, first, last, stops))
         if not stops:
             break
@@ -116,27 +115,27 @@ def plan_windows(datastore: TokenDatastore, candidates: CandidateSet, windows: S
     return planned
 
 
-def plan_opening(gen: Generation, query: str, kept: list[Passage], datastore: TokenDatastore, relevance: Optional[Relevance]) -> None:
+def plan_opening(gen: Generation, query: str, kept: list[Passage], datastore: TokenDatastore, windows: Sequence[Window]) -> None:
     """Where the answer's first copy is proposed (checked by the LM like any span).
 
-    A question (:func:`wants_focus`) opens at its best answer window
-    (:func:`focus_windows` asked with ``relevance``, ``config.answer_windows`` of them):
-    entries outside the windows are masked, copying a window's last token moves on to the
-    next window, and copying the last window's last token ends the answer. A request about
-    someone or something by name (:func:`subject_name`) opens at the start of the best
-    kept passage, so a biography opens with its subject's own first
-    sentence instead of a copy that starts mid-way. Other requests open
-    wherever the kNN search leads (within the seam rules).
+    A question's answer opens at its best answer window (``windows``, best first, chosen by
+    the decoder's :class:`~nest_integrations.policy.selection.AnswerSelector`): entries outside
+    the windows are masked, copying a window's last token moves on to the next window, and
+    copying the last window's last token ends the answer. Without windows, a request about
+    someone or something by name (:func:`subject_name`) opens at the start of the best kept
+    passage, so a biography opens with its subject's own first sentence instead of a copy that
+    starts mid-way. Other requests open wherever the kNN search leads (within the seam rules).
 
     Args:
         gen: a generation whose candidate set is built (``gen.candidates``).
         query: the retrieval query.
         kept: the passages the relevance gate kept, best first.
+        windows: the answer windows to copy, in order; empty for a prompt that is no question.
     """
     assert gen.candidates is not None
     candidates = gen.candidates
-    if gen.config.answer_focus and wants_focus(query):
-        planned = plan_windows(datastore, candidates, focus_windows(query, kept, relevance, count=gen.config.answer_windows))
+    if windows:
+        planned = plan_windows(datastore, candidates, windows)
         if not planned:
             return
         for other in candidates.passage_indices:  # mask all but the windows (and what follows an open one)

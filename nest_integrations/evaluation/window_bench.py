@@ -8,8 +8,8 @@ same order, and stops there:
 1. the first stage, ``config.passage_k`` passages (:func:`~.runner.first_stage`, ``present``);
 2. the relevance gate (:func:`gate_kept`, as the decoder applies it);
 3. for a chat question (:func:`~nest_integrations.policy.copy_policy.wants_focus`, with
-   ``config.answer_focus``), the answer windows
-   (:func:`~nest_integrations.policy.copy_policy.focus_windows`, ``config.answer_windows`` of
+   ``config.answer_focus``) for which the gate kept a passage, the answer windows of the retrieved ones
+   (:data:`~nest_integrations.policy.selection.DEFAULT_SELECTOR`, ``config.answer_windows`` of
    them) as the decoder plans them in tokens (:func:`plan_windows`, through the decoder's
    :func:`~nest_integrations.decoding.prepare.window_token_plan`): a window that does not close an answer runs on to its
    passage's end and no window follows it;
@@ -38,7 +38,8 @@ from nest_integrations.corpus.passages import Passage
 from nest_integrations.index.nest_index import NestIndex
 from nest_integrations.corpus.markdown_structure import copyable_tokens, title_tokens
 from nest_integrations.decoding.prepare import PlannedCopy, window_token_plan
-from nest_integrations.policy.copy_policy import focus_windows, wants_focus
+from nest_integrations.policy.copy_policy import wants_focus
+from nest_integrations.policy.selection import DEFAULT_SELECTOR
 from nest_integrations.policy.relevance import RelevanceGate
 from .metrics import answer_recall
 from .runner import first_stage, format_cell, gold_passage_ids, markdown_table
@@ -67,16 +68,18 @@ def gate_kept(index: NestIndex, query: str, passages: Sequence[Passage], config:
     return RelevanceGate.from_config(config).decide(query, list(passages), index.relevance).kept
 
 
-def plan_windows(index: NestIndex, query: str, kept: Sequence[Passage], config: NestConfig) -> list[PlannedCopy]:
-    """The copies the decoder plans for ``query`` over the kept passages, in copy order
-    (:func:`~nest_integrations.decoding.prepare.window_token_plan`, the decoder's own rule, over
-    the passages' tokens); empty when it plans none (no kept passage, not a question,
-    ``answer_focus`` off, no window shares a word with the query). A window that does not stop
+def plan_windows(
+    index: NestIndex, query: str, retrieved: Sequence[Passage], kept: Sequence[Passage], config: NestConfig
+) -> list[PlannedCopy]:
+    """The copies the decoder plans for ``query`` when the gate kept any passage: windows of the
+    ``retrieved`` ones (best first), in copy order (:func:`~nest_integrations.decoding.prepare.window_token_plan`, the decoder's own
+    rule, over the passages' tokens); empty when it plans none (no kept passage, not a question,
+    ``answer_focus`` off). A window that does not stop
     the answer runs on to its passage's end: its ``last`` is the passage's last token."""
     if not kept or not config.answer_focus or not wants_focus(query):
         return []
-    by_id = {p.id: p for p in kept}
-    chosen = focus_windows(query, kept, index.relevance, count=config.answer_windows)
+    by_id = {p.id: p for p in retrieved}
+    chosen = DEFAULT_SELECTOR.select(query, retrieved, index.relevance, count=config.answer_windows)
 
     def tokens_of(passage_id: str) -> tuple[str, np.ndarray]:
         text = by_id[passage_id].text
@@ -88,13 +91,13 @@ def plan_windows(index: NestIndex, query: str, kept: Sequence[Passage], config: 
     ]
 
 
-def planned_text(index: NestIndex, kept: Sequence[Passage], planned: Sequence[PlannedCopy], max_new_tokens: int) -> tuple[str, int]:
+def planned_text(index: NestIndex, passages: Sequence[Passage], planned: Sequence[PlannedCopy], max_new_tokens: int) -> tuple[str, int]:
     """The text of the planned windows' tokens, in copy order, cut after ``max_new_tokens`` of
     them, and its length in tokens. Each window's tokens are a verbatim slice of its passage
     (the token spans tile the text) less the hidden markup the decoder never copies (an anchor
     such as ``<a id="removeHeader"></a>`` names the answer but is not in it); windows are
     joined as copied, without a separator."""
-    by_id = {p.id: p for p in kept}
+    by_id = {p.id: p for p in passages}
     pieces, budget = [], max_new_tokens
     for copy in planned:
         if budget <= 0:
@@ -119,15 +122,15 @@ def item_row(index: NestIndex, item: EvalItem, config: NestConfig) -> dict[str, 
 
     Keys: ``item_id``, ``query``, ``unanswerable``, ``answers``, ``retrieved`` and ``kept``
     (passage ids), ``windows`` (``passage_id``, ``chars`` [start, end), ``tokens`` [first, last],
-    ``answers``, ``stops``), ``planned_tokens`` and ``planned_text``; for an answerable item
+    ``probability``, ``stops``, ``title``), ``planned_tokens`` and ``planned_text``; for an answerable item
     ``window_recall`` (0/1: the answer in the planned text), ``answer_retrieved`` (the answer in a
     first-stage passage), ``answer_kept`` (the answer in a kept passage) and ``source_kept`` (the item's own passage kept; None when it names none); for an
     unanswerable one ``kept_any`` (the gate kept something NEST could copy from)."""
     hits, _ = first_stage(index, item, "present", config.passage_k)
     kept = gate_kept(index, item.query, [p for p, _ in hits], config)
     chat = bool(item.meta.get("chat", True))
-    planned = plan_windows(index, item.query, kept, config) if chat else []
-    text, tokens = planned_text(index, kept, planned, config.max_new_tokens)
+    planned = plan_windows(index, item.query, [p for p, _ in hits], kept, config) if chat else []
+    text, tokens = planned_text(index, [p for p, _ in hits], planned, config.max_new_tokens)
     unanswerable = bool(item.meta.get("unanswerable", False))
     row: dict[str, Any] = {
         "item_id": item.id,
@@ -138,7 +141,7 @@ def item_row(index: NestIndex, item: EvalItem, config: NestConfig) -> dict[str, 
         "kept": [p.id for p in kept],
         "windows": [
             {"passage_id": w.window.passage_id, "chars": [w.window.start, w.window.end], "tokens": [w.first, w.last],
-             "answers": w.window.answers, "stops": w.stops, "title": w.title}
+             "probability": w.window.score, "stops": w.stops, "title": w.title}
             for w in planned
         ],
         "planned_tokens": tokens,

@@ -1,0 +1,77 @@
+"""The answer selector: which windows of the retrieved passages a question's answer copies."""
+
+import numpy as np
+import pytest
+
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.policy.relevance import content_words, text_stems
+from nest_integrations.policy.selection import DEFAULT_SELECTOR, FEATURES, AnswerSelector, candidate_windows, window_features
+
+
+def word_cosine(query: str, texts: list[str]) -> list[float]:
+    """A stand-in for the embedder: the share of the query's content words a text holds."""
+    wanted = content_words(query)
+    return [len(wanted & text_stems(text)) / max(len(wanted), 1) for text in texts]
+
+
+def chosen(query: str, passages: list[Passage], similarity=word_cosine, count: int = 1, **kwargs) -> list[str]:
+    by_id = {p.id: p for p in passages}
+    return [by_id[w.passage_id].text[w.start : w.end] for w in DEFAULT_SELECTOR.select(query, passages, similarity, count=count, **kwargs)]
+
+
+def test_the_window_that_answers_is_chosen():
+    doc = Passage(id="gen", text="Generators are iterators. The send() method resumes the generator and sends a value "
+                  "into it. The close() method raises GeneratorExit inside the generator.")
+    assert chosen("How do I send a value into a generator?", [doc])[0].startswith("The send() method")
+    shutil = Passage(id="shutil", text="copy2(src, dst)\nCopy data and metadata.\n\nrmtree(path, ignore_errors=False)\n"
+                     "Recursively delete a directory tree and everything in it.")
+    assert chosen("How do I delete a directory and everything in it?", [shutil])[0].startswith("rmtree(path"), "with the line that heads it"
+
+
+def test_a_follow_up_is_answered_by_what_it_asks_now():
+    hooks = Passage(id="hooks", text="Use fastify.addHook(name, fn) to add a function to the lifecycle, and check the hooks page.")
+    decorators = Passage(id="deco", text="Use fastify.hasDecorator(name) to check for the existence of a decoration.")
+    query = "How do I add a utility function to the Fastify instance?\nHow do I check later that it exists?"
+    cosines = {(query, "hooks"): 0.5, (query, "deco"): 0.45, (query.splitlines()[-1], "hooks"): 0.0, (query.splitlines()[-1], "deco"): 0.9}
+
+    def similarity(q: str, texts: list[str]) -> list[float]:
+        return [cosines.get((q, "hooks" if "addHook" in t else "deco"), 0.0) for t in texts]
+
+    assert "hasDecorator" in chosen(query, [hooks, decorators], similarity)[0]
+
+
+def test_a_markdown_window_takes_in_its_whole_paragraph_under_its_section_title():
+    """The sentence sharing the question's words leans on the one before it for the answer."""
+    doc = Passage(id="s", text=(
+        "## Routing\n\nPaths like `/foo` and `/foo/` are different. If you want to change this, set "
+        "`ignoreTrailingSlash` to `true`. That way, both `/foo` and `/foo/` will point to the same route.\n\n"
+        "Another paragraph about something else entirely.\n"
+    ))
+    text = chosen("How do I make /foo and /foo/ point to the same route?", [doc])[0]
+    assert "ignoreTrailingSlash" in text and text.endswith("the same route.") and "Another" not in text
+    assert {c.title for c in candidate_windows([doc]) if c.start > 0} == {"Routing"}
+    prose = Passage(id="p", text=doc.text.replace("## Routing\n\n", ""))
+    assert "Paths like" not in chosen("How do I make /foo and /foo/ point to the same route?", [prose])[0], "prose keeps its sentence windows"
+
+
+def test_windows_never_repeat_one_another_through_overlapping_chunks():
+    sentence = "Be aware that if routes are wrapped with fastify-plugin, the prefix option will not work."
+    lead = "Register routes with a prefix option. "
+    first = Passage(id="a#0", text=f"{lead}{sentence}", doc_id="a", doc_char_start=0)
+    second = Passage(id="a#1", text=f"{sentence} Wrap a plugin in a plugin to make the prefix option work.", doc_id="a", doc_char_start=len(lead))
+    question = "Does the prefix option work when routes are wrapped with fastify-plugin?"
+    texts = chosen(question, [first, second], count=2)
+    assert len(texts) == 2 and sum(sentence in text for text in texts) == 1, texts
+    assert chosen("   ", [first]) == [] and chosen(question, []) == []
+
+
+def test_features_have_one_column_each_and_the_selector_checks_its_weights():
+    doc = Passage(id="d", text="## Options\n\nSet `timeout` to change how long a request may take. The default is 30 seconds.")
+    candidates = candidate_windows([doc])
+    features = window_features("What is the default timeout?", candidates, [doc], word_cosine)
+    assert features.shape == (len(candidates), len(FEATURES)) and features.dtype == np.float32
+    assert np.all(np.isfinite(features)) and features[:, FEATURES.index("first_stage_rank")].max() == 1.0
+    probabilities = DEFAULT_SELECTOR.probabilities(features)
+    assert np.all((probabilities > 0) & (probabilities < 1))
+    with pytest.raises(ValueError, match="weights"):
+        AnswerSelector(weights=(1.0,), bias=0.0)
