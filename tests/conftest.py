@@ -132,3 +132,12 @@ def held_back(lm, count):
     holder.start()
     held.wait()
     return holder
+
+
+def word_share(query: str, texts: list[str]) -> list[float]:
+    """A stand-in for the embedder's cosine (a ``Relevance``): the share of the query's content
+    words each text holds."""
+    from nest_integrations.policy.relevance import content_words, text_stems
+
+    wanted = content_words(query)
+    return [len(wanted & text_stems(text)) / max(len(wanted), 1) for text in texts]

@@ -10,7 +10,7 @@ from nest_integrations.corpus.passages import Passage
 from nest_integrations.decoding.attribution import merge_spans, render_html, render_markdown, render_terminal
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
-from conftest import ListRetriever
+from conftest import ListRetriever, word_share
 from nest_integrations.core.mixture import knn_distribution, mix, rrc_lambda
 
 PROMPT = "Tell me about the comet catalogue."
@@ -265,14 +265,6 @@ def test_a_model_without_chat_template_reads_a_conversation_as_a_plain_transcrip
     # A base model that goes on to write the user's next turn stops before it; text to continue does not.
     assert decoder.prepare_row("Tell me a bio of Ada Lovelace.", None, None, NestConfig(mode="base")).gen.config.stop == ["\nUser:"]
     assert decoder.prepare_row("Once", None, None, NestConfig(mode="base", use_chat_template=False)).gen.config.stop == []
-
-
-def word_share(query: str, texts: list[str]) -> list[float]:
-    """A stand-in for the embedder: the share of the query's content words a text holds."""
-    from nest_integrations.policy.relevance import content_words, text_stems
-
-    wanted = content_words(query)
-    return [len(wanted & text_stems(text)) / max(len(wanted), 1) for text in texts]
 
 
 def test_a_question_copies_its_best_answer_windows_in_turn_and_stops_answered(tiny_lm):

@@ -4,17 +4,11 @@ import numpy as np
 import pytest
 
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.policy.relevance import content_words, text_stems
 from nest_integrations.policy.selection import DEFAULT_SELECTOR, FEATURES, AnswerSelector, candidate_windows, window_features
+from conftest import word_share
 
 
-def word_cosine(query: str, texts: list[str]) -> list[float]:
-    """A stand-in for the embedder: the share of the query's content words a text holds."""
-    wanted = content_words(query)
-    return [len(wanted & text_stems(text)) / max(len(wanted), 1) for text in texts]
-
-
-def chosen(query: str, passages: list[Passage], similarity=word_cosine, count: int = 1, **kwargs) -> list[str]:
+def chosen(query: str, passages: list[Passage], similarity=word_share, count: int = 1, **kwargs) -> list[str]:
     by_id = {p.id: p for p in passages}
     return [by_id[w.passage_id].text[w.start : w.end] for w in DEFAULT_SELECTOR.select(query, passages, similarity, count=count, **kwargs)]
 
@@ -68,7 +62,7 @@ def test_windows_never_repeat_one_another_through_overlapping_chunks():
 def test_features_have_one_column_each_and_the_selector_checks_its_weights():
     doc = Passage(id="d", text="## Options\n\nSet `timeout` to change how long a request may take. The default is 30 seconds.")
     candidates = candidate_windows([doc])
-    features = window_features("What is the default timeout?", candidates, [doc], word_cosine)
+    features = window_features("What is the default timeout?", candidates, [doc], word_share)
     assert features.shape == (len(candidates), len(FEATURES)) and features.dtype == np.float32
     assert np.all(np.isfinite(features)) and features[:, FEATURES.index("first_stage_rank")].max() == 1.0
     probabilities = DEFAULT_SELECTOR.probabilities(features)

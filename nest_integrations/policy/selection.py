@@ -135,7 +135,9 @@ def window_features(query: str, candidates: Sequence[Candidate], passages: Seque
     last_question = query.strip().splitlines()[-1] if query.strip() else query
     counts = {w: sum(w in c.words for c in candidates) for w in wanted}
     weight = {w: math.log1p(len(candidates) / n) for w, n in counts.items() if n}
-    topical = [_topical_words(query, wanted, c.passage) for c in candidates]
+    by_passage = {c.passage.id: c.passage for c in candidates}
+    topical_of = {pid: _topical_words(query, wanted, passage) for pid, passage in by_passage.items()}  # once a passage
+    topical = [topical_of[c.passage.id] for c in candidates]
     overlap = np.array([sum(weight.get(w, 0.0) for w in words & c.words) for words, c in zip(topical, candidates)])
     overlap = overlap / overlap.max() if overlap.max() > 0 else overlap
     titled = [" / ".join(c.heading_path) + "\n" + c.passage.text[c.start : c.end] for c in candidates]
