@@ -56,9 +56,11 @@ class NestConfig(BaseModel):
         description="Relevance gate: a passage also needs a cosine within this of the best retrieved passage's.",
     )
     min_query_coverage: float = Field(
-        0.5, ge=0.0, le=1.0,
+        0.25, ge=0.0, le=1.0,
         description="Relevance gate: share of the query's content words the passage text must contain (a query "
-        "that is a bare name instead needs the passage to open with that name).",
+        "that is a bare name instead needs the passage to open with that name). Higher turns away more questions "
+        "the documents do not answer, and more that users ask in their own words (the trade-off measured in "
+        "docs/method.md: Knowing when not to copy).",
     )
     fallback: Literal["abstain", "lm"] = Field(
         "abstain",

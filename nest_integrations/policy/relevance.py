@@ -427,7 +427,7 @@ class RelevanceGate:
 
     min_similarity: float = 0.3
     similarity_margin: float = 0.2
-    min_coverage: float = 0.5
+    min_coverage: float = 0.25
     strong_similarity: float = 0.6
     lexical_free_similarity: float = 0.45
 
