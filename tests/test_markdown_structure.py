@@ -26,7 +26,7 @@ from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.policy.copy_policy import acceptable_start, sentence_starts
 from nest_integrations.store.datastore import PassageEncoder, TokenDatastore, tiling_char_spans
 
-from conftest import ListRetriever
+from conftest import ListRetriever, word_share
 
 FENCE = "```"
 SAMPLE = f"""---
@@ -190,9 +190,11 @@ def test_a_copy_that_reaches_the_next_heading_ends_the_answer(tiny_lm):
 def test_an_answer_planned_at_a_heading_opens_below_it(tiny_lm):
     text = "## Reset a header\n\nCall reply.removeHeader('set-cookie') to reset it.\n\n## Streams\n\nPipe a stream into the reply."
     passage = Passage(id="reply", text=text, metadata={"source": "Reply.md"})
-    decoder = NestDecoder(tiny_lm, TokenDatastore([passage], PassageEncoder(tiny_lm)), ListRetriever([passage]))
+    decoder = NestDecoder(tiny_lm, TokenDatastore([passage], PassageEncoder(tiny_lm)), ListRetriever([passage]), relevance=word_share)
     out = decoder.generate("How do I reset the set-cookie header?", max_new_tokens=30, **COPY)
-    assert out.spans[0].copied and out.text == "Call reply.removeHeader('set-cookie') to reset it."
+    # The heading's line is never copied: its title labels the window, then the window follows.
+    assert out.spans[0].copied and "#" not in out.text
+    assert out.text.strip() == "Reset a header\n\nCall reply.removeHeader('set-cookie') to reset it."
     assert out.stats.finish_reason == "answered"
 
 

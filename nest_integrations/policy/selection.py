@@ -91,6 +91,16 @@ def _heading_path(text: str, pos: int) -> tuple[str, ...]:
     return before[-1].heading_path if before else ()
 
 
+def _below_heading(text: str, pos: int) -> int:
+    """``pos``, or where the text under the heading that starts at ``pos`` begins: a window that
+    opens with a heading is copied from below it, under that heading's title (a heading's line
+    is never copied, and the title before ``pos`` would be the previous section's)."""
+    layout = copy_layout(text)
+    if layout is None or pos not in layout.heading_starts:
+        return pos
+    return next((b.start for b in parse_blocks(text) if b.start > pos and b.kind != "heading"), len(text))
+
+
 def candidate_windows(passages: Sequence[Passage]) -> list[Candidate]:
     """Every passage's sentence windows (:func:`~.copy_policy.sentence_windows`), in Markdown
     widened to the blocks they touch (:func:`~.copy_policy.whole_blocks`), in passage order
@@ -100,7 +110,10 @@ def candidate_windows(passages: Sequence[Passage]) -> list[Candidate]:
         text = passage.text
         for start, core_end, end in sentence_windows(passage):
             wide_start, wide_end = whole_blocks(text, start, end)
-            title = section_title(text, start)
+            wide_start = _below_heading(text, wide_start)
+            if wide_start >= wide_end:
+                continue  # a heading and nothing under it
+            title = section_title(text, wide_start)
             candidates.append(Candidate(
                 passage, rank, wide_start, wide_end, text[title[0] : title[1]] if title else "",
                 _heading_path(text, start), frozenset(text_stems(text[start:core_end])),
