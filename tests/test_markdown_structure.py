@@ -195,7 +195,7 @@ def test_an_answer_planned_at_a_heading_opens_below_it(tiny_lm):
     # The heading's line is never copied: its title labels the window, then the window follows.
     assert out.spans[0].copied and "#" not in out.text
     assert out.text.strip() == "Reset a header\n\nCall reply.removeHeader('set-cookie') to reset it."
-    assert out.stats.finish_reason == "answered"
+    assert out.stats.finish_reason in ("answered", "source_end"), "it stops with its section"
 
 
 def test_an_opening_skips_markup_blank_tokens_and_a_closing_fence(smol_tokenizer):
