@@ -127,17 +127,18 @@ def item_row(index: NestIndex, item: EvalItem, config: NestConfig) -> dict[str, 
     first-stage passage), ``answer_kept`` (the answer in a kept passage) and ``source_kept`` (the item's own passage kept; None when it names none); for an
     unanswerable one ``kept_any`` (the gate kept something NEST could copy from)."""
     hits, _ = first_stage(index, item, "present", config.passage_k)
-    kept = gate_kept(index, item.query, [p for p, _ in hits], config)
+    retrieved = [p for p, _ in hits]
+    kept = gate_kept(index, item.query, retrieved, config)
     chat = bool(item.meta.get("chat", True))
-    planned = plan_windows(index, item.query, [p for p, _ in hits], kept, config) if chat else []
-    text, tokens = planned_text(index, [p for p, _ in hits], planned, config.max_new_tokens)
+    planned = plan_windows(index, item.query, retrieved, kept, config) if chat else []
+    text, tokens = planned_text(index, retrieved, planned, config.max_new_tokens)
     unanswerable = bool(item.meta.get("unanswerable", False))
     row: dict[str, Any] = {
         "item_id": item.id,
         "query": item.query,
         "unanswerable": unanswerable,
         "answers": list(item.meta.get("answers") or []),
-        "retrieved": [p.id for p, _ in hits],
+        "retrieved": [p.id for p in retrieved],
         "kept": [p.id for p in kept],
         "windows": [
             {"passage_id": w.window.passage_id, "chars": [w.window.start, w.window.end], "tokens": [w.first, w.last],
@@ -153,7 +154,7 @@ def item_row(index: NestIndex, item: EvalItem, config: NestConfig) -> dict[str, 
     answers = item.meta["answers"]
     source = item.meta.get("passage_id")
     row["window_recall"] = answer_recall(text, answers) if text else 0.0
-    row["answer_retrieved"] = any(answer_recall(p.text, answers) for p, _ in hits)
+    row["answer_retrieved"] = any(answer_recall(p.text, answers) for p in retrieved)
     row["answer_kept"] = any(answer_recall(p.text, answers) for p in kept)
     row["source_kept"] = None if source is None else bool(set(gold_passage_ids(index.passages, source)) & set(row["kept"]))
     return row
