@@ -1,4 +1,5 @@
-"""RRC calibration: fitting alpha/tau from ratio distributions, on any corpus, saved with the index."""
+"""RRC calibration: fitting alpha/tau from ratio distributions, on any corpus, while an index is built
+(or at its first nest generation), saved with the index."""
 
 import json
 
@@ -83,7 +84,7 @@ def test_cuts_fall_on_sentence_starts_anywhere_in_a_passage():
 @pytest.fixture(scope="module")
 def docs_index(tiny_lm, tmp_path_factory):
     """A saved index over DOCS with no calibration yet."""
-    return NestIndex.build(DOCS, tiny_lm, show_progress=False).save(tmp_path_factory.mktemp("calibration") / "index")
+    return NestIndex.build(DOCS, tiny_lm, show_progress=False, calibrate=False).save(tmp_path_factory.mktemp("calibration") / "index")
 
 
 def test_an_index_meeting_an_lm_without_calibration_fits_one_on_its_own_corpus_and_saves_it(tiny_lm, docs_index):
@@ -169,12 +170,61 @@ def test_a_calibration_file_that_is_a_folder_is_an_error_naming_it(tiny_lm, tmp_
 
 
 def test_an_index_loaded_before_a_rebuild_keeps_its_calibration_out_of_the_new_index(tiny_lm, tmp_path):
-    folder = NestIndex.build(DOCS, tiny_lm, show_progress=False).save(tmp_path / "index")
+    folder = NestIndex.build(DOCS, tiny_lm, show_progress=False, calibrate=False).save(tmp_path / "index")
     old = NestIndex.load(folder, tiny_lm)
-    NestIndex.build(DOCS[:4], tiny_lm, show_progress=False).save(folder, overwrite=True)  # rebuilt meanwhile
+    NestIndex.build(DOCS[:4], tiny_lm, show_progress=False, calibrate=False).save(folder, overwrite=True)  # rebuilt meanwhile
     fitted = old.calibrate(n=2, budget_s=None, show_progress=False)
     assert old.calibrations == {tiny_lm.fingerprint(): fitted}, "kept in memory"
     assert not (folder / CALIBRATION_FILE).exists(), "the rebuilt index got a calibration of another corpus"
     again = NestIndex.load(folder, tiny_lm)
     again.calibrate(n=2, budget_s=None, show_progress=False)  # the index there now still saves its own
     assert tiny_lm.fingerprint() in json.loads((folder / CALIBRATION_FILE).read_text())["calibrations"]
+
+
+def test_an_index_built_with_its_lm_is_calibrated_and_saved_so_the_first_question_fits_nothing(tiny_lm, tmp_path, monkeypatch):
+    from nest_integrations.policy import calibration
+
+    fits = []
+    fit = calibration.calibrate
+
+    def counted(*args, **kwargs):
+        fits.append(fit(*args, **kwargs))
+        return fits[-1]
+
+    monkeypatch.setattr(calibration, "calibrate", counted)
+    index = NestIndex.build(DOCS, tiny_lm, show_progress=False)
+    assert len(fits) == 1 and index.calibrations == {tiny_lm.fingerprint(): fits[0]}
+    folder = index.save(tmp_path / "index")
+    saved = json.loads((folder / CALIBRATION_FILE).read_text())["calibrations"]
+    assert saved[tiny_lm.fingerprint()]["alpha"] == fits[0].alpha
+
+    decoder = NestIndex.load(folder, tiny_lm).decoder()
+    first = decoder.generate("How are routes declared?", max_new_tokens=2)
+    assert first.stats.calibration_s == 0.0 and len(fits) == 1, "the first question waited for no fit"
+    assert decoder.rrc_parameters(decoder.config) == (fits[0].alpha, fits[0].tau)
+    short = [Passage(id="x", text="One short sentence only.")]
+    assert NestIndex.build(short, tiny_lm, show_progress=False).calibrations == {}  # nothing to fit on: no error
+
+
+def test_nest_index_build_saves_a_calibration_and_generate_reports_each_phase_by_name(tiny_lm, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from nest_integrations.cli import app
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for passage in DOCS:
+        (docs / f"{passage.id}.txt").write_text(passage.text, encoding="utf-8")
+    monkeypatch.setattr("nest_integrations.model.lm.load_lm", lambda *args, **kwargs: tiny_lm)
+    runner = CliRunner()
+    built = runner.invoke(app, ["index", "build", str(docs), "--out", str(tmp_path / "index"), "--model", "tiny"])
+    assert built.exit_code == 0, built.output
+    assert "Calibrated alpha" in built.output and (tmp_path / "index" / CALIBRATION_FILE).is_file()
+    ask = ["generate", "How are routes declared?", "-d", str(tmp_path / "index"), "--model", "tiny", "--max-new-tokens", "4", "--server", "never"]
+    answer = runner.invoke(app, [*ask, "--json"])
+    assert answer.exit_code == 0, answer.output
+    stats = json.loads(answer.stdout)["stats"]
+    assert stats["calibration_s"] == 0.0 and stats["load_s"] > 0.0
+    shown = " ".join(runner.invoke(app, ask).output.split())
+    for phase in ("loading", "calibration", "retrieval", "encoding", "decoding"):
+        assert f"{phase} " in shown, f"the timing line names {phase}: {shown}"

@@ -1,5 +1,6 @@
-"""alpha/tau of the LangChain and LlamaIndex vector stores: fitted on the store's own documents at the
-first nest generation that leaves them to calibration, kept, saved with the store, read back on load."""
+"""alpha/tau of the LangChain and LlamaIndex vector stores: fitted on the store's own documents while
+they are added to a store given an LM (else at the first nest generation that leaves them to
+calibration), kept, saved with the store, read back on load."""
 
 from __future__ import annotations
 
@@ -83,9 +84,10 @@ def spy(monkeypatch) -> Spy:
         return seen.fits[-1]
 
     def recorded(self, config):
-        ensure(self, config)
+        waited = ensure(self, config)
         if not seen.fitting:
             seen.used.append(self.rrc_parameters(config))
+        return waited
 
     monkeypatch.setattr(store_calibration, "calibrate", counted)
     monkeypatch.setattr(NestDecoder, "ensure_calibration", recorded)
@@ -104,8 +106,27 @@ def langchain_store(lm) -> LangChainStore:
     )
 
 
-def test_a_langchain_store_fits_at_the_first_nest_call_keeps_and_saves_it(tiny_lm, tmp_path, spy):
+def test_a_langchain_store_built_with_an_lm_fits_while_adding_so_the_first_question_does_not(tiny_lm, tmp_path, spy):
     store = langchain_store(tiny_lm)
+    assert len(spy.fits) == 1, "adding the documents fitted alpha/tau for the store's LM"
+    fitted = spy.fits[0]
+    check_fitted(fitted, tiny_lm)
+    folder = store.save_local(tmp_path / "store")
+    assert json.loads((folder / "calibration.json").read_text())["calibrations"][tiny_lm.fingerprint()]["alpha"] == fitted.alpha
+    store.add_texts(["Cookies are set with reply.setCookie. They are signed when a secret is given."])
+    assert len(spy.fits) == 1, "documents added later keep the calibration"
+
+    again = LangChainStore.load_local(folder, DeterministicFakeEmbedding(size=16), lm=tiny_lm, show_progress=False)
+    for answering in (store, again):
+        info = LangChainLLM.from_lm(tiny_lm, retriever=answering, **SHORT).generate([QUESTION]).generations[0][0].generation_info
+        assert info["stats"]["calibration_s"] == 0.0
+    assert len(spy.fits) == 1 and spy.used == [(fitted.alpha, fitted.tau)] * 2
+
+
+def test_a_langchain_store_given_its_lm_by_the_model_fits_at_the_first_nest_call_keeps_and_saves_it(tiny_lm, tmp_path, spy):
+    store = LangChainStore.from_texts(
+        list(TEXTS.values()), DeterministicFakeEmbedding(size=16), ids=list(TEXTS), show_progress=False
+    )
     folder = store.save_local(tmp_path / "store")
     llm = LangChainLLM.from_lm(tiny_lm, retriever=store, **SHORT)
     llm.invoke(QUESTION, mode="base")
@@ -156,6 +177,21 @@ def llama_index(store: LlamaIndexStore) -> VectorStoreIndex:
     documents = [LlamaDocument(text=text, id_=name) for name, text in TEXTS.items()]
     storage = StorageContext.from_defaults(vector_store=store)
     return VectorStoreIndex.from_documents(documents, storage_context=storage, embed_model=HashEmbedding())
+
+
+def test_a_llama_index_store_given_an_lm_and_embed_model_fits_while_adding_so_the_first_question_does_not(tiny_lm, tmp_path, spy):
+    store = LlamaIndexStore(lm=tiny_lm, embed_model=HashEmbedding(), show_progress=False)
+    index = llama_index(store)
+    assert len(spy.fits) == 1, "adding the nodes fitted alpha/tau for the store's LM"
+    fitted = spy.fits[0]
+    check_fitted(fitted, tiny_lm)
+    index.storage_context.persist(str(tmp_path))
+    saved = json.loads((tmp_path / "default__vector_store.calibration.json").read_text())
+    assert saved["calibrations"][tiny_lm.fingerprint()]["tau"] == fitted.tau
+
+    response = LlamaIndexLLM(tiny_lm, retriever=index, **SHORT).complete(QUESTION)
+    assert response.additional_kwargs["nest"]["stats"]["calibration_s"] == 0.0
+    assert len(spy.fits) == 1 and spy.used == [(fitted.alpha, fitted.tau)]
 
 
 def test_a_llama_index_store_fits_at_the_first_nest_call_keeps_and_persists_it(tiny_lm, tmp_path, spy):
@@ -215,6 +251,7 @@ def test_a_store_calibration_not_finite_or_out_of_bounds_is_refitted_with_a_warn
 
 def test_a_store_calibration_file_that_is_a_folder_is_an_error_naming_it(tiny_lm, tmp_path):
     folder = langchain_store(tiny_lm).save_local(tmp_path / "store")
+    (folder / "calibration.json").unlink()  # the fit made while adding, saved with the store
     (folder / "calibration.json").mkdir()
     with pytest.raises(ValueError, match="calibration.json is not a regular file"):
         LangChainStore.load_local(folder, DeterministicFakeEmbedding(size=16), lm=tiny_lm)

@@ -51,7 +51,8 @@ def _print_output(output: Any, title: str) -> None:
     console.print(
         f"  attribution {output.attribution_ratio:.0%} · mean copied span {output.mean_copied_span_tokens:.1f} tokens · "
         f"{s.new_tokens} tokens in {s.forward_passes} forward passes · {s.wall_s:.2f} s "
-        f"(retrieval {s.retrieval_s:.2f}, encoding {s.encode_s:.2f}, decoding {s.decode_s:.2f})",
+        f"(calibration {s.calibration_s:.2f}, retrieval {s.retrieval_s:.2f}, encoding {s.encode_s:.2f}, decoding {s.decode_s:.2f}) "
+        f"· loading {s.load_s:.2f} s before",
         style="dim",
     )
     reason = getattr(s, "fallback_reason", None)
@@ -158,12 +159,15 @@ def generate(
                 _print_output(NestOutput.model_validate(served), mode)
             trace.write()
             return
+    loading = time.perf_counter()
     try:
         decoder = _qdrant_decoder(qdrant_path, collection, model) if qdrant_path is not None else load_index(datastore, model).decoder()
         decoder.config = decoder.config.updated(mode=mode, max_new_tokens=max_new_tokens)
     except ValueError as err:
         fail(str(err))
+    loaded_s = time.perf_counter() - loading
     output = _generate_one(decoder, prompt, query)
+    output.stats.load_s = loaded_s
     if as_json:
         sys.stdout.write(_json_line(output.to_dict(), pretty))
     else:

@@ -115,6 +115,7 @@ def index_build(
                 passages, lm, out, address=ray_address, workers=workers, cpus_per_worker=cpus_per_worker,
                 shard_passages=shard_passages, key_codec=key_compression, overwrite=force, timeout_s=ray_timeout, **settings,
             )
+            index.calibration()  # fitted here, saved into the index: no first question waits for it
         else:
             index = NestIndex.build(
                 passages, lm, precompute_keys=precompute_keys, faiss_options=faiss_options, key_codec=key_compression, **settings
@@ -126,6 +127,9 @@ def index_build(
     if index.precompute_rate is not None:
         codec = index.datastore.codec
         console.print(f"Encoded the datastore at {index.precompute_rate:,.0f} tokens/s, keys as {codec.spec} ({codec.bytes_per_key:,} B/token)")
+    fitted = index.calibrations.get(lm.fingerprint())
+    if fitted is not None:
+        console.print(f"Calibrated alpha {fitted.alpha:.3f}, tau {fitted.tau:.3f} for {fitted.lm_name} in {fitted.seconds:.0f} s (saved with the index)")
 
 
 @index_app.command("info")
@@ -208,7 +212,8 @@ def calibrate(
 ) -> None:
     """Fit alpha/tau for an LM on an index's own passages and save them with the index.
 
-    Runs by itself the first time an index meets an LM without a calibration; this reruns it.
+    Runs by itself when `nest index build` builds an index, and the first time an index meets
+    another LM; this reruns it.
     """
     index = load_index(datastore, model)
     try:

@@ -246,7 +246,15 @@ FallbackReason = Literal["no_retriever", "nothing_retrieved", "nothing_relevant"
 
 class GenerationStats(BaseModel):
     """What a generation cost. ``forward_passes`` counts decoder LM calls (prefill included);
-    datastore encoding is counted apart (``encode_passes``, zero when keys were cached)."""
+    datastore encoding is counted apart (``encode_passes``, zero when keys were cached).
+
+    Times are seconds, each phase under its own name: ``calibration_s`` (a one-time alpha/tau
+    fit this generation waited for, 0 when the index or store was calibrated before, as
+    building one with an LM does), ``retrieval_s`` (first stage, relevance gate, answer
+    windows), ``encode_s`` (keys of passages not encoded yet) and ``decode_s``; ``wall_s`` is
+    the generation's whole time, all of these included. ``load_s`` is the one-time loading of
+    the index and LM that the caller paid before it (the CLI's one-shot ``nest generate``
+    sets it); it is not part of ``wall_s``."""
 
     new_tokens: int = 0
     forward_passes: int = 0
@@ -256,6 +264,8 @@ class GenerationStats(BaseModel):
     retrieval_s: float = 0.0
     encode_s: float = 0.0
     decode_s: float = 0.0
+    calibration_s: float = Field(0.0, description="Seconds of an alpha/tau fit this generation waited for (0: none).")
+    load_s: float = Field(0.0, description="Seconds of one-time loading (index, LM) paid before this generation (0: none).")
     prompt_tokens: int = 0
     prompt_truncated: bool = False
     finish_reason: Optional[FinishReason] = Field(

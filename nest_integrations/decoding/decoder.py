@@ -517,18 +517,21 @@ class NestDecoder:
                 ids.update(int(i) for i in source)
         return ids
 
-    def ensure_calibration(self, config: NestConfig) -> None:
+    def ensure_calibration(self, config: NestConfig) -> float:
         """Fit the calibration now if ``config`` needs one (nest or ra_nest, alpha or tau left None),
         the decoder has none and was given a ``calibrator``: once, before the first such generation,
-        so base and rag generations never pay for it."""
+        so base and rag generations never pay for it. Returns the seconds spent waiting for the fit
+        (0.0 when none was needed; an index or store built with its LM has one saved)."""
         if self.calibration is not None or self._calibrator is None or config.mode not in ("nest", "ra_nest"):
-            return
+            return 0.0
         if config.alpha is not None and config.tau is not None:
-            return
+            return 0.0
+        started = time.perf_counter()
         with self._calibration_lock:
             if self.calibration is None and self._calibrator is not None:
                 self.calibration = self._calibrator()
                 self._calibrator = None
+        return time.perf_counter() - started
 
     def rrc_parameters(self, config: NestConfig) -> tuple[float, float]:
         """(alpha, tau) of the RRC mixture weight: the config's, else the calibration's, else the defaults."""
@@ -668,13 +671,13 @@ class NestDecoder:
             context = [p for p, _ in hits[: config.rag_passages]]
         if not config.uses_datastore:
             return context
-        self.ensure_calibration(config)
+        stats.calibration_s = self.ensure_calibration(config)
         decision = self._gate(q, hits, config)
         windows = self._answer_windows(prompt, q, hits, config) if decision.kept else []
         kept_ids = {p.id for p in decision.kept}
         answering = {w.passage_id for w in windows} - kept_ids
         gated = decision.kept + [p for p, _ in hits if p.id in answering]
-        stats.retrieval_s = time.perf_counter() - t0
+        stats.retrieval_s = time.perf_counter() - t0 - stats.calibration_s
         stats.gate_retrieved, stats.gate_kept = len(hits), len(decision.kept)
         gen.candidates = self._candidates(gated, config, stats)
         if gen.candidates is None or len(gen.candidates) == 0:

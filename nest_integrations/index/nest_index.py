@@ -128,10 +128,17 @@ class NestIndex:
         cache_mb: float = 1024.0,
         key_codec: KeyCodec | str = "float16",
         codec_train_keys: int = DEFAULT_TRAIN_KEYS,
+        calibrate: bool = True,
     ) -> "NestIndex":
-        """Embed the corpus for the passage stage and, optionally, encode all token keys now.
+        """Embed the corpus for the passage stage, optionally encode all token keys now, and fit
+        alpha/tau for ``lm`` on the corpus.
 
         Args:
+            calibrate: fit the calibration now (:meth:`calibration`: a progress bar, at most
+                90 s; the default LM takes about a minute on 2 CPU cores), so that :meth:`save`
+                keeps it and no first generation waits for it. False leaves it to the first nest
+                or ra_nest generation (or ``nest calibrate``). A corpus with no passage of two
+                sentences is not calibrated (the defaults apply).
             key_codec: how precomputed keys are stored (``precompute_keys`` only):
                 ``"float16"`` (1,152 B/token on the default LM), ``"pq144"``,
                 ``"opq96"``, ``"sq8"``... (:mod:`nest_integrations.store.key_codec`);
@@ -162,6 +169,11 @@ class NestIndex:
             )
         elif key_codec not in ("float16", "none"):
             raise ValueError("key_codec applies to precomputed keys; pass precompute_keys=True")
+        if calibrate:
+            try:
+                index.calibrate(show_progress=show_progress)
+            except ValueError as err:  # said once more, as a warning, if a generation needs it
+                logger.info("not calibrated while building (%s)", err)
         return index
 
     # ------------------------------------------------------------------ use

@@ -9,10 +9,14 @@ other. It does what both need:
   as a :class:`~nest_integrations.policy.calibration.CalibrationCorpus`: the
   documents as passages, the store's own similarity search as the first stage
   (leaving a passage out), and decoders over the store's token datastore;
+* :meth:`StoreCalibrations.after_add` fits one while documents are added to a
+  store given an LM (once it holds :data:`~nest_integrations.policy.calibration.MIN_PASSAGES`
+  documents to fit on), so no first question waits for it;
 * :meth:`StoreCalibrations.calibration` gives the store's calibration for an
   LM, fitting one the first time (the calibrator a store's decoder runs before
-  its first nest generation that leaves alpha or tau to calibration); the
-  store only brings its similarity search (:data:`Search`);
+  its first nest generation that leaves alpha or tau to calibration: a store
+  that got its LM only from the model); the store only brings its similarity
+  search (:data:`Search`);
 * calibrations are saved with the store (:class:`CalibrationsFile`): written
   when the store is saved, read when it is loaded (with its other files, so
   from the same version), and a calibration fitted after either is added to
@@ -36,7 +40,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 from nest_integrations.core.config import NestConfig
 from nest_integrations.core.safe_io import update_if_current
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.policy.calibration import Calibration, CalibrationFile, calibrate, retrieve_excluding
+from nest_integrations.policy.calibration import (
+    MIN_PASSAGES, Calibration, CalibrationFile, calibrate, continuation_cuts, retrieve_excluding,
+)
 from .store_keys import StoreKeys
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -161,6 +167,28 @@ class StoreCalibrations:
                 self._too_short[fingerprint] = len(store.passages)
                 logger.warning("%s not calibrated for %s (%s); using the default alpha/tau", self._keys.owner, lm.name, err)
                 return None
+
+    def after_add(self, search: Search) -> None:
+        """Documents were added: fit alpha/tau for the store's LM now (:meth:`calibrate`, a progress
+        bar, at most 90 s) when the store was given one and has no calibration for it yet, so that
+        no first generation waits for the fit and a save keeps it. Waits for a store holding
+        ``MIN_PASSAGES`` documents of two sentences or more: a fit on fewer would be unsteady
+        (until then a first nest generation fits on what there is). Call without the store's lock.
+
+        Args:
+            search: the store's similarity search, the fit's first stage.
+        """
+        lm = self._keys.lm
+        if lm is None:
+            return
+        with self._fitting:
+            if self.saved(lm) is not None:
+                return
+            store = self.corpus(lm, search)
+            if len(continuation_cuts(store.passages, MIN_PASSAGES)) < MIN_PASSAGES:
+                logger.info("%s: fewer than %d documents to calibrate on yet", self._keys.owner, MIN_PASSAGES)
+                return
+            self._fit(store, show_progress=self._progress(None))
 
     def calibrate(
         self,

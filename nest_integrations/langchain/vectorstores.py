@@ -117,7 +117,9 @@ class NestVectorStore(VectorStore):
             (:func:`~nest_integrations.langchain.default_embeddings`).
         lm: the LM whose hidden states key the token datastore; optional: a
             :class:`NestLLM` / :class:`ChatNest` retrieving from the store lends
-            its own on first use.
+            its own on first use. Given here, alpha/tau are fitted for it on the
+            documents as they are added (:meth:`calibration`; a progress bar, at
+            most 90 s), so no first question waits for the fit.
         key_layer: layer read as datastore keys (``"ffn_input"`` or ``"layer:<i>"``).
         encoding_prefix: text put before each passage when encoding it
             (see :func:`nest_integrations.store.datastore.resolve_encoding_prefix`).
@@ -239,6 +241,7 @@ class NestVectorStore(VectorStore):
                 self._upsert(document, vector)
             self._matrix = self._ids_by_text = None
         self._keys.after_add()  # outside the lock: searches go on while keys are encoded
+        self._calibrations.after_add(self._scored_passages)
         return out_ids
 
     def _check_dimensions(self, size: int) -> None:

@@ -415,6 +415,10 @@ class NestVectorStore(BasePydanticVectorStore):
         lm: the LM whose hidden states are the datastore keys; optional, a
             :class:`~nest_integrations.llama_index.NestLLM` built over the store
             supplies its own (nodes added before it are encoded when it binds).
+        embed_model: the embedding model the nodes are embedded with. With ``lm``,
+            alpha/tau are fitted for the LM while nodes are added (:meth:`calibration`,
+            whose first stage it embeds; a progress bar, at most 90 s), so no first
+            question waits for the fit; without it the first nest generation fits.
     """
 
     stores_text: bool = True
@@ -441,9 +445,11 @@ class NestVectorStore(BasePydanticVectorStore):
     _lock: threading.RLock = PrivateAttr(default_factory=threading.RLock)
     _keys: StoreKeys = PrivateAttr()
     _calibrations: StoreCalibrations = PrivateAttr()
+    _embed_model: Optional["BaseEmbedding"] = PrivateAttr(default=None)
 
-    def __init__(self, lm: Optional[LoadedLM] = None, **kwargs: Any) -> None:
+    def __init__(self, lm: Optional[LoadedLM] = None, embed_model: Optional["BaseEmbedding"] = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self._embed_model = embed_model
         self._keys = StoreKeys(
             self._passages, self._lock, lm=lm, key_layer=self.key_layer, encoding_prefix=self.encoding_prefix,
             cache_mb=self.cache_mb, precompute=self.precompute_keys, show_progress=self.show_progress, owner="NestVectorStore",
@@ -592,6 +598,8 @@ class NestVectorStore(BasePydanticVectorStore):
                 self._keys.added([node_to_passage(node)])
             self._table = None
         self._keys.after_add()  # outside the lock: queries go on while keys are encoded
+        if self._embed_model is not None:
+            self._calibrations.after_add(self._search_with(self._embed_model))
         return [node.node_id for node in nodes]
 
     def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
