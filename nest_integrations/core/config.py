@@ -119,6 +119,13 @@ class NestConfig(BaseModel):
         "before it is copied. 2 holds the answer more often than 1 (the best-scored window is a neighbour of the "
         "answer in a third to a half of the misses) at about twice the length.",
     )
+    check_answer_windows: bool = Field(
+        False,
+        description="With answer_focus, let the relaxed check cut a planned answer window short where the mixture "
+        "disagrees with its next token. Off: a planned window (chosen by the answer selector for this question) is "
+        "copied whole, and the LM writes nothing inside it. On, the paper's check: a window cut mid-sentence leaves "
+        "the LM to write on, and a small LM writing there mostly invents (docs/method.md: Choosing what to copy).",
+    )
     accept_threshold: float = Field(0.5, gt=0.0, lt=1.0, description="Deterministic acceptance when the ratio exceeds this.")
     repeat_ngram: int = Field(
         8,

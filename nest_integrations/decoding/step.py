@@ -60,7 +60,7 @@ import torch
 from nest_integrations.core.config import NestConfig
 from nest_integrations.core.mixture import accepted_prefix_length, distance_ratio, knn_distribution, mix, relaxed_accept_ratio, rrc_lambda
 from nest_integrations.corpus.markdown_structure import (
-    closing_fence, copyable_end, first_copyable, open_code_block, section_ends_at, title_tokens,
+    closing_fence, copyable_end, copyable_tokens, first_copyable, open_code_block, section_ends_at, title_tokens,
 )
 from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
@@ -176,7 +176,7 @@ class StepRules:
         config = gen.config
         p_m = step.p_m[row]
         proposal = None
-        unchecked = False  # the opening line break under a copied title
+        unchecked = False  # the opening line break under a copied title, or a planned window copied whole
         if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
             if gen.opening is not None and gen.copying_title and gen.window_end is not None:
                 (pidx, pos), gen.opening = gen.opening, None
@@ -190,9 +190,16 @@ class StepRules:
                 text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
                 proposal = (pidx, self._opening_token(encoded, text, pos))
                 line_break = not text[slice(*encoded.char_spans[proposal[1]])].strip()
-                unchecked, gen.after_title = gen.after_title and line_break, False
+                unchecked, gen.after_title = (gen.after_title and line_break) or self._whole_window(gen, *proposal), False
             elif continuation is not None and (resumed := self._continue_at(gen.candidates, *continuation)) is not None:
                 proposal = resumed
+                if unchecked := self._whole_window(gen, *proposal):
+                    proposal = self._past_hidden(gen, *proposal)
+                    if proposal is None:  # the rest of the window is markup a reader does not see
+                        self._end_window(gen)
+                        if gen.finished:  # commit takes nothing more
+                            return TokenRecord(next(iter(self.eos_ids), 0)), []
+                        return self.propose(gen, step, row, None, generator)
             elif float(step.lam[row]) <= config.delta:
                 proposal = self._select_span(gen, p_m, step.values[row], step.entries[row])
         if proposal is not None:
@@ -201,6 +208,7 @@ class StepRules:
             end = self._copy_end(gen, pidx, pos)
             span = [TokenRecord(int(tokens[i]), pidx, i) for i in range(pos, end)]
             if span and unchecked:
+                gen.unchecked_draft = self._whole_window(gen, pidx, pos)  # else only the line break goes unchecked
                 return span[0], span[1:]
             first_ok = relaxed_accept_ratio(p_m[None], torch.tensor([span[0].token_id]), config.effective_gamma) if span else None
             if first_ok is not None and float(first_ok[0]) > config.accept_threshold:
@@ -210,6 +218,23 @@ class StepRules:
         if config.mode in ("nest", "ra_nest") and (repeats := repeating_tokens(gen.ids, config.lm_repeat_ngram)):
             p_m = p_m.index_fill(0, torch.tensor(sorted(repeats)), 0.0)
         return TokenRecord(self._pick(p_m, config, generator)), []
+
+    @staticmethod
+    def _whole_window(gen: Generation, pidx: int, pos: int) -> bool:
+        """Whether a copy from token ``pos`` of passage ``pidx`` goes on with the planned answer
+        window being copied (``gen.window_end``), which is then copied without the LM's check
+        (``config.check_answer_windows`` off)."""
+        end = gen.window_end
+        return not gen.config.check_answer_windows and end is not None and pidx == end[0] and pos <= end[1]
+
+    def _past_hidden(self, gen: Generation, pidx: int, pos: int) -> Optional[tuple[int, int]]:
+        """Where the whole-window copy at token ``pos`` of passage ``pidx`` goes on: the first token
+        from ``pos`` to the window's last that a reader sees (markup such as an inline HTML tag is
+        skipped, not left for the LM to write around), or None when there is none."""
+        assert gen.candidates is not None and gen.window_end is not None and self.datastore is not None
+        visible = copyable_tokens(self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans)
+        ahead = np.flatnonzero(visible[pos : gen.window_end[1] + 1])
+        return (pidx, pos + int(ahead[0])) if len(ahead) else None
 
     def _inside_copied_code(self, gen: Generation) -> Optional[tuple[TokenRecord, list[TokenRecord]]]:
         """Where the LM would write next while the answer's last token was copied from inside a
@@ -304,6 +329,8 @@ class StepRules:
         end = min(len(tokens), pos + config.span_length)
         end = copyable_end(self.datastore.passages[pidx].text, candidates.passage(pidx).char_spans, pos, end)  # type: ignore[union-attr]
         end = next((i for i in range(pos, end) if candidates.is_used(pidx, i)), end)
+        if self._whole_window(gen, pidx, pos):
+            return end  # the planned window is the source's text, repeats and all
         return pos + repeat_free_length(gen.ids, [int(t) for t in tokens[pos:end]], config.repeat_ngram)
 
     @staticmethod
@@ -358,6 +385,8 @@ class StepRules:
         """Append accepted tokens; stop at EOS, a stop string, max_new_tokens, the end of the source,
         the last answer window's end, or an LM token where the next answer window should open."""
         tokenizer = self.lm.tokenizer
+        if gen.finished:
+            return
         for record in records:
             if record.token_id in self.eos_ids:
                 gen.finish("eos")
@@ -382,16 +411,22 @@ class StepRules:
             elif len(gen.records) >= gen.config.max_new_tokens:
                 gen.finish("length")
             elif copied and gen.window_end == (record.passage_index, record.position):
-                if not gen.next_windows:
-                    gen.finish("answered")
-                else:
-                    gen.between_windows = not gen.copying_title  # a title is followed by its window, whatever the LM says
-                    gen.after_title = gen.copying_title
-                    (gen.opening, gen.window_end, gen.copying_title), *gen.next_windows = gen.next_windows
+                self._end_window(gen)
             elif copied and gen.config.stop_at_source_end and self._source_exhausted(gen.candidates, record):  # type: ignore[arg-type]
                 gen.finish("source_end")
             if gen.finished:
                 return
+
+    @staticmethod
+    def _end_window(gen: Generation) -> None:
+        """The planned copy ``gen.window_end`` names is done: the answer ends (``answered``), or the
+        next planned copy opens."""
+        if not gen.next_windows:
+            gen.finish("answered")
+            return
+        gen.between_windows = not gen.copying_title  # a title is followed by its window, whatever the LM says
+        gen.after_title = gen.copying_title
+        (gen.opening, gen.window_end, gen.copying_title), *gen.next_windows = gen.next_windows
 
     def _source_exhausted(self, candidates: CandidateSet, record: TokenRecord) -> bool:
         """Whether ``record`` copied the last token of its passage and no candidate
