@@ -9,6 +9,7 @@ from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.decoding.attribution import merge_spans, render_html, render_markdown, render_terminal
 from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.policy.mentions import CorpusTerms
 from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 from conftest import ListRetriever, word_share
 from nest_integrations.core.mixture import knn_distribution, mix, rrc_lambda
@@ -214,6 +215,21 @@ def test_a_question_nothing_answers_gets_a_plain_abstention(tiny_lm, tiny_datast
     assert [o.text for o in batch] == [out.text, out.text]
 
 
+def test_a_question_naming_what_the_corpus_never_mentions_is_not_covered(tiny_lm, tiny_datastore, small_passages):
+    """Retrieval always finds something near; a question about PowerShell over documents that never
+    name it gets the abstention, and says which name is missing, while a question about a name the
+    corpus holds (any case, any accents) is answered."""
+    terms = CorpusTerms(p.text for p in small_passages)
+    dec = NestDecoder(tiny_lm, tiny_datastore, ListRetriever(small_passages), corpus_terms=terms)
+    out = dec.generate("How do I run the comet catalogue from PowerShell?")
+    assert out.text.startswith("The documents do not cover this question. They never mention PowerShell.\nSee also: ")
+    assert out.stats.finish_reason == "not_covered" and out.stats.fallback_reason == "not_mentioned" and not out.sources
+    answered = dec.generate("Which comets did Zoe Angstrom catalogue?", max_new_tokens=4, **COPY)
+    assert answered.stats.fallback_reason is None and answered.stats.finish_reason != "not_covered"
+    # Text completion is no question: it is never turned away.
+    assert dec.generate("PowerShell", use_chat_template=False, max_new_tokens=2).stats.fallback_reason is None
+
+
 def test_renderers_show_sources(decoder):
     out = decoder.generate(PROMPT, **COPY)
     md = render_markdown(out)
@@ -301,7 +317,8 @@ def test_an_answer_ends_answered_when_the_lm_refuses_the_next_window(tiny_lm):
 def test_the_line_break_under_a_copied_title_is_copied_unchecked_like_the_title(tiny_lm):
     """An LM that weighs the datastore at nothing (alpha -5) and refuses every token it would not
     write itself (gamma 1) still copies the section's title and the line break that sets the
-    window below it; the window's words it refuses."""
+    window below it; the window's words it refuses only when asked to check them
+    (``check_answer_windows``); by default the planned window is copied whole."""
     body = "The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients."
     idle = "The `keepAliveTimeout` option sets how many milliseconds an idle socket stays open before it closes."
     doc = Passage(id="srv", title="Server", text=f"## Options\n\n{body}\n\nUnrelated words about logging and colours go here.\n\n{idle}\n")
@@ -309,14 +326,20 @@ def test_the_line_break_under_a_copied_title_is_copied_unchecked_like_the_title(
     knobs = dict(mode="nest", alpha=-5.0, tau=0.1, delta=1.0, gamma=1.0, min_passage_relevance=-1.0, max_new_tokens=30)
     decoder = NestDecoder(tiny_lm, store, ListRetriever([doc]), NestConfig(**knobs), relevance=word_share)
     question = "How many milliseconds does an idle socket stay open, and which option sets the largest request body?"
-    out = decoder.generate([{"role": "user", "content": question}], query=question)
-    copied_prefix = ""
-    for span in out.spans:
-        if not span.copied:
-            break
-        copied_prefix += span.text
-    assert copied_prefix.startswith(" Options\n\n"), out.text
-    assert not copied_prefix.startswith(f" Options\n\n{idle}"), "the window's words are still checked"
+
+    def copied_prefix(**overrides):
+        out = decoder.generate([{"role": "user", "content": question}], query=question, **overrides)
+        prefix = ""
+        for span in out.spans:
+            if not span.copied:
+                break
+            prefix += span.text
+        return prefix
+
+    checked = copied_prefix(check_answer_windows=True)
+    assert checked.startswith(" Options\n\n"), checked
+    assert not checked.startswith(f" Options\n\n{idle}"), "the window's words are checked"
+    assert copied_prefix().startswith(f" Options\n\n{idle}"), "a planned window is copied whole"
 
 
 CODE_DOC = Passage(

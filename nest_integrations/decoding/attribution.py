@@ -241,7 +241,7 @@ class Span(BaseModel):
 
 
 FinishReason = Literal["eos", "stop", "length", "source_end", "answered", "not_covered"]
-FallbackReason = Literal["no_retriever", "nothing_retrieved", "nothing_relevant", "empty_datastore"]
+FallbackReason = Literal["no_retriever", "nothing_retrieved", "nothing_relevant", "not_mentioned", "empty_datastore"]
 
 
 class GenerationStats(BaseModel):
@@ -281,8 +281,9 @@ class GenerationStats(BaseModel):
     fallback_reason: Optional[FallbackReason] = Field(
         None,
         description="Why a datastore mode generated with the LM alone: no retriever and no passages given, "
-        "the first stage returned nothing, the relevance gate kept nothing, or the kept passages hold no "
-        "datastore entries. None when the decoder could copy (or the mode uses no datastore).",
+        "the first stage returned nothing, the relevance gate kept nothing, the question names something the "
+        "corpus never mentions (nest_integrations.policy.mentions), or the kept passages hold no datastore "
+        "entries. None when the decoder could copy (or the mode uses no datastore).",
     )
     gate_kept: int = Field(0, description="Retrieved passages the relevance gate let into the token datastore.")
     gate_retrieved: int = Field(0, description="Passages the first stage returned to the gate.")

@@ -52,6 +52,7 @@ from nest_integrations.corpus.passages import Passage
 from nest_integrations.model.lm import KeyReader, cache_argument
 from nest_integrations.policy.conversation import TRANSCRIPT_STOP, plain_transcript, retrieval_query
 from nest_integrations.policy.copy_policy import Window, wants_focus
+from nest_integrations.policy.mentions import CorpusTerms
 from nest_integrations.policy.relevance import GateDecision, RelevanceGate
 from nest_integrations.policy.selection import DEFAULT_SELECTOR
 from nest_integrations.store.datastore import CandidateSet, EncodeStats, TokenDatastore
@@ -120,6 +121,7 @@ class NestDecoder:
         relevance: Optional[Relevance] = None,
         calibration: Optional["Calibration"] = None,
         calibrator: Optional[Callable[[], Optional["Calibration"]]] = None,
+        corpus_terms: Optional[CorpusTerms] = None,
     ):
         self.lm = lm
         self.datastore = datastore
@@ -130,6 +132,9 @@ class NestDecoder:
         """alpha/tau fitted for this LM on the corpus (:mod:`~nest_integrations.policy.calibration`), used where
         the config leaves them None; None: :data:`~nest_integrations.core.config.DEFAULT_ALPHA` / ``DEFAULT_TAU``."""
         self._calibrator = calibrator
+        self.corpus_terms = corpus_terms
+        """The words of the whole corpus (:class:`~nest_integrations.policy.mentions.CorpusTerms`): a question
+        that names something they never mention is not covered. None when the corpus is not known whole."""
         self._calibration_lock = threading.Lock()
         if datastore is not None and datastore.encoder.lm is not lm:
             if datastore.encoder.lm.fingerprint() != lm.fingerprint():
@@ -672,7 +677,8 @@ class NestDecoder:
         if not config.uses_datastore:
             return context
         stats.calibration_s = self.ensure_calibration(config)
-        decision = self._gate(q, hits, config)
+        unmentioned = self._unmentioned(prompt, q, config)
+        decision = GateDecision([]) if unmentioned else self._gate(q, hits, config)
         windows = self._answer_windows(prompt, q, hits, config) if decision.kept else []
         kept_ids = {p.id for p in decision.kept}
         answering = {w.passage_id for w in windows} - kept_ids
@@ -686,12 +692,14 @@ class NestDecoder:
                 stats.fallback_reason = "no_retriever"
             elif not hits:
                 stats.fallback_reason = "nothing_retrieved"
+            elif unmentioned:
+                stats.fallback_reason = "not_mentioned"
             elif decision.reason is not None:
                 stats.fallback_reason = decision.reason
             else:
                 stats.fallback_reason = "empty_datastore"
             if self._abstains(prompt, config, stats.fallback_reason):
-                self._abstain(gen, [p for p, _ in hits])
+                self._abstain(gen, [p for p, _ in hits], unmentioned)
             else:
                 logger.info("no datastore entries for this prompt (%s): generating with the LM alone", stats.fallback_reason)
             return context
@@ -716,19 +724,31 @@ class NestDecoder:
             return []
         return DEFAULT_SELECTOR.select(query, [p for p, _ in hits], self.relevance, count=config.answer_windows)
 
+    def _unmentioned(self, prompt: PromptLike, query: str, config: NestConfig) -> list[str]:
+        """The names the question asked now gives that the corpus never mentions
+        (:meth:`~nest_integrations.policy.mentions.CorpusTerms.unmentioned`; a follow-up's ``query``
+        holds the earlier questions above it); none for a prompt that is no chat question, in a
+        mode that copies nothing, or when the decoder does not know its whole corpus."""
+        if self.corpus_terms is None or config.mode not in ("nest", "ra_nest") or not self._is_chat(prompt, config):
+            return []
+        lines = query.strip().splitlines()
+        return self.corpus_terms.unmentioned(lines[-1]) if lines else []
+
     def _abstains(self, prompt: PromptLike, config: NestConfig, reason: Optional[str]) -> bool:
         """Whether a generation with nothing to copy answers with a plain abstention
         (:mod:`~nest_integrations.decoding.abstention`): a chat prompt in nest or ra_nest whose
-        retrieval found nothing or whose gate kept nothing, unless ``config.fallback`` is ``"lm"``."""
+        retrieval found nothing, whose gate kept nothing, or that names something the corpus never
+        mentions, unless ``config.fallback`` is ``"lm"``."""
         return (
             config.fallback == "abstain" and config.mode in ("nest", "ra_nest") and self._is_chat(prompt, config)
-            and reason in ("nothing_retrieved", "nothing_relevant")
+            and reason in ("nothing_retrieved", "nothing_relevant", "not_mentioned")
         )
 
-    def _abstain(self, gen: Generation, retrieved: Sequence[Passage]) -> None:
+    def _abstain(self, gen: Generation, retrieved: Sequence[Passage], unmentioned: Sequence[str] = ()) -> None:
         """Finish ``gen`` before its first step with :func:`~nest_integrations.decoding.abstention.abstention_text`
-        of the ``retrieved`` passages (``finish_reason`` ``"not_covered"``, nothing copied)."""
-        text = abstention_text(retrieved)
+        of the ``retrieved`` passages and the ``unmentioned`` names (``finish_reason`` ``"not_covered"``,
+        nothing copied)."""
+        text = abstention_text(retrieved, unmentioned)
         ids = self.lm.tokenizer(text, add_special_tokens=False)["input_ids"]
         self.rules.commit(gen, [TokenRecord(int(token)) for token in ids])
         gen.finish("not_covered")

@@ -20,6 +20,7 @@ every file against the manifest. See :mod:`nest_integrations.core.safe_io`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -40,6 +41,7 @@ from nest_integrations.core.similarity import cosine_similarities
 from nest_integrations.corpus.passages import Passage, parse_passages_jsonl, save_passages_jsonl
 from nest_integrations.model.lm import parse_key_layer
 from nest_integrations.policy.calibration import CALIBRATION_FILE, Calibration, CalibrationFile, retrieve_excluding
+from nest_integrations.policy.mentions import CorpusTerms
 from nest_integrations.store.datastore import PassageEncoder, PrecomputedKeys, TokenDatastore
 from nest_integrations.store.key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, codec_from_arrays, parse_spec, resolve_codec, saved_array_names
 from nest_integrations.store.shards import EMBEDDINGS, KEY_ARRAYS, ShardedKeys, ShardRecord, shard_name
@@ -227,8 +229,14 @@ class NestIndex:
             self.lm, self.datastore, self.retriever, config, relevance=self.relevance,
             # No calibrations yet: no need to fingerprint the LM (hashes every weight, once per model) to look one up.
             calibration=self.calibrations.get(self.lm.fingerprint()) if self.calibrations else None,
-            calibrator=self.calibration,
+            calibrator=self.calibration, corpus_terms=self.corpus_terms,
         )
+
+    @functools.cached_property
+    def corpus_terms(self) -> CorpusTerms:
+        """The folded words of every passage (:class:`~nest_integrations.policy.mentions.CorpusTerms`),
+        read once: a question naming something none of them holds is not covered."""
+        return CorpusTerms(p.text for p in self.passages)
 
     def calibration(self, *, show_progress: bool = True) -> Optional[Calibration]:
         """alpha/tau for this index's LM on its corpus: the saved one, else fitted now (and saved).

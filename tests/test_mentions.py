@@ -1,0 +1,20 @@
+"""A question that names something the corpus never mentions is not covered."""
+
+from nest_integrations.policy.mentions import CorpusTerms, fold, question_names
+
+
+def test_names_are_capitalised_words_that_do_not_open_a_sentence():
+    assert question_names("How do I map an attrs class onto a SQLAlchemy table?") == ["SQLAlchemy"]
+    assert question_names("I'm renaming --old to --new. How can I flag --old as obsolete?") == []
+    assert question_names("Would XL in capitals be accepted for xl then?") == ["XL"]
+    assert question_names("Does it support PowerShell, and PowerShell 7?") == ["PowerShell"]
+    assert question_names("which flag turns off colour?") == []
+
+
+def test_a_name_is_mentioned_when_every_word_of_it_is_in_the_corpus_whatever_its_case_and_accents():
+    terms = CorpusTerms(["Mohandas Gandhi, called Mahātmā, led the campaign.", "Sizes: xl, l and json web tokens."])
+    assert fold("Mahātmā") == "mahatma"
+    assert terms.unmentioned("Who first called Mahatma Gandhi by that name?") == []
+    assert terms.unmentioned("Is XL accepted, and is a JSON Web Token?") == []
+    assert terms.unmentioned("How do I install it on PowerShell or with Django?") == ["PowerShell", "Django"]
+    assert not terms.mentions("") and terms.mentions("json-web") and len(terms) > 10
