@@ -10,6 +10,7 @@ from nest_integrations.evaluation.metrics import (
     aggregate,
     answer_recall,
     fragment_answer,
+    garbled_model_text,
     normalize_answer,
     opens_with_entity,
     opens_with_other_name,
@@ -373,3 +374,15 @@ def test_fragment_answer() -> None:
     assert fragment_answer("was an English mathematician, Lovelace.", "Ada Lovelace")
     assert fragment_answer(", who wrote on Lovelace.", "Ada Lovelace")
     assert fragment_answer("   ", "Ada Lovelace")
+
+
+def test_garbled_model_text_flags_degenerate_model_writing_but_not_copies_or_sentences():
+    def output(*spans, finish="length"):
+        return {"spans": [{"text": t, "copied": c} for t, c in spans], "stats": {"finish_reason": finish}}
+
+    assert garbled_model_text(output(("```python\ndef\nread\nreadline\n(", False))) == ["```python\ndef\nread\nreadline\n("]
+    assert garbled_model_text(output(("Combin a [`DefRaw`][][]. Comple a [`].", False)))
+    assert garbled_model_text(output(("start of double slash double double double slash", False)))
+    assert not garbled_model_text(output(("def\nread\nreadline\n(", True)))  # a copy is the source's text
+    assert not garbled_model_text(output(("Use the `--port` option, as in the example below.\n- one item\n- two", False)))
+    assert not garbled_model_text(output(("The documents do not cover this question.\nSee also:\na\nb\nc", False), finish="not_covered"))

@@ -8,7 +8,7 @@ All functions are pure and work offline. They fall into these groups:
   :func:`opens_with_other_name`, :func:`fragment_answer`;
 * seams (where a copy starts): :func:`seam_ok`, :func:`seam_ok_rate`;
 * degenerate output and copied markup: :func:`repeated_ngram`,
-  :func:`recopied_source`, :func:`is_repetitive`, :func:`markup_ranges`,
+  :func:`recopied_source`, :func:`is_repetitive`, :func:`garbled_model_text`, :func:`markup_ranges`,
   :func:`copied_markup`; questions the corpus does not answer:
   :func:`unanswerable_scores`;
 * output-contract checks and speed: :func:`span_integrity`,
@@ -36,6 +36,7 @@ __all__ = [
     "answer_recall",
     "copied_markup",
     "fragment_answer",
+    "garbled_model_text",
     "is_repetitive",
     "markup_ranges",
     "normalize_answer",
@@ -715,6 +716,44 @@ def is_repetitive(output: Mapping[str, Any], doc_positions: Mapping[str, tuple[s
         ValueError: if ``output`` lacks ``text`` or ``spans``.
     """
     return recopied_source(output, doc_positions) or repeated_ngram(output["text"])
+
+
+GARBLED_LINE_RUN = 3
+"""Lines in a row of at most one word each that make model text garbled (``def`` / ``read`` / ``(``)."""
+
+_EMPTY_LINK = re.compile(r"\[[`\s]*\]|\]\[")
+"""Link markup with nothing in it, or two links' brackets stitched together (``[`DefRaw`][][]``)."""
+_STUTTER = re.compile(r"\b(\w+)(?:\W+\1\b){2}", re.IGNORECASE)
+"""One word three times in a row (``double double double``)."""
+
+
+def garbled_model_text(output: Mapping[str, Any]) -> list[str]:
+    """The model-written pieces of ``output`` (spans not copied; an abstention's text aside) that
+    read as degenerate rather than as writing: :data:`GARBLED_LINE_RUN` or more lines in a row of
+    at most one word each, link markup with nothing in it or stitched to another, or a word three
+    times in a row. A fluent sentence that is false is not caught here: it is no answer
+    (``answer_recall``), not garbled text.
+
+    Raises:
+        ValueError: if ``output`` lacks ``spans``.
+    """
+    if not isinstance(output.get("spans"), Sequence):
+        raise ValueError("output has no 'spans' list")
+    if (output.get("stats") or {}).get("finish_reason") == "not_covered":
+        return []
+    garbled = []
+    for span in output["spans"]:
+        text = str(span.get("text", ""))
+        if span.get("copied") or not text.strip():
+            continue
+        lines = [line.split() for line in text.splitlines() if line.strip()]
+        run = longest = 0
+        for words in lines:
+            run = run + 1 if len(words) <= 1 else 0
+            longest = max(longest, run)
+        if longest >= GARBLED_LINE_RUN or _EMPTY_LINK.search(text) or _STUTTER.search(text):
+            garbled.append(text)
+    return garbled
 
 
 # --------------------------------------------------------------------------- copied markup
