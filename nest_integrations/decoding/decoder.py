@@ -51,15 +51,14 @@ from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.model.lm import KeyReader, cache_argument
 from nest_integrations.policy.conversation import TRANSCRIPT_STOP, plain_transcript, retrieval_query
-from nest_integrations.policy.copy_policy import Window, wants_focus
+from nest_integrations.policy.copy_policy import Window
 from nest_integrations.policy.mentions import CorpusTerms
 from nest_integrations.policy.relevance import GateDecision, RelevanceGate
-from nest_integrations.policy.selection import DEFAULT_SELECTOR
 from nest_integrations.store.datastore import CandidateSet, EncodeStats, TokenDatastore
 from .abstention import abstention_text
 from .attribution import GenerationStats, NestOutput, TokenRecord
 from .generation import Generation, StreamChunk, StreamCursor
-from .prepare import plan_opening
+from .prepare import choose_answer_windows, plan_opening
 from .step import StepRules
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -715,14 +714,11 @@ class NestDecoder:
     def _answer_windows(self, prompt: PromptLike, query: str, hits: ScoredPassages, config: NestConfig) -> list[Window]:
         """The windows a question's answer copies in nest and ra_nest (``config.answer_windows`` of
         them, best first), chosen among the retrieved passages (``hits``, best first) by
-        :data:`~nest_integrations.policy.selection.DEFAULT_SELECTOR`; none for a prompt that is no
-        chat question (:func:`~nest_integrations.policy.copy_policy.wants_focus`), with
-        ``answer_focus`` off, or without a relevance function."""
+        :func:`~nest_integrations.decoding.prepare.choose_answer_windows`; none for a prompt that
+        is no chat request."""
         if config.mode not in ("nest", "ra_nest") or not self._is_chat(prompt, config):
             return []
-        if not config.answer_focus or self.relevance is None or not wants_focus(query):
-            return []
-        return DEFAULT_SELECTOR.select(query, [p for p, _ in hits], self.relevance, count=config.answer_windows)
+        return choose_answer_windows(query, [p for p, _ in hits], self.relevance, config)
 
     def _unmentioned(self, prompt: PromptLike, query: str, config: NestConfig) -> list[str]:
         """The names the question asked now gives that the corpus never mentions

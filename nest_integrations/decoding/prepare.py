@@ -17,12 +17,15 @@ import numpy as np
 
 from nest_integrations.corpus.markdown_structure import first_copyable, label_start, section_title
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.policy.copy_policy import Window, closes_answer
+from nest_integrations.core.config import NestConfig
+from nest_integrations.core.similarity import Relevance
+from nest_integrations.policy.copy_policy import Window, closes_answer, wants_focus
+from nest_integrations.policy.selection import DEFAULT_SELECTOR
 from nest_integrations.policy.relevance import subject_name
 from nest_integrations.store.datastore import CandidateSet, TokenDatastore
 from .generation import Generation
 
-__all__ = ["PlannedCopy", "PlannedOpening", "plan_opening", "plan_windows", "token_range", "window_token_plan"]
+__all__ = ["PlannedCopy", "PlannedOpening", "choose_answer_windows", "plan_opening", "plan_windows", "token_range", "window_token_plan"]
 
 
 def token_range(char_spans: np.ndarray, char_start: int, char_end: int) -> tuple[int, int]:
@@ -97,6 +100,17 @@ PlannedOpening = tuple[tuple[int, int], Optional[tuple[int, int]], bool]
 token)``, ``(passage index, last token)`` where copying moves on to the next one or ends the
 answer (None: the copy goes on past it), and whether it is a section's title
 (:class:`PlannedCopy`)."""
+
+
+def choose_answer_windows(query: str, retrieved: Sequence[Passage], relevance: Optional[Relevance], config: NestConfig) -> list[Window]:
+    """The windows of the ``retrieved`` passages (best first) a question's answer copies:
+    ``config.answer_windows`` of them, best first, chosen by
+    :data:`~nest_integrations.policy.selection.DEFAULT_SELECTOR`; none with ``answer_focus`` off,
+    without a relevance function, or for a query that is no question
+    (:func:`~nest_integrations.policy.copy_policy.wants_focus`)."""
+    if not config.answer_focus or relevance is None or not wants_focus(query):
+        return []
+    return DEFAULT_SELECTOR.select(query, retrieved, relevance, count=config.answer_windows)
 
 
 def plan_windows(datastore: TokenDatastore, candidates: CandidateSet, windows: Sequence[Window]) -> list[PlannedOpening]:

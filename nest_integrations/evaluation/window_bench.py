@@ -7,18 +7,17 @@ same order, and stops there:
 
 1. the first stage, ``config.passage_k`` passages (:func:`~.runner.first_stage`, ``present``);
 2. the relevance gate (:func:`gate_kept`, as the decoder applies it);
-3. for a chat question (:func:`~nest_integrations.policy.copy_policy.wants_focus`, with
-   ``config.answer_focus``) for which the gate kept a passage, the answer windows of the retrieved ones
-   (:data:`~nest_integrations.policy.selection.DEFAULT_SELECTOR`, ``config.answer_windows`` of
-   them) as the decoder plans them in tokens (:func:`plan_windows`, through the decoder's
+3. for a question for which the gate kept a passage, the answer windows of the retrieved ones
+   (:func:`~nest_integrations.decoding.prepare.choose_answer_windows`, the decoder's choice)
+   as the decoder plans them in tokens (:func:`plan_windows`, through the decoder's
    :func:`~nest_integrations.decoding.prepare.window_token_plan`): a window that does not close an answer runs on to its
    passage's end and no window follows it;
 4. the planned tokens, in copy order, cut at ``config.max_new_tokens`` (:func:`planned_text`).
 
 Window recall is :func:`~.metrics.answer_recall` of that text: whether the answer is in what
 the decoder sets out to copy. It bounds NEST's answer recall from the plan alone: a generation
-may still lose the answer (the LM's check rejects a span, the LM writes instead) or find it
-elsewhere (a question answered without a plan). Only retrieval and the embedder run, so a
+may still lose the answer (a window cut by max_new_tokens, the LM's check where
+``check_answer_windows`` is on) or find it elsewhere (a question answered without a plan). Only retrieval and the embedder run, so a
 domain is quick once its index is built.
 """
 
@@ -37,9 +36,7 @@ from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.index.nest_index import NestIndex
 from nest_integrations.corpus.markdown_structure import copyable_tokens, title_tokens
-from nest_integrations.decoding.prepare import PlannedCopy, window_token_plan
-from nest_integrations.policy.copy_policy import wants_focus
-from nest_integrations.policy.selection import DEFAULT_SELECTOR
+from nest_integrations.decoding.prepare import PlannedCopy, choose_answer_windows, window_token_plan
 from nest_integrations.policy.relevance import RelevanceGate
 from .metrics import answer_recall
 from .runner import first_stage, format_cell, gold_passage_ids, markdown_table
@@ -76,10 +73,10 @@ def plan_windows(
     rule, over the passages' tokens); empty when it plans none (no kept passage, not a question,
     ``answer_focus`` off). A window that does not stop
     the answer runs on to its passage's end: its ``last`` is the passage's last token."""
-    if not kept or not config.answer_focus or not wants_focus(query):
+    if not kept:
         return []
     by_id = {p.id: p for p in retrieved}
-    chosen = DEFAULT_SELECTOR.select(query, retrieved, index.relevance, count=config.answer_windows)
+    chosen = choose_answer_windows(query, retrieved, index.relevance, config)
 
     def tokens_of(passage_id: str) -> tuple[str, np.ndarray]:
         text = by_id[passage_id].text
