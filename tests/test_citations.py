@@ -10,7 +10,9 @@ conftest.py over files on disk, through LangChain and LlamaIndex, where retrieva
 from __future__ import annotations
 
 import html
+import json
 import re
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -23,6 +25,7 @@ from nest_integrations.decoding.attribution import (
     SourceLocation,
     Span,
     SpanSource,
+    chunk_offsets,
     cited_documents,
     locate,
     merge_spans,
@@ -98,11 +101,11 @@ def test_cut_and_merged_spans_keep_their_locations():
     end = KEEPER.index("In spring") + 9
     whole = Span(
         text=KEEPER[start:end], start=0, end=end - start, copied=True,
-        source=SpanSource(id="notes", char_start=start, char_end=end, location=locate(passage, start, end)),
+        source=SpanSource(id="notes", chunk_char_start=start, chunk_char_end=end, location=locate(passage, start, end)),
     )
     pieces = shift_spans([whole], 0, 20) + shift_spans([whole], 20, 75) + shift_spans([whole], 75, end - start)
     for piece in pieces:
-        lo, hi = piece.source.char_start, piece.source.char_end
+        lo, hi = piece.source.chunk_char_start, piece.source.chunk_char_end
         assert piece.source.location == locate(passage, lo, hi)
     assert merge_spans(pieces) == [whole]
 
@@ -113,7 +116,52 @@ def test_outputs_saved_without_locations_still_read():
     output = NestOutput.model_validate({"text": "x", "mode": "nest", "spans": [span]})
     location = output.spans[0].source.location
     assert (location.document, location.char_start, location.line_start) == ("a.md", None, None)
+    assert (output.spans[0].source.chunk_char_start, output.spans[0].source.chunk_char_end) == (4, 5)
     assert "position in the document unknown" in render_markdown(output)
+
+
+def chunk_span(cut: int, start: int, end: int) -> Span:
+    """A span copied from ``KEEPER[start:end]`` through the chunk ``KEEPER[cut:]`` of keeper.md."""
+    chunk = Passage(id="c1", text=KEEPER[cut:], metadata={"source": "keeper.md"}, doc_id="keeper.md", doc_char_start=cut)
+    lo, hi = start - cut, end - cut
+    return Span(
+        text=KEEPER[start:end], start=0, end=end - start, copied=True,
+        source=SpanSource(id="c1", chunk_char_start=lo, chunk_char_end=hi, location=locate(chunk, lo, hi)),
+    )
+
+
+def test_chunk_offsets_are_named_apart_from_document_offsets(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "keeper.md").write_text(KEEPER, encoding="utf-8")
+    cut, start = KEEPER.index("Her notebooks"), KEEPER.index("storms")
+    span = chunk_span(cut, start, start + len("storms, fog banks"))
+    source = span.source
+    assert KEEPER[cut:][source.chunk_char_start : source.chunk_char_end] == span.text
+    assert KEEPER[source.location.char_start : source.location.char_end] == span.text
+    assert source.chunk_char_start != source.location.char_start
+    # The deprecated attributes still answer, with the chunk offsets, and warn.
+    with pytest.warns(DeprecationWarning, match="chunk_char_start"):
+        assert source.char_start == source.chunk_char_start
+    with pytest.warns(DeprecationWarning, match="chunk_char_end"):
+        assert source.char_end == source.chunk_char_end
+    # The JSON keeps the old keys next to the new ones for one release, without a warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dumped = NestOutput(text=span.text, mode="nest", spans=[span]).to_dict()
+    saved = dumped["spans"][0]["source"]
+    assert (saved["chunk_char_start"], saved["chunk_char_end"]) == (saved["char_start"], saved["char_end"])
+    assert (saved["chunk_char_start"], saved["location"]["char_start"]) == (source.chunk_char_start, source.location.char_start)
+    assert NestOutput.model_validate(dumped).spans == [span]
+    assert NestOutput.model_validate_json(json.dumps(dumped)).spans == [span]
+    assert chunk_offsets(saved) == (source.chunk_char_start, source.chunk_char_end)
+    old = {key: value for key, value in saved.items() if not key.startswith("chunk_")}
+    assert chunk_offsets(old) == (source.chunk_char_start, source.chunk_char_end)
+    assert SpanSource.model_validate(old) == source
+
+
+def test_negative_chunk_offsets_are_refused_by_name():
+    with pytest.raises(ValueError, match="chunk_char_start"):
+        SpanSource(id="c1", chunk_char_start=-1, chunk_char_end=3, location=SourceLocation(document="a", document_id="a"))
 
 
 # --------------------------------------------------------------------------- Markdown

@@ -34,7 +34,7 @@ def _spans_ok(output, passages_by_id):
         pos = span.end
         if span.copied:
             src = passages_by_id[span.source.id]
-            assert src.text[span.source.char_start : span.source.char_end] == span.text
+            assert src.text[span.source.chunk_char_start : span.source.chunk_char_end] == span.text
     assert pos == len(output.text)
 
 

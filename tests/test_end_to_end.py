@@ -32,7 +32,7 @@ def test_nest_copies_the_right_biography_verbatim_and_fast(real_index):
     assert out.sources[0].id == "Marie Curie"
     by_id = {p.id: p for p in real_index.passages}
     for span in out.copied_spans:
-        assert by_id[span.source.id].text[span.source.char_start : span.source.char_end] == span.text
+        assert by_id[span.source.id].text[span.source.chunk_char_start : span.source.chunk_char_end] == span.text
     assert out.stats.forward_passes * 3 < out.stats.new_tokens
 
 

@@ -111,7 +111,7 @@ def assert_sources_match(spans: list[dict[str, Any]], docs: list[Document]) -> i
         doc = by_id[source["id"]]
         assert source["metadata"] == doc.metadata
         assert source["title"] == doc.metadata["title"]
-        assert doc.page_content[source["char_start"] : source["char_end"]] == span["text"]
+        assert doc.page_content[source["chunk_char_start"] : source["chunk_char_end"]] == span["text"]
     return len(copied)
 
 
@@ -174,7 +174,7 @@ def test_copy_reaching_a_chunk_end_goes_on_when_the_next_chunk_was_retrieved(tin
     assert alone.response_metadata["finish_reason"] == "source_end"
     last = alone.response_metadata["spans"][-1]
     chunk_texts = {f"chunk-{n}": t for n, t in enumerate(splitter.split_text(text))}
-    assert last["source"]["char_end"] == len(chunk_texts[last["source"]["id"]]), "the copy ran to its chunk's end"
+    assert last["source"]["chunk_char_end"] == len(chunk_texts[last["source"]["id"]]), "the copy ran to its chunk's end"
     chained = answer({"source": "keeper.txt"})
     assert chained.text.startswith(alone.text) and len(chained.text) > len(alone.text)
 
@@ -355,10 +355,12 @@ def test_chat_message_carries_citations_and_the_output_contract(chat, docs):
         doc = by_id[citation["extras"]["source_id"]]
         assert citation["title"] == doc.metadata["title"] and citation["extras"]["metadata"] == doc.metadata
         extras = citation["extras"]
-        assert doc.page_content[extras["source_char_start"] : extras["source_char_end"]] == citation["cited_text"]
-        # Each document is whole (no start_index): its range is the passage range, on its one line.
+        assert doc.page_content[extras["chunk_char_start"] : extras["chunk_char_end"]] == citation["cited_text"]
+        # The deprecated names still hold the chunk offsets for this release.
+        assert (extras["source_char_start"], extras["source_char_end"]) == (extras["chunk_char_start"], extras["chunk_char_end"])
+        # Each document is whole (no start_index): its range is the chunk range, on its one line.
         assert extras["document"] == doc.metadata["source"]
-        assert (extras["doc_char_start"], extras["doc_char_end"]) == (extras["source_char_start"], extras["source_char_end"])
+        assert (extras["doc_char_start"], extras["doc_char_end"]) == (extras["chunk_char_start"], extras["chunk_char_end"])
         assert (extras["line_start"], extras["line_end"]) == (1, 1)
     numbers = [c["extras"]["source_number"] for c in citations]
     documents = list(dict.fromkeys(c["extras"]["document"] for c in citations))

@@ -94,7 +94,7 @@ def assert_verbatim(output: NestOutput, texts: dict[str, str]) -> None:
     assert "".join(span.text for span in output.spans) == output.text
     for span in output.copied_spans:
         assert span.source is not None
-        assert texts[span.source.id][span.source.char_start : span.source.char_end] == span.text
+        assert texts[span.source.id][span.source.chunk_char_start : span.source.chunk_char_end] == span.text
 
 
 def node_texts(store: NestVectorStore) -> dict[str, str]:
@@ -187,10 +187,10 @@ def test_chat_citation_blocks_match_copied_spans(llm, nest_index):
         assert (block.source, block.title) == (location.document, span.source.title) == (ref_doc[span.source.id], span.source.title)
         assert block.additional_location_info == {
             "source_number": documents.index(location.document) + 1,
-            "start_char_index": span.source.char_start,
-            "end_char_index": span.source.char_end,
-            "node_start_char_index": span.source.char_start,
-            "node_end_char_index": span.source.char_end,
+            "start_char_index": location.char_start,
+            "end_char_index": location.char_end,
+            "node_start_char_index": span.source.chunk_char_start,
+            "node_end_char_index": span.source.chunk_char_end,
             "answer_start_char_index": span.start,
             "answer_end_char_index": span.end,
         }
@@ -277,7 +277,9 @@ def test_query_engine_source_nodes_are_exactly_the_cited_ones(llm, nest_index):
     docs = {n.node_id: n.ref_doc_id for n in nest_index.vector_store.get_nodes()}
     for c in citations:
         assert response.response[c["answer_start"] : c["answer_end"]] == c["text"]
-        assert texts[c["node_id"]][c["node_char_start"] : c["node_char_end"]] == c["text"]
+        assert texts[c["node_id"]][c["chunk_char_start"] : c["chunk_char_end"]] == c["text"]
+        # The deprecated names still hold the node offsets for this release.
+        assert (c["node_char_start"], c["node_char_end"]) == (c["chunk_char_start"], c["chunk_char_end"])
         assert c["ref_doc_id"] == docs[c["node_id"]]
 
 

@@ -231,13 +231,13 @@ def test_duplicate_ids_are_refused(tmp_path):
 
 def _output(pieces, attribution=0.5):
     """An output dict from ``(text, source)`` pieces; ``source`` is None for LM text or
-    ``(passage id, char_start)`` for a copy."""
+    ``(passage id, chunk_char_start)`` for a copy."""
     spans, text = [], ""
     for piece, source in pieces:
         span = {"text": piece, "start": len(text), "end": len(text) + len(piece), "copied": source is not None,
                 "source": None}
         if source is not None:
-            span["source"] = {"id": source[0], "char_start": source[1], "char_end": source[1] + len(piece)}
+            span["source"] = {"id": source[0], "chunk_char_start": source[1], "chunk_char_end": source[1] + len(piece)}
         spans.append(span)
         text += piece
     return {"text": text, "spans": spans, "attribution_ratio": attribution, "mean_copied_span_tokens": 2.0,

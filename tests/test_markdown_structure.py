@@ -174,7 +174,7 @@ def test_a_draft_stops_before_a_comment_and_a_heading(tiny_lm):
     assert first.text.endswith("beneath Harrogate.")
     for span in outputs["m"].copied_spans:
         assert "<!--" not in span.text and "##" not in span.text and "The keeper" not in span.text
-        assert markdown.text[span.source.char_start : span.source.char_end] == span.text
+        assert markdown.text[span.source.chunk_char_start : span.source.chunk_char_end] == span.text
 
 
 def test_a_copy_that_reaches_the_next_heading_ends_the_answer(tiny_lm):

@@ -210,7 +210,7 @@ def _output() -> dict:
                 "end": len(prefix) + len(copied),
                 "copied": True,
                 "source": {"id": "curie", "title": "Marie Curie", "metadata": {},
-                           "char_start": char_start, "char_end": char_start + len(copied)},
+                           "chunk_char_start": char_start, "chunk_char_end": char_start + len(copied)},
             },
             {"text": suffix, "start": len(prefix) + len(copied), "end": len(text),
              "copied": False, "source": None},
@@ -237,7 +237,7 @@ def test_span_integrity_catches_doctored_text() -> None:
 
 def test_span_integrity_catches_wrong_offsets_and_sources() -> None:
     output = _output()
-    output["spans"][1]["source"]["char_start"] += 1
+    output["spans"][1]["source"]["chunk_char_start"] += 1
     assert span_integrity(output, PASSAGES) == 0.0
 
     output = _output()
@@ -249,9 +249,19 @@ def test_span_integrity_catches_wrong_offsets_and_sources() -> None:
     assert span_integrity(output, PASSAGES) == 0.0
 
     output = _output()
-    second = dict(output["spans"][1], source=dict(output["spans"][1]["source"], char_end=-1))
+    second = dict(output["spans"][1], source=dict(output["spans"][1]["source"], chunk_char_end=-1))
     output["spans"].append(second)
     assert span_integrity(output, PASSAGES) == 0.5
+
+
+def test_outputs_saved_with_the_deprecated_offset_keys_score_the_same() -> None:
+    """Outputs written before the chunk offsets were renamed hold only ``char_start`` / ``char_end``."""
+    output = _output()
+    source = output["spans"][1]["source"]
+    source["char_start"], source["char_end"] = source.pop("chunk_char_start"), source.pop("chunk_char_end")
+    assert span_integrity(output, PASSAGES) == 1.0
+    source["char_start"] += 1
+    assert span_integrity(output, PASSAGES) == 0.0
 
 
 def test_span_integrity_requires_spans() -> None:
@@ -348,7 +358,7 @@ def _copy_output(written: str, copied: str, passage: str, source_id: str = "p") 
     start = passage.index(copied)
     spans = [{"text": written, "start": 0, "end": len(written), "copied": False, "source": None}] if written else []
     spans.append({"text": copied, "start": len(written), "end": len(written) + len(copied), "copied": True,
-                  "source": {"id": source_id, "char_start": start, "char_end": start + len(copied)}})
+                  "source": {"id": source_id, "chunk_char_start": start, "chunk_char_end": start + len(copied)}})
     return {"text": written + copied, "spans": spans}
 
 

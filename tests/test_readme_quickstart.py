@@ -4,11 +4,14 @@ The fenced ``python`` blocks that follow a ``<!-- quickstart:NAME -->`` comment
 in README.md are executed in order, in one namespace per NAME, with the working
 directory a temporary folder holding ``my_docs/``: four short files about a
 made-up CLI tool (quill). The real default model and embedder answer; the
-citations must be verbatim text of those files.
+citations must be verbatim text of those files, and the lines the quick starts
+print must say where: the printed character range, applied to the printed file,
+gives the cited text, on the printed lines.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -41,6 +44,25 @@ MY_DOCS = {
         'with "template not found" usually means the cache is stale: run quill clean and build again.\n'
     ),
 }
+
+
+_CITED = re.compile(
+    r"^(?P<text>'.*'|\".*\") <- (?P<file>.+) lines (?P<first>\d+)-(?P<last>\d+), chars (?P<start>\d+)-(?P<end>\d+)$",
+    re.MULTILINE,
+)
+
+
+def assert_printed_citations_point_into_files(out: str) -> int:
+    """Every ``'text' <- FILE lines A-B, chars S-E`` line of ``out`` names a file whose characters
+    ``S:E`` are the cited text, on lines ``A`` to ``B``; returns how many lines there were."""
+    printed = list(_CITED.finditer(out))
+    for m in printed:
+        cited, start, end = ast.literal_eval(m["text"]), int(m["start"]), int(m["end"])
+        text = Path(m["file"]).read_text(encoding="utf-8")
+        assert text[start:end] == cited, f"{m[0]}: the file holds {text[start:end]!r} there"
+        lines = (text.count("\n", 0, start) + 1, text.count("\n", 0, max(end - 1, start)) + 1)
+        assert (int(m["first"]), int(m["last"])) == lines, f"{m[0]}: the text sits on lines {lines}"
+    return len(printed)
 
 
 def quickstart_blocks(name: str) -> list[str]:
@@ -82,6 +104,7 @@ def test_langchain_quickstart(my_docs, capsys):
         assert ns["message"].text[c["start_index"] : c["end_index"]] == c["cited_text"]
     out = capsys.readouterr().out
     assert "Sources:" in out and "my_docs/" in out
+    assert assert_printed_citations_point_into_files(out) == len(citations), out
 
 
 def test_llama_index_quickstart(my_docs, capsys):
@@ -94,7 +117,7 @@ def test_llama_index_quickstart(my_docs, capsys):
         assert c["text"] in my_docs
         assert response.response[c["answer_start"] : c["answer_end"]] == c["text"]
     assert len(ns["chat_engine"].chat_history) == 4
-    assert "<-" in capsys.readouterr().out
+    assert assert_printed_citations_point_into_files(capsys.readouterr().out) == len(citations)
 
 
 def test_qdrant_first_stage_snippet(my_docs, capsys):

@@ -47,7 +47,7 @@ def _curie_output(copied_text: str = "born in 1867") -> dict:
         "spans": [
             {"text": lead, "start": 0, "end": len(lead), "copied": False, "source": None},
             {"text": copied_text, "start": len(lead), "end": len(lead) + len(copied_text), "copied": True,
-             "source": {"id": "curie", "char_start": start, "char_end": start + len(copied_text)}},
+             "source": {"id": "curie", "chunk_char_start": start, "chunk_char_end": start + len(copied_text)}},
         ],
         "attribution_ratio": 0.5,
         "mean_copied_span_tokens": 3.0,
@@ -78,7 +78,7 @@ def test_score_item_qa_and_broken_spans():
     output, passages = _curie_output()
     item = EvalItem("qa/1", "When was Marie Curie born?", "Marie Curie", "", {"answers": ["1867"]})
     assert score_item(item, output, "qa", passages)["answer_recall"] == 1.0
-    output["spans"][1]["source"]["char_start"] += 1  # no longer verbatim
+    output["spans"][1]["source"]["chunk_char_start"] += 1  # no longer verbatim
     assert score_item(item, output, "qa", passages)["span_integrity"] == 0.0
 
 

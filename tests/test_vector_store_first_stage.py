@@ -75,7 +75,7 @@ def test_qdrant_first_stage_drives_nest_with_attribution(qdrant, tiny_lm):
     stored = {p.id: p for p, _ in retriever.retrieve("Marie Curie", 8)}
     for span in copied:
         passage = stored[span.source.id]  # every source is a Qdrant point the store returned
-        assert passage.text[span.source.char_start : span.source.char_end] == span.text
+        assert passage.text[span.source.chunk_char_start : span.source.chunk_char_end] == span.text
         assert span.source.metadata["passage_id"] == passage.metadata["passage_id"]
 
 
@@ -117,7 +117,7 @@ def test_llama_index_vector_store_first_stage(small_passages, tiny_lm):
     copied = [span for span in output.spans if span.copied]
     assert copied
     for span in copied:
-        assert texts[span.source.id][span.source.char_start : span.source.char_end] == span.text
+        assert texts[span.source.id][span.source.chunk_char_start : span.source.chunk_char_end] == span.text
     with pytest.raises(ValueError, match="BasePydanticVectorStore or VectorStoreIndex"):
         LlamaIndexVectorStoreRetriever(object())
 

@@ -1,9 +1,9 @@
 """Attribution records: which characters of a generation came from which corpus passage.
 
 :class:`NestOutput` is the output contract (design.md): ``spans`` tile ``text``
-exactly, a copied span's text is verbatim its source passage text between
-``source.char_start`` and ``source.char_end``, and ``stats`` says what the
-generation cost.
+exactly, a copied span's text is verbatim its source passage (chunk) text between
+``source.chunk_char_start`` and ``source.chunk_char_end``, and ``stats`` says
+what the generation cost.
 
 Every copied span also says where it sits in its *document*
 (:class:`SourceLocation`, ``span.source.location``): the file or document
@@ -12,6 +12,11 @@ open the file at the cited lines. :func:`cited_documents` lists the documents
 an output copied from, once each, numbered in order of first use; the
 renderers (:func:`render_markdown`, :func:`render_html`,
 :func:`render_terminal`) and the integrations' citations all number them so.
+
+Offsets in the chunk are named ``chunk_char_start`` / ``chunk_char_end``; until
+the next release :class:`SpanSource` also answers to the old names
+``char_start`` / ``char_end`` (a ``DeprecationWarning``), and the JSON of an
+output keeps them next to the new keys (:data:`DEPRECATED_CHUNK_KEYS`).
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ import functools
 import html
 import re
 import stat
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Optional, Sequence
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import AliasChoices, BaseModel, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from nest_integrations.corpus.passages import Passage
 
@@ -209,11 +215,33 @@ def locate(passage: Passage, char_start: int, char_end: int) -> SourceLocation:
     )
 
 
-class SpanSource(SourceRef):
-    """Where a copied span sits: in its passage (character offsets into ``Passage.text``) and in its document."""
+DEPRECATED_CHUNK_KEYS: dict[str, str] = {"char_start": "chunk_char_start", "char_end": "chunk_char_end"}
+"""The old names of :class:`SpanSource`'s chunk offsets, deprecated, to the new ones. They read as
+if they were document offsets, which they are not. Until the next release a span source still
+reads them (from outputs saved before), answers to them as properties with a
+``DeprecationWarning``, and writes them to its JSON next to the new keys."""
 
-    char_start: int
-    char_end: int
+
+class SpanSource(SourceRef):
+    """Where a copied span sits: in its chunk (character offsets into ``Passage.text``) and in its document.
+
+    ``chunk_char_start`` / ``chunk_char_end`` index the chunk's own text; where
+    the span sits in its file is ``location`` (``location.char_start``,
+    ``location.line_start``, ...). The old names ``char_start`` / ``char_end``
+    are deprecated (:data:`DEPRECATED_CHUNK_KEYS`).
+    """
+
+    chunk_char_start: int = Field(
+        ge=0,
+        validation_alias=AliasChoices("chunk_char_start", "char_start"),
+        description="Start of the span in its chunk's text (Passage.text), 0-based: not a document offset "
+        "(that is location.char_start). Read from the deprecated key char_start too.",
+    )
+    chunk_char_end: int = Field(
+        ge=0,
+        validation_alias=AliasChoices("chunk_char_end", "char_end"),
+        description="End of the span (exclusive) in its chunk's text. Read from the deprecated key char_end too.",
+    )
     location: SourceLocation = Field(
         description="The span's document, character range and line range in it (see locate). An output "
         "recorded without it reads back with the document named from the metadata and the ranges unknown."
@@ -228,6 +256,46 @@ class SpanSource(SourceRef):
             name = document_name(metadata, str(data.get("id", "")))
             data = {**data, "location": SourceLocation(document=name, document_id=str(data.get("id", "")))}
         return data
+
+    @model_serializer(mode="wrap")
+    def _with_deprecated_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The fields, then the deprecated :data:`DEPRECATED_CHUNK_KEYS` with the same values, so
+        readers of the old JSON keys keep working for one release."""
+        data = handler(self)
+        data.update({old: data[new] for old, new in DEPRECATED_CHUNK_KEYS.items() if new in data})
+        return data
+
+    @property
+    def char_start(self) -> int:
+        """Deprecated: :attr:`chunk_char_start` (an offset in the chunk; the document offset is
+        ``location.char_start``). Removed in the next release."""
+        _warn_deprecated("char_start")
+        return self.chunk_char_start
+
+    @property
+    def char_end(self) -> int:
+        """Deprecated: :attr:`chunk_char_end` (an offset in the chunk; the document offset is
+        ``location.char_end``). Removed in the next release."""
+        _warn_deprecated("char_end")
+        return self.chunk_char_end
+
+
+def _warn_deprecated(old: str) -> None:
+    """Warn, at the caller's caller, that ``SpanSource.<old>`` is deprecated."""
+    new = DEPRECATED_CHUNK_KEYS[old]
+    warnings.warn(
+        f"SpanSource.{old} is deprecated and will be removed in the next release: it is the offset in the chunk, "
+        f"now named {new}; the offset in the document is location.{old}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+def chunk_offsets(source: Mapping[str, Any]) -> tuple[Any, Any]:
+    """``(chunk_char_start, chunk_char_end)`` of a span source in an output's JSON
+    (``NestOutput.to_dict()``), from the deprecated keys for outputs saved before the rename.
+    The values are returned as found (not checked)."""
+    return source.get("chunk_char_start", source.get("char_start")), source.get("chunk_char_end", source.get("char_end"))
 
 
 class Span(BaseModel):
@@ -393,7 +461,7 @@ def build_spans(
             c0, c1 = int(cs[first.position, 0]), int(cs[records[hi - 1].position, 1])
             if passage.text[c0:c1] == piece:
                 source = SpanSource(
-                    id=passage.id, title=passage.title, metadata=dict(passage.metadata), char_start=c0, char_end=c1,
+                    id=passage.id, title=passage.title, metadata=dict(passage.metadata), chunk_char_start=c0, chunk_char_end=c1,
                     location=locate(passage, c0, c1),
                 )
         if spans and source is None and not spans[-1].copied:  # merge with the previous LM span
@@ -433,7 +501,7 @@ def merge_spans(pieces: Iterable[Span]) -> list[Span]:
             source = None
             if prev.source is not None and piece.source is not None:
                 source = prev.source.model_copy(
-                    update={"char_end": piece.source.char_end, "location": prev.source.location.joined(piece.source.location)}
+                    update={"chunk_char_end": piece.source.chunk_char_end, "location": prev.source.location.joined(piece.source.location)}
                 )
             merged[-1] = Span(text=prev.text + piece.text, start=prev.start, end=piece.end, copied=prev.copied, source=source)
         else:
@@ -447,7 +515,7 @@ def _joins(a: Span, b: Span) -> bool:
     if not a.copied:
         return True
     assert a.source is not None and b.source is not None
-    return a.source.id == b.source.id and a.source.char_end == b.source.char_start
+    return a.source.id == b.source.id and a.source.chunk_char_end == b.source.chunk_char_start
 
 
 def shift_spans(spans: Iterable[Span], lo: int, hi: int) -> list[Span]:
@@ -462,8 +530,8 @@ def shift_spans(spans: Iterable[Span], lo: int, hi: int) -> list[Span]:
             lo, hi = a - span.start, b - span.start
             source = span.source.model_copy(
                 update={
-                    "char_start": span.source.char_start + lo,
-                    "char_end": span.source.char_start + hi,
+                    "chunk_char_start": span.source.chunk_char_start + lo,
+                    "chunk_char_end": span.source.chunk_char_start + hi,
                     "location": span.source.location.cut(span.text, lo, hi),
                 }
             )

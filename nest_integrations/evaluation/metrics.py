@@ -28,7 +28,7 @@ from typing import Any
 
 from rouge_score import rouge_scorer
 
-from nest_integrations.decoding.attribution import tokens_per_decoding_forward
+from nest_integrations.decoding.attribution import chunk_offsets, tokens_per_decoding_forward
 
 __all__ = [
     "MARKUP_KINDS",
@@ -472,7 +472,7 @@ def seam_ok_rate(output: Mapping[str, Any], passages: Mapping[str, str]) -> floa
     """Share of the copied spans of ``output`` whose start a reader accepts (:func:`seam_ok`).
 
     Each copied span is judged by its source (``source["id"]`` in ``passages``,
-    ``source["char_start"]``) against the output text before the span
+    ``source["chunk_char_start"]``) against the output text before the span
     (``output["text"][:span["start"]]``). A span whose source is unknown or
     whose offsets are not ints counts as a bad seam.
 
@@ -493,7 +493,7 @@ def seam_ok_rate(output: Mapping[str, Any], passages: Mapping[str, str]) -> floa
     good = 0
     for span in copied:
         source = span.get("source") if isinstance(span.get("source"), Mapping) else {}
-        passage, char_start, start = passages.get(source.get("id")), source.get("char_start"), span.get("start")
+        passage, char_start, start = passages.get(source.get("id")), chunk_offsets(source)[0], span.get("start")
         if passage is None or not isinstance(char_start, int) or not isinstance(start, int):
             continue
         good += 0 <= char_start <= len(passage) and seam_ok(passage, char_start, text[:start])
@@ -560,7 +560,7 @@ def _copied_span_is_intact(span: Mapping[str, Any], text: str, passages: Mapping
     if not isinstance(source, Mapping) or not isinstance(span_text, str) or not span_text:
         return False
     passage = passages.get(source.get("id"))
-    char_start, char_end = source.get("char_start"), source.get("char_end")
+    char_start, char_end = chunk_offsets(source)
     start, end = span.get("start"), span.get("end")
     if passage is None or not all(isinstance(v, int) for v in (char_start, char_end, start, end)):
         return False
@@ -573,7 +573,7 @@ def span_integrity(output: Mapping[str, Any], passages: Mapping[str, str]) -> fl
     """Share of copied spans that are verbatim, correctly located copies.
 
     A copied span (``copied`` true) is intact when its ``text`` is non-empty and
-    equals both ``passages[source["id"]][char_start:char_end]`` and
+    equals both ``passages[source["id"]][chunk_char_start:chunk_char_end]`` and
     ``output["text"][start:end]``. A span whose source is missing, unknown to
     ``passages`` or has out-of-range offsets counts as not intact.
 
@@ -663,7 +663,7 @@ def _copied_sources(output: Mapping[str, Any]) -> list[tuple[str, int, int]]:
         source = span.get("source") if span.get("copied") else None
         if not isinstance(source, Mapping):
             continue
-        passage_id, start, end = source.get("id"), source.get("char_start"), source.get("char_end")
+        passage_id, (start, end) = source.get("id"), chunk_offsets(source)
         if isinstance(passage_id, str) and isinstance(start, int) and isinstance(end, int):
             located.append((passage_id, start, end))
     return located
@@ -829,7 +829,7 @@ def copied_markup(output: Mapping[str, Any], passages: Mapping[str, str]) -> lis
     """The :data:`MARKUP_KINDS` that the copied spans of ``output`` take from their sources.
 
     A copied span takes a markup range of :func:`markup_ranges` of its source
-    passage (``passages[source["id"]]``) when its ``[char_start, char_end)``
+    passage (``passages[source["id"]]``) when its ``[chunk_char_start, chunk_char_end)``
     shares at least one character with it: half an anchor counts. Spans whose
     source is unknown are skipped; what the LM writes itself never counts.
 

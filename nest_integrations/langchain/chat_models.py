@@ -53,7 +53,7 @@ class ChatNest(NestModelBase, BaseChatModel):
             #                               "doc_char_start": 120, "doc_char_end": 162,
             #                               "line_start": 3, "line_end": 3,
             #                               "source_id": "curie#1", "metadata": {...},
-            #                               "source_char_start": 5, "source_char_end": 47}}]}]
+            #                               "chunk_char_start": 5, "chunk_char_end": 47, ...}}]}]
             message.response_metadata["attribution_ratio"]
 
     Output:
@@ -66,8 +66,11 @@ class ChatNest(NestModelBase, BaseChatModel):
         ``line_end`` (1-based, inclusive; None when the document text is
         unknown), and ``source_number``, the document's number in order of first
         use (the ``[n]`` of :data:`~nest_integrations.langchain.cite`); then the
-        passage: ``source_id``, its ``metadata`` and the span's offsets in the
-        passage text (``source_char_start`` / ``source_char_end``).
+        chunk: ``source_id``, its ``metadata`` and the span's offsets in the
+        chunk's text (``chunk_char_start`` / ``chunk_char_end``; not offsets in
+        the file). ``source_char_start`` / ``source_char_end`` hold the same
+        chunk offsets under their old names: deprecated, removed in the next
+        release.
         ``response_metadata`` holds the full output contract
         (``NestOutput.to_dict()``) and ``usage_metadata`` the token counts.
 
@@ -234,8 +237,11 @@ def _citation(span: Span, numbers: DocumentNumbers) -> Citation:
         line_end=location.line_end,
         source_id=source.id,
         metadata=source.metadata,
-        source_char_start=source.char_start,
-        source_char_end=source.char_end,
+        chunk_char_start=source.chunk_char_start,
+        chunk_char_end=source.chunk_char_end,
+        # Deprecated names of chunk_char_start / chunk_char_end, kept for one release.
+        source_char_start=source.chunk_char_start,
+        source_char_end=source.chunk_char_end,
     )
 
 

@@ -102,8 +102,8 @@ def citation_blocks(spans: Sequence[Span]) -> list[CitationBlock]:
             "end_char_index": location.char_end,
             "start_line": location.line_start,
             "end_line": location.line_end,
-            "node_start_char_index": span.source.char_start,
-            "node_end_char_index": span.source.char_end,
+            "node_start_char_index": span.source.chunk_char_start,
+            "node_end_char_index": span.source.chunk_char_end,
             "answer_start_char_index": span.start,
             "answer_end_char_index": span.end,
         }

@@ -11,8 +11,10 @@ from (with their retrieval scores, in order of first use), and
   ``doc_char_end`` and ``line_start`` / ``line_end`` (where it sits in the
   document: 1-based inclusive lines, None when unknown; see
   :func:`~nest_integrations.decoding.attribution.locate`), ``node_id``, ``ref_doc_id``,
-  ``node_char_start`` / ``node_char_end`` (range in the node text) and
-  ``text`` (the cited text, verbatim both in the answer and in the node);
+  ``chunk_char_start`` / ``chunk_char_end`` (range in the node's text, not in
+  the file) and ``text`` (the cited text, verbatim both in the answer and in the
+  node); ``node_char_start`` / ``node_char_end`` hold the same node range under
+  their old names: deprecated, removed in the next release;
 * ``"sources"``: the cited documents, once each in order of first use
   (:class:`~nest_integrations.decoding.attribution.CitedDocument` dicts: ``number``,
   ``document``, ``title`` and the cited ``locations``);
@@ -65,9 +67,12 @@ def span_citations(output: NestOutput, nodes: Sequence[NodeWithScore]) -> list[d
             "line_end": span.source.location.line_end,
             "node_id": span.source.id,
             "ref_doc_id": ref_doc.get(span.source.id),
-            "node_char_start": span.source.char_start,
-            "node_char_end": span.source.char_end,
+            "chunk_char_start": span.source.chunk_char_start,
+            "chunk_char_end": span.source.chunk_char_end,
             "text": span.text,
+            # Deprecated names of chunk_char_start / chunk_char_end, kept for one release.
+            "node_char_start": span.source.chunk_char_start,
+            "node_char_end": span.source.chunk_char_end,
         }
         for span in output.copied_spans
         if span.source is not None
