@@ -320,6 +320,10 @@ def test_an_auto_started_server_answers_the_next_command_then_stops_when_idle(pa
             except NoServer:
                 assert time.monotonic() < deadline, (path.with_name(path.name.removesuffix(".sock") + ".log")).read_text()
                 time.sleep(0.2)
+        process = Path(f"/proc/{pid}")
+        if process.is_dir():  # Linux: what `ps` shows of the background server
+            assert (process / "comm").read_text().strip() == "nest"
+            assert " nest serve --datastore " in (process / "cmdline").read_bytes().decode().replace("\0", " ").replace("/nest ", " nest ")
         second = subprocess.run([*command, "-v"], capture_output=True, text=True, timeout=120, env=env)
         assert second.returncode == 0, second.stderr
         assert f"answered by the server at {path} (process {pid})" in second.stderr

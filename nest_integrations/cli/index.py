@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from nest_integrations.corpus.passages import DEFAULT_CHUNK_TOKENS
 from nest_integrations.index.distributed import DEFAULT_CONNECT_TIMEOUT_S
@@ -194,12 +196,26 @@ def retrieve(
     if not hits:
         console.print("No passage matches.")
         return
-    table = Table("rank", "score", "id", "title", "text", *(["tokens", "entries"] if tokens else []))
     encoded = index.datastore.fetch([index.datastore.add(p) for p, _ in hits]) if tokens else []
     for rank, (passage, score) in enumerate(hits, 1):
-        extra = [str(len(encoded[rank - 1].token_ids)), str(int(encoded[rank - 1].valid.sum()))] if tokens else []
-        table.add_row(str(rank), f"{score:.3f}", passage.id, passage.title, passage.text[:80] + "...", *extra)
-    console.print(table)
+        counts = f" · {len(encoded[rank - 1].token_ids)} tokens, {int(encoded[rank - 1].valid.sum())} entries" if tokens else ""
+        heading = Text.assemble((f"{rank}. {passage.title or passage.id}", "bold"), (f"  score {score:.3f} · id {passage.id}{counts}", "dim"))
+        console.print(heading)
+        console.print(Padding(Text(preview(passage.text)), (0, 0, 1, 3)))
+
+
+RETRIEVE_PREVIEW_CHARS = 320
+"""Characters of each passage ``nest retrieve`` shows: four lines at 80 columns."""
+
+
+def preview(text: str, limit: int = RETRIEVE_PREVIEW_CHARS) -> str:
+    """``text`` on one line (runs of white space as one space), cut at a word boundary within
+    ``limit`` characters with an ellipsis when it is longer."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    cut = flat[: limit - 1]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "…"
 
 
 @app.command()

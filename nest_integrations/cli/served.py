@@ -42,6 +42,7 @@ import stat
 import struct
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -392,13 +393,23 @@ def start_server(folder: Path, model: Optional[str], idle_timeout_s: Optional[fl
             os.replace(log, log.with_name(log.name + ".1"))  # a server still writing there keeps writing to the old one
     except FileNotFoundError:
         pass
-    command = [sys.executable, "-m", "nest_integrations.cli", "serve", "--datastore", str(folder.resolve())]
-    command += ["--model", model] if model else []
-    command += ["--idle-timeout", "none" if idle_timeout_s is None else f"{idle_timeout_s:g}"]
+    command = server_command(folder, model, idle_timeout_s)
     with os.fdopen(open_private(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a", encoding="utf-8") as output:
         subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     logger.info("started a server of %s in the background (log: %s)", folder, log)
     return log
+
+
+def server_command(folder: Path, model: Optional[str], idle_timeout_s: Optional[float]) -> list[str]:
+    """The command line :func:`start_server` runs: ``nest serve --datastore FOLDER [--model M]
+    --idle-timeout S``, through this environment's ``nest`` script when it has one, so that ``ps``
+    names the process ``nest`` and shows ``nest serve`` in its command line (else through this
+    interpreter, ``python -m nest_integrations.cli serve ...``, e.g. from a source tree not installed)."""
+    script = Path(sysconfig.get_path("scripts")) / "nest"
+    launcher = [str(script)] if os.access(script, os.X_OK) else [sys.executable, "-m", "nest_integrations.cli"]
+    command = [*launcher, "serve", "--datastore", str(folder.resolve())]
+    command += ["--model", model] if model else []
+    return command + ["--idle-timeout", "none" if idle_timeout_s is None else f"{idle_timeout_s:g}"]
 
 
 class Connection:

