@@ -35,14 +35,14 @@ class ChatNest(NestModelBase, BaseChatModel):
     per-call options are those of :class:`~nest_integrations.langchain.NestLLM`.
 
     Instantiate:
-        .. code-block:: python
+        From a loaded LM and a store (or ``ChatNest(model="default", retriever=store)``)::
 
             from nest_integrations.langchain import ChatNest
 
             chat = ChatNest.from_lm(lm, retriever=store, max_new_tokens=64)
 
     Invoke:
-        .. code-block:: python
+        The answer's text block carries one citation per copied span::
 
             message = chat.invoke("Who was Marie Curie?")
             message.content_blocks

@@ -90,6 +90,10 @@ class LangChainVectorStoreRetriever(BatchRetrieverMixin):
     :func:`retrieve_passages`. Build its decoder with
     :func:`~nest_integrations.index.foreign_store.store_decoder`.
 
+    Args:
+        store: a LangChain ``VectorStore`` that keeps the documents' text (e.g.
+            ``langchain_qdrant.QdrantVectorStore``), or any ``BaseRetriever``.
+
     Attributes:
         store: the wrapped store or retriever.
         relevance: the relevance gate's cosine function, from the store's

@@ -31,9 +31,8 @@ class NestLLM(NestModelBase, BaseLLM):
         ``pip install nest-integrations[langchain]``
 
     Instantiate:
-        .. code-block:: python
+        By model name, from a loaded LM or from a saved index folder::
 
-            from langchain_core.vectorstores import InMemoryVectorStore
             from nest_integrations.langchain import NestLLM
 
             llm = NestLLM(model="default", retriever=store, max_new_tokens=64)
@@ -41,7 +40,7 @@ class NestLLM(NestModelBase, BaseLLM):
             llm = NestLLM.from_index("my-index/")
 
     Invoke:
-        .. code-block:: python
+        With the prompt as retrieval query, or another one, and any NestConfig field per call::
 
             llm.invoke("Who was Marie Curie?")
             llm.invoke(prompt, query="Marie Curie")  # explicit retrieval query

@@ -131,7 +131,7 @@ class NestVectorStore(VectorStore):
         show_progress: draw a progress bar (with a time estimate) while precomputing.
 
     Example:
-        .. code-block:: python
+        Build, answer from it, save and load back::
 
             store = NestVectorStore.from_documents(docs, embeddings)
             llm = NestLLM.from_lm(lm, retriever=store)
