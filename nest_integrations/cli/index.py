@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -201,7 +201,8 @@ def retrieve(
         counts = f" · {len(encoded[rank - 1].token_ids)} tokens, {int(encoded[rank - 1].valid.sum())} entries" if tokens else ""
         heading = Text.assemble((f"{rank}. {passage.title or passage.id}", "bold"), (f"  score {score:.3f} · id {passage.id}{counts}", "dim"))
         console.print(heading)
-        console.print(Padding(Text(preview(passage.text)), (0, 0, 1, 3)))
+        text = textwrap.fill(preview(passage.text), width=max(console.width - 3, 20))  # under the heading, no trailing blanks
+        console.print(textwrap.indent(text, "   ") + "\n", markup=False, highlight=False, soft_wrap=True)
 
 
 RETRIEVE_PREVIEW_CHARS = 320
