@@ -15,9 +15,9 @@ import pytest
 from conftest import ListRetriever
 from rich.console import Console
 
-from nest_integrations.decoding.attribution import NestOutput
-from nest_integrations.decoding.chat_session import ChatSession
+from nest_integrations.cli.chat_session import ChatSession
 from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.decoding.output import NestOutput
 
 FIRST = "Who was Marie Curie?"
 FOLLOW_UP = "Where was she born?"
@@ -130,7 +130,7 @@ def test_the_question_history_is_private_and_never_written_through_a_link(sessio
     import os
     import stat
 
-    from nest_integrations.decoding.chat_session import terminal_reader
+    from nest_integrations.cli.chat_session import terminal_reader
 
     history = tmp_path / "cache" / "chat_history"
     terminal_reader(session, history)

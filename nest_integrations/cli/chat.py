@@ -26,8 +26,9 @@ def chat(
     """Ask questions in a conversation: follow-ups are retrieved with the earlier questions, answers show
     their copied spans and numbered sources. /help lists the commands (/mode, /sources, /save); Ctrl-D ends."""
     from nest_integrations.core.config import MODES
-    from nest_integrations.decoding.chat_session import ChatSession, terminal_reader
     from nest_integrations.model.lm import cache_dir
+
+    from .chat_session import ChatSession, terminal_reader
 
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")

@@ -7,7 +7,7 @@ do I remove it?") is retrieved together with the earlier questions
 (:func:`~nest_integrations.policy.conversation.retrieval_query`) and answered in
 context. Each answer is shown with its copied spans highlighted, ``[n]`` after
 them and the numbered sources (document, lines, characters) below
-(:func:`~nest_integrations.decoding.attribution.render_terminal`).
+(:func:`~nest_integrations.decoding.rendering.render_terminal`).
 
 Lines starting with ``/`` are commands (:data:`COMMANDS`); Ctrl-D (end of
 input) or ``/quit`` ends the session, Ctrl-C abandons the answer being
@@ -30,13 +30,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from nest_integrations.core.config import MODES
+from nest_integrations.decoding.output import NestOutput
+from nest_integrations.decoding.rendering import render_terminal, source_listing
 from nest_integrations.policy.conversation import retrieval_query
-from .attribution import NestOutput, render_terminal, source_listing
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
-    from .decoder import NestDecoder
+    from nest_integrations.decoding.decoder import NestDecoder
 
 logger = logging.getLogger(__name__)
 
