@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from conftest import make_tiny_lm
 from nest_integrations.cli import app
 from nest_integrations.cli import index as index_command
-from nest_integrations.cli.served import server_command
+from nest_integrations.cli.server_transport import server_command
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.index.nest_index import NestIndex
 from nest_integrations.model.lm import load_lm

@@ -25,10 +25,10 @@ from typer.testing import CliRunner
 from conftest import make_tiny_lm
 from nest_integrations.cli import app
 from nest_integrations.cli import generate as generate_command
-from nest_integrations.cli import served as served_module
+from nest_integrations.cli import server_transport
 from nest_integrations.cli.common import load_index
 from nest_integrations.cli.serve import GenerateServer, ServerRunning, claim_socket
-from nest_integrations.cli.served import Connection, NoServer, default_socket_path, idle_timeout, lock_held, server_key
+from nest_integrations.cli.server_transport import Connection, NoServer, default_socket_path, idle_timeout, lock_held, server_key
 
 PROMPT = "Who was Marie Curie?"
 
@@ -261,7 +261,7 @@ def test_a_server_stops_itself_when_idle_and_not_before(index_folder):
 
 def test_generate_starts_a_server_for_the_next_command_unless_told_not_to(monkeypatch, index_folder):
     started: list[list[str]] = []
-    monkeypatch.setattr(served_module.subprocess, "Popen", lambda command, **kwargs: started.append(command))
+    monkeypatch.setattr(server_transport.subprocess, "Popen", lambda command, **kwargs: started.append(command))
     path = default_socket_path(server_key(index_folder, "tiny"))
 
     def run(*options: str):

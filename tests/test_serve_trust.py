@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from conftest import make_tiny_lm
 from nest_integrations.cli import app
-from nest_integrations.cli import served as served_module
-from nest_integrations.cli.served import (
+from nest_integrations.cli import server_transport
+from nest_integrations.cli.server_transport import (
     Connection, NoServer, UntrustedPath, default_socket_path, log_path, private_run_folder, server_key, start_server,
 )
 
@@ -150,7 +150,7 @@ def test_a_server_follows_a_recalibration_of_its_index(index_folder, tiny_lm):
 
 def test_a_client_gives_up_on_a_server_that_stalls_mid_answer(monkeypatch, index_folder):
     local = json.loads(generate(index_folder, "--json", "--server", "never"))
-    monkeypatch.setattr(served_module, "ANSWER_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(server_transport, "ANSWER_TIMEOUT_S", 0.5)
     stalled = threading.Event()
     with serving(index_folder) as server:
         stream = server.decoder.stream
@@ -176,7 +176,7 @@ def test_a_client_gives_up_on_a_server_that_stalls_mid_answer(monkeypatch, index
 
 def test_a_run_folder_another_user_made_or_can_write_is_not_used(monkeypatch, index_folder):
     monkeypatch.setenv("NEST_AUTO_SERVE", "1")
-    monkeypatch.setattr(served_module.subprocess, "Popen", lambda *args, **kwargs: pytest.fail("a server was started"))
+    monkeypatch.setattr(server_transport.subprocess, "Popen", lambda *args, **kwargs: pytest.fail("a server was started"))
     with serving(index_folder) as server:  # listening at the default path, then the folder opened to others
         run = server.path.parent
         os.chmod(run, 0o777)
@@ -202,7 +202,7 @@ def test_a_socket_of_another_user_is_not_answered_by(index_folder, tmp_path):
     whatever its handshake says."""
     key = server_key(index_folder, "tiny")
     handshake = {
-        "protocol": served_module.PROTOCOL_VERSION, "index": key.index, "model": key.model, "lm_path": key.lm_path,
+        "protocol": server_transport.PROTOCOL_VERSION, "index": key.index, "model": key.model, "lm_path": key.lm_path,
         "lm_files": key.lm_files, "lm_fingerprint": key.lm_fingerprint, "calibration": key.calibration, "folder": str(index_folder), "pid": 1,
     }
     forged = {"text": "forged", "spans": [], "output": {"text": "forged"}}
@@ -262,7 +262,7 @@ def test_a_server_answers_its_own_user_only(index_folder):
 
 def test_the_server_log_is_private_appended_and_never_reached_through_a_link(monkeypatch, index_folder, tmp_path):
     started = []
-    monkeypatch.setattr(served_module.subprocess, "Popen", lambda command, **kwargs: started.append(command))
+    monkeypatch.setattr(server_transport.subprocess, "Popen", lambda command, **kwargs: started.append(command))
     key = server_key(index_folder, "tiny")
     log = log_path(default_socket_path(key))
     private_run_folder(create=True)
@@ -283,7 +283,7 @@ def test_the_server_log_is_private_appended_and_never_reached_through_a_link(mon
 
 def test_a_socket_path_over_the_limit_starts_and_announces_no_server(monkeypatch, index_folder, tmp_path):
     started = []
-    monkeypatch.setattr(served_module.subprocess, "Popen", lambda command, **kwargs: started.append(command))
+    monkeypatch.setattr(server_transport.subprocess, "Popen", lambda command, **kwargs: started.append(command))
     monkeypatch.setenv("NEST_AUTO_SERVE", "1")
     deep = tmp_path / ("r" * 60) / ("u" * 60)
     deep.mkdir(parents=True, mode=0o700)
@@ -307,7 +307,7 @@ def test_a_request_nested_too_deep_gets_an_error_reply(index_folder):
                 sock.settimeout(10)
                 sock.connect(str(server.path))
                 reader = sock.makefile("rb")
-                assert json.loads(reader.readline())["protocol"] == served_module.PROTOCOL_VERSION
+                assert json.loads(reader.readline())["protocol"] == server_transport.PROTOCOL_VERSION
                 sock.sendall(request.encode() + b"\n")
                 reply = json.loads(reader.readline() or "null")
             assert reply and reply.get("refused") and "nested too deep" in reply["error"]
@@ -324,6 +324,6 @@ def test_a_connection_refuses_a_server_it_cannot_vouch_for(monkeypatch, index_fo
         for field, value in (("index", "0" * 64), ("lm_path", "/elsewhere"), ("lm_files", "changed"), ("calibration", "other")):
             with pytest.raises(NoServer, match="serves "):
                 Connection.open(server.path, replace(key, **{field: value}))
-        monkeypatch.setattr(served_module, "peer_uid", lambda sock: OTHER_UID)
+        monkeypatch.setattr(server_transport, "peer_uid", lambda sock: OTHER_UID)
         with pytest.raises(NoServer, match="runs as another user"):
             Connection.open(server.path, key)

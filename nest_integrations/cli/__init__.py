@@ -2,7 +2,7 @@
 
 One module per command group: :mod:`.index` (``nest index ...``, ``retrieve``, ``calibrate``),
 :mod:`.generate` (``generate``, ``demo``), :mod:`.serve` (``serve``, a resident process that
-``generate`` answers through, over the transport in :mod:`.served`), :mod:`.chat` (its terminal
+``generate`` answers through, over the transport in :mod:`.server_transport`), :mod:`.chat` (its terminal
 session in :mod:`.chat_session`),
 :mod:`.evaluate` (``eval``), :mod:`.bench` (``nest bench ...``) and :mod:`.models` (``nest models
 install``, the embedded LMs' packages); :mod:`.common` holds what

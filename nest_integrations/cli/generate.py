@@ -1,7 +1,7 @@
 """``nest generate`` (one prompt, or a resumable batch job) and ``nest demo``.
 
 One prompt goes to a running ``nest serve`` of the same index and LM when one answers
-(:mod:`.served`): the command then prints what it would have printed itself without importing
+(:mod:`.server_transport`): the command then prints what it would have printed itself without importing
 torch or transformers, and otherwise loads everything here -- and then, having answered, starts
 such a server in the background for the next command, stopping after ``$NEST_SERVE_IDLE_S``
 idle (as a build tool's daemon does; ``NEST_AUTO_SERVE=0`` or ``--server never`` opt out).
@@ -181,7 +181,7 @@ def generate(
 def _serve_next_time(datastore: Optional[Path], model: Optional[str]) -> None:
     """Start a ``nest serve`` of the index and LM in the background for the next command, unless
     ``$NEST_AUTO_SERVE`` says not to or one holds the socket already, and say so on stderr."""
-    from .served import idle_timeout, start_server
+    from .server_transport import idle_timeout, start_server
 
     if os.environ.get(AUTO_SERVE_ENV, "").strip().lower() in ("0", "no", "false", "off"):
         return
@@ -218,7 +218,7 @@ def _served_output(
     command generates itself, having printed nothing yet) or a socket path (any failure to answer
     fails the command). A request the server refuses fails the command, as it would fail here.
     """
-    from .served import Connection, NoServer, RequestRefused, UntrustedPath, default_socket_path, private_run_folder, server_key
+    from .server_transport import Connection, NoServer, RequestRefused, UntrustedPath, default_socket_path, private_run_folder, server_key
 
     auto = server == "auto"
     try:

@@ -4,7 +4,7 @@ A one-shot ``nest generate`` spends most of its time before the first token impo
 transformers and loading the LM, the embedder and the index (``nest bench startup``). A server
 pays that once: it loads the index and its decoder as ``nest generate`` does
 (:func:`~nest_integrations.cli.common.load_index`), then answers on a Unix domain socket
-(:mod:`.served`: the socket's place, the handshake, the JSON lines), and ``nest generate``
+(:mod:`.server_transport`: the socket's place, the handshake, the JSON lines), and ``nest generate``
 finds it by itself.
 
 Each connection is answered by a thread of a pool, which prepares its generation (retrieval,
@@ -21,7 +21,7 @@ only while they are used). A socket file whose server is gone is replaced: a run
 holds an exclusive lock on ``SOCKET.lock``, so a socket without a held lock is stale.
 
 A server answers its own user only (the peer's uid), and serves what a client would load itself
-(:class:`~.served.ServerKey`): before each handshake, and every :data:`FOLLOW_EVERY_S` seconds,
+(:class:`~.server_transport.ServerKey`): before each handshake, and every :data:`FOLLOW_EVERY_S` seconds,
 it reads the index's manifest, its calibration file and the LM folder's files again; it takes
 up a recalibration (the next answers use the new alpha/tau), and stops when the index was
 rebuilt or the LM's files changed, which it cannot take up without loading again (a client then
@@ -47,7 +47,7 @@ from typing import IO, Any, Optional
 import typer
 
 from .common import build_default_index, console, default_index_path, fail, load_index, setup_logging
-from .served import (
+from .server_transport import (
     MAX_LINE_BYTES, PROTOCOL_VERSION, Connection, NoServer, ServerKey, UntrustedPath, calibration_digest, check_socket_path,
     default_socket_path, idle_timeout, lock_path, open_private, peer_uid, private_run_folder, read_calibration, server_key,
 )
@@ -120,7 +120,7 @@ class GenerateServer(socketserver.UnixStreamServer):
         index: the loaded :class:`~nest_integrations.index.nest_index.NestIndex`; its
             :meth:`decoder` answers (its config is each answer's base, a request's options apply
             on top), made again when the index is recalibrated.
-        key: what it serves, read before the index was loaded (:func:`~.served.server_key`: a
+        key: what it serves, read before the index was loaded (:func:`~.server_transport.server_key`: a
             file that changed while it loaded reads as changed at the first check, never the
             other way round); the handshake says it.
         folder: the index folder (the handshake names it).
@@ -332,7 +332,7 @@ class _Handler(socketserver.StreamRequestHandler):
 def served_index(datastore: Optional[Path], model: Optional[str], socket_path: Optional[Path], *, create: bool) -> tuple[Path, ServerKey, Path]:
     """The index folder, the key and the socket of the server of ``datastore`` and ``model``
     (``socket_path`` when given, else the key's in the run folder, checked -- and made when
-    ``create`` -- by :func:`~.served.private_run_folder`); the default index is built first when
+    ``create`` -- by :func:`~.server_transport.private_run_folder`); the default index is built first when
     it is missing. Fails the command on an unreadable index or an untrusted run folder."""
     folder = datastore or default_index_path(model)
     if datastore is None and not (folder / "manifest.json").exists():

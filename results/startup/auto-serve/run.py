@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from nest_integrations.cli.common import STARTUP_T0_ENV, STARTUP_TRACE_ENV, default_index_path
-from nest_integrations.cli.served import Connection, NoServer, default_socket_path, server_key
+from nest_integrations.cli.server_transport import Connection, NoServer, default_socket_path, server_key
 
 PROMPT = "Tell me a bio of Marie Curie."
 NEST = str(Path(sys.executable).with_name("nest"))
