@@ -34,22 +34,17 @@ TYPE_CHECKING = False
 """Type checkers read it as True (the typing spec's idiom); importing ``typing`` for it would
 double the cost of ``import nest_integrations``."""
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see; at run time __getattr__ imports
-    from .decoding.attribution import GenerationStats, NestOutput, Span, render_html, render_markdown, render_terminal
     from .core.config import NestConfig
     from .corpus.passages import Passage, load_corpus, load_documents, load_wikipedia_summaries
     from .decoding.decoder import NestDecoder
     from .decoding.generation import StreamChunk
+    from .decoding.output import GenerationStats, NestOutput, Span
+    from .decoding.rendering import render_html, render_markdown, render_terminal
     from .index.foreign_store import store_decoder
     from .index.nest_index import NestIndex
     from .model.lm import LoadedLM, load_lm
 
 _EXPORTS = {
-    "GenerationStats": "decoding.attribution",
-    "NestOutput": "decoding.attribution",
-    "Span": "decoding.attribution",
-    "render_html": "decoding.attribution",
-    "render_markdown": "decoding.attribution",
-    "render_terminal": "decoding.attribution",
     "NestConfig": "core.config",
     "Passage": "corpus.passages",
     "load_corpus": "corpus.passages",
@@ -57,6 +52,12 @@ _EXPORTS = {
     "load_wikipedia_summaries": "corpus.passages",
     "NestDecoder": "decoding.decoder",
     "StreamChunk": "decoding.generation",
+    "GenerationStats": "decoding.output",
+    "NestOutput": "decoding.output",
+    "Span": "decoding.output",
+    "render_html": "decoding.rendering",
+    "render_markdown": "decoding.rendering",
+    "render_terminal": "decoding.rendering",
     "store_decoder": "index.foreign_store",
     "NestIndex": "index.nest_index",
     "LoadedLM": "model.lm",

@@ -20,19 +20,10 @@ import pytest
 from markdown_it import MarkdownIt
 
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.decoding.attribution import (
-    NestOutput,
-    SourceLocation,
-    Span,
-    SpanSource,
-    chunk_offsets,
-    cited_documents,
-    locate,
-    merge_spans,
-    render_html,
-    render_markdown,
-    shift_spans,
-)
+from nest_integrations.decoding.locations import locate
+from nest_integrations.decoding.output import NestOutput, SourceLocation, Span, SpanSource, chunk_offsets
+from nest_integrations.decoding.rendering import cited_documents, render_html, render_markdown
+from nest_integrations.decoding.spans import merge_spans, shift_spans
 
 KNOBS = dict(alpha=5.0, delta=1.0, gamma=1e-6, max_new_tokens=24, min_passage_relevance=-1.0)
 KEEPER = (

@@ -7,8 +7,9 @@ import torch
 
 from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.decoding.attribution import merge_spans, render_html, render_markdown, render_terminal
 from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.decoding.rendering import render_html, render_markdown, render_terminal
+from nest_integrations.decoding.spans import merge_spans
 from nest_integrations.policy.mentions import CorpusTerms
 from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 from conftest import ListRetriever, word_share
@@ -302,8 +303,8 @@ def test_a_question_copies_its_best_answer_windows_in_turn_and_stops_answered(ti
 def test_an_answer_ends_answered_when_the_lm_refuses_the_next_window(tiny_lm):
     """After a window that closes an answer, an LM token where the next window should open ends
     the answer: what was copied stands, and the LM does not write on to the token limit."""
-    from nest_integrations.decoding.attribution import TokenRecord
     from nest_integrations.decoding.generation import Generation
+    from nest_integrations.decoding.spans import TokenRecord
 
     rules = NestDecoder(tiny_lm).rules
     gen = Generation(config=NestConfig(max_new_tokens=80))
@@ -351,8 +352,8 @@ CODE_DOC = Passage(
 
 def _copied_to(decoder, passage, char):
     """A generation that has copied ``passage`` from its start up to the token ending at ``char``."""
-    from nest_integrations.decoding.attribution import TokenRecord
     from nest_integrations.decoding.generation import Generation
+    from nest_integrations.decoding.spans import TokenRecord
 
     pidx = decoder.datastore.add(passage)
     candidates = decoder.datastore.candidates([pidx])

@@ -25,8 +25,8 @@ from pydantic import ValidationError  # noqa: E402
 from nest_integrations.core.config import NestConfig  # noqa: E402
 from nest_integrations.core.jsonsafe import json_safe  # noqa: E402
 from nest_integrations.corpus.passages import Passage  # noqa: E402
-from nest_integrations.decoding.attribution import NestOutput, SourceRef  # noqa: E402
 from nest_integrations.decoding.decoder import NestDecoder, check_prompt  # noqa: E402
+from nest_integrations.decoding.output import NestOutput, SourceRef  # noqa: E402
 from nest_integrations.index.nest_index import NestIndex  # noqa: E402
 from nest_integrations.store.datastore import PassageEncoder, TokenDatastore  # noqa: E402
 

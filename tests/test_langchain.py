@@ -25,8 +25,9 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from nest_integrations.core.config import NestConfig
-from nest_integrations.decoding.attribution import Span, merge_spans
 from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.decoding.output import Span
+from nest_integrations.decoding.spans import merge_spans
 from nest_integrations.langchain import (
     ChatNest,
     NestLLM,

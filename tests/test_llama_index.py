@@ -34,7 +34,9 @@ from llama_index.core.vector_stores.types import (
     VectorStoreQueryMode,
 )
 
-from nest_integrations.decoding.attribution import NestOutput, Span, cited_documents, merge_spans
+from nest_integrations.decoding.output import NestOutput, Span
+from nest_integrations.decoding.rendering import cited_documents
+from nest_integrations.decoding.spans import merge_spans
 from nest_integrations.llama_index import NestLLM, NestQueryEngine, NestVectorStore, node_to_passage
 
 PROMPT = "Tell me about Marie Curie."

@@ -44,7 +44,7 @@ a session of questions, short enough that a forgotten one gives its memory back.
 def _print_output(output: Any, title: str) -> None:
     from rich.panel import Panel
 
-    from nest_integrations.decoding.attribution import render_terminal
+    from nest_integrations.decoding.rendering import render_terminal
 
     s = output.stats
     console.print(Panel(render_terminal(output), title=title))
@@ -154,7 +154,7 @@ def generate(
             if as_json:
                 sys.stdout.write(_json_line(served, pretty))
             else:
-                from nest_integrations.decoding.attribution import NestOutput
+                from nest_integrations.decoding.output import NestOutput
 
                 _print_output(NestOutput.model_validate(served), mode)
             trace.write()

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from nest_integrations.corpus.markdown_structure import copy_layout, parse_blocks
 from nest_integrations.corpus.passages import Passage
-from .attribution import document_name
+from .output import document_name
 
 __all__ = ["NOT_COVERED", "SEE_ALSO_SECTIONS", "abstention_text", "see_also"]
 
@@ -29,7 +29,7 @@ SEE_ALSO_SECTIONS = 3
 
 
 def _section(passage: Passage) -> tuple[str, str]:
-    """The passage's document name (:func:`~nest_integrations.decoding.attribution.document_name`)
+    """The passage's document name (:func:`~nest_integrations.decoding.output.document_name`)
     and, for a Markdown passage, the innermost heading its first block sits under (``""`` for none)."""
     name = document_name(passage.metadata, passage.doc_id or passage.id)
     if copy_layout(passage.text) is None:

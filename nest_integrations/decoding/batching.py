@@ -80,8 +80,9 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 
 from nest_integrations.model.attention import PACKED_SDPA
-from .attribution import NestOutput, TokenRecord
 from .generation import Generation, RowDecoder, Step
+from .output import NestOutput
+from .spans import TokenRecord
 
 logger = logging.getLogger(__name__)
 

@@ -56,9 +56,10 @@ from nest_integrations.policy.mentions import CorpusTerms
 from nest_integrations.policy.relevance import GateDecision, RelevanceGate
 from nest_integrations.store.datastore import CandidateSet, EncodeStats, TokenDatastore
 from .abstention import abstention_text
-from .attribution import GenerationStats, NestOutput, TokenRecord
 from .generation import Generation, StreamChunk, StreamCursor
+from .output import GenerationStats, NestOutput
 from .prepare import choose_answer_windows, plan_opening
+from .spans import TokenRecord
 from .step import StepRules
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -295,7 +296,7 @@ class NestDecoder:
         """Yield text chunks with their spans as tokens are accepted.
 
         Concatenating the chunks' texts gives the output text, and
-        :func:`~nest_integrations.decoding.attribution.merge_spans` of their spans gives
+        :func:`~nest_integrations.decoding.spans.merge_spans` of their spans gives
         its spans. The last chunk carries the complete :class:`NestOutput`.
         Nothing runs before the first ``next``; closing the iterator early stops
         the generation.

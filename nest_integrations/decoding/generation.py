@@ -26,7 +26,8 @@ import torch
 
 from nest_integrations.core.config import NestConfig
 from nest_integrations.store.datastore import CandidateSet
-from .attribution import FinishReason, GenerationStats, NestOutput, Span, TokenRecord, shift_spans
+from .output import FinishReason, GenerationStats, NestOutput, Span
+from .spans import TokenRecord, shift_spans
 
 if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.model.lm import KeyReader, LoadedLM

@@ -35,7 +35,7 @@ from .batching import Row, RowListener, RowScheduler
 from .generation import RowDecoder, StreamChunk, StreamCursor
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .attribution import NestOutput
+    from .output import NestOutput
 
 logger = logging.getLogger(__name__)
 

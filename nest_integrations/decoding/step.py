@@ -65,8 +65,9 @@ from nest_integrations.corpus.markdown_structure import (
 from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
 from nest_integrations.store.datastore import CandidateSet, EncodedPassage, TokenDatastore
-from .attribution import NestOutput, Span, TokenRecord, build_spans, summarize
 from .generation import Generation, Step
+from .output import NestOutput, Span
+from .spans import TokenRecord, build_spans, summarize
 
 if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.model.lm import KeyReader, LoadedLM

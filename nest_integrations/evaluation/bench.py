@@ -49,8 +49,8 @@ import torch
 from tqdm.auto import tqdm
 
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.decoding.attribution import GenerationStats
 from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.decoding.output import GenerationStats
 from nest_integrations.index.nest_index import NestIndex
 from nest_integrations.model.lm import LoadedLM
 from nest_integrations.store.datastore import PrecomputedKeys, TokenDatastore

@@ -28,7 +28,7 @@ from typing import Any
 
 from rouge_score import rouge_scorer
 
-from nest_integrations.decoding.attribution import chunk_offsets, tokens_per_decoding_forward
+from nest_integrations.decoding.output import chunk_offsets, tokens_per_decoding_forward
 
 __all__ = [
     "MARKUP_KINDS",
@@ -875,7 +875,7 @@ def unanswerable_scores(output: Mapping[str, Any], unanswerable: bool) -> dict[s
 def tokens_per_forward(stats: Mapping[str, Any], generations: int = 1) -> float:
     """Generated tokens per decoding forward pass, the prefill of each of
     ``generations`` generations excluded (see
-    :func:`nest_integrations.decoding.attribution.tokens_per_decoding_forward`).
+    :func:`nest_integrations.decoding.output.tokens_per_decoding_forward`).
 
     Plain autoregressive decoding gives about 1.0; speculative decoding more.
 

@@ -29,8 +29,8 @@ from .vectorstores import NestVectorStore
 if TYPE_CHECKING:  # pragma: no cover
     from langchain_core.language_models.base import LangSmithParams
 
-    from nest_integrations.decoding.attribution import NestOutput
     from nest_integrations.decoding.decoder import NestDecoder, PromptLike, StreamChunk
+    from nest_integrations.decoding.output import NestOutput
     from nest_integrations.model.lm import LoadedLM
     from nest_integrations.store.datastore import TokenDatastore
 

@@ -30,7 +30,8 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_core.vectorstores import VectorStore
 
-from nest_integrations.decoding.attribution import NestOutput, marked_spans, model_note, place_markers, source_listing
+from nest_integrations.decoding.output import NestOutput
+from nest_integrations.decoding.rendering import marked_spans, model_note, place_markers, source_listing
 from nest_integrations.policy.conversation import retrieval_query
 from .chat_models import ChatNest
 
@@ -190,7 +191,7 @@ def cite_text(result: Union[BaseMessage, Mapping[str, Any], NestOutput]) -> str:
     metadata) and the lines and characters cited there, e.g.
     ``[1] docs/os.md: lines 12-14, chars 340-420``. Markers stay out of code
     and a fence a copied span leaves open is closed
-    (:func:`~nest_integrations.decoding.attribution.place_markers`), so the text also
+    (:func:`~nest_integrations.decoding.rendering.place_markers`), so the text also
     renders as Markdown with every marker shown.
     """
     output = nest_output_of(result)

@@ -11,13 +11,15 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.content import Citation, TextContentBlock, create_citation
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
-from nest_integrations.decoding.attribution import DocumentNumbers, Span, merge_spans
+from nest_integrations.decoding.output import Span
+from nest_integrations.decoding.rendering import DocumentNumbers
+from nest_integrations.decoding.spans import merge_spans
 from nest_integrations.policy.conversation import retrieval_query
 from ._common import NestModelBase, all_at_once, areport_tokens, report_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
-    from nest_integrations.decoding.attribution import NestOutput
     from nest_integrations.decoding.decoder import StreamChunk
+    from nest_integrations.decoding.output import NestOutput
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant"}
 
@@ -60,7 +62,7 @@ class ChatNest(NestModelBase, BaseChatModel):
         The ``AIMessage`` content is one text block. Each copied span is a
         citation whose ``start_index``/``end_index`` delimit it in the block text,
         ``cited_text`` is the verbatim passage text, and ``extras`` hold where
-        it sits in its document (:class:`~nest_integrations.decoding.attribution.SourceLocation`):
+        it sits in its document (:class:`~nest_integrations.decoding.output.SourceLocation`):
         ``document`` (the file path or ``source`` / ``file_name`` / ``doc_id``
         metadata), ``doc_char_start`` / ``doc_char_end`` and ``line_start`` /
         ``line_end`` (1-based, inclusive; None when the document text is

@@ -12,8 +12,8 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from ._common import NestModelBase, areport_tokens, report_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
-    from nest_integrations.decoding.attribution import NestOutput
     from nest_integrations.decoding.decoder import StreamChunk
+    from nest_integrations.decoding.output import NestOutput
 
 _STREAMED_SEPARATELY = ("text", "spans")
 
@@ -54,7 +54,7 @@ class NestLLM(NestModelBase, BaseLLM):
         (character offsets into the whole output) and the last one also the
         rest of the contract; merging the chunks of a stream gives the same
         info with the spans split at chunk boundaries
-        (:func:`nest_integrations.decoding.attribution.merge_spans` joins them).
+        (:func:`nest_integrations.decoding.spans.merge_spans` joins them).
 
     Calls run on the local model. Concurrent calls (threads, async tasks) and the
     prompts of one ``generate`` / ``batch`` decode together in shared forward

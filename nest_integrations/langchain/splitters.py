@@ -18,7 +18,7 @@ from langchain_core.documents import Document
 from langchain_text_splitters import TextSplitter
 
 from nest_integrations.corpus.passages import TextChunk, section_chunks
-from nest_integrations.decoding.attribution import START_LINE_FIELD
+from nest_integrations.decoding.locations import START_LINE_FIELD
 
 
 class MarkdownSectionSplitter(TextSplitter):

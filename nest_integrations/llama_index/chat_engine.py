@@ -27,7 +27,7 @@ from llama_index.core.chat_engine.types import AgentChatResponse, BaseChatEngine
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.memory import BaseMemory, ChatMemoryBuffer
 
-from nest_integrations.decoding.attribution import NestOutput
+from nest_integrations.decoding.output import NestOutput
 from nest_integrations.policy.conversation import retrieval_query
 from .llms import NestLLM, assistant_message, message_dicts
 from .query_engine import cited_nodes, response_metadata

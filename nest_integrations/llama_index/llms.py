@@ -2,11 +2,11 @@
 
 Every response carries the output contract (design.md) in ``additional_kwargs``:
 
-* ``additional_kwargs["nest"]``: the full :class:`~nest_integrations.decoding.attribution.NestOutput`
+* ``additional_kwargs["nest"]``: the full :class:`~nest_integrations.decoding.output.NestOutput`
   as a dict, on ``complete`` / ``chat`` responses and on the last streamed one;
 * ``additional_kwargs["spans"]``: on each streamed response, the spans of its
   ``delta`` (offsets into the full text; merging them with
-  :func:`~nest_integrations.decoding.attribution.merge_spans` gives the final spans).
+  :func:`~nest_integrations.decoding.spans.merge_spans` gives the final spans).
 
 Chat messages hold the answer as one ``TextBlock`` followed by one
 ``CitationBlock`` per copied span (:func:`citation_blocks`): ``source`` is the
@@ -17,7 +17,7 @@ only, as LlamaIndex types it) where the text sits: ``source_number`` (the
 document's number in order of first use), ``start_char_index`` /
 ``end_char_index`` in the document and ``start_line`` / ``end_line`` (1-based,
 inclusive; left out when unknown, see
-:func:`~nest_integrations.decoding.attribution.locate`), ``node_start_char_index`` /
+:func:`~nest_integrations.decoding.locations.locate`), ``node_start_char_index`` /
 ``node_end_char_index`` in the node text and ``answer_start_char_index`` /
 ``answer_end_char_index`` in the answer.
 
@@ -65,7 +65,9 @@ from llama_index.core.llms.custom import CustomLLM
 from nest_integrations.core.config import NestConfig, fold_config_fields
 from nest_integrations.core.similarity import embedding_relevance
 from nest_integrations.core.standard_params import to_nest_names
-from nest_integrations.decoding.attribution import DocumentNumbers, NestOutput, Span, merge_spans
+from nest_integrations.decoding.output import NestOutput, Span
+from nest_integrations.decoding.rendering import DocumentNumbers
+from nest_integrations.decoding.spans import merge_spans
 from nest_integrations.index.store_keys import lazy_datastore
 from nest_integrations.model.lm import DEFAULT_MODEL, LoadedLM, load_lm
 from nest_integrations.store.datastore import TokenDatastore

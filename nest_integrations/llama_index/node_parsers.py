@@ -20,7 +20,7 @@ from llama_index.core.schema import BaseNode, Document, MetadataMode
 from llama_index.core.utils import get_tqdm_iterable
 
 from nest_integrations.corpus.passages import section_chunks
-from nest_integrations.decoding.attribution import START_LINE_FIELD
+from nest_integrations.decoding.locations import START_LINE_FIELD
 
 
 class MarkdownSectionNodeParser(NodeParser):

@@ -10,13 +10,13 @@ from (with their retrieval scores, in order of first use), and
   ``file_name`` / ``source`` / ``doc_id`` metadata), ``doc_char_start`` /
   ``doc_char_end`` and ``line_start`` / ``line_end`` (where it sits in the
   document: 1-based inclusive lines, None when unknown; see
-  :func:`~nest_integrations.decoding.attribution.locate`), ``node_id``, ``ref_doc_id``,
+  :func:`~nest_integrations.decoding.locations.locate`), ``node_id``, ``ref_doc_id``,
   ``chunk_char_start`` / ``chunk_char_end`` (range in the node's text, not in
   the file) and ``text`` (the cited text, verbatim both in the answer and in the
   node); ``node_char_start`` / ``node_char_end`` hold the same node range under
   their old names: deprecated, removed in the next release;
 * ``"sources"``: the cited documents, once each in order of first use
-  (:class:`~nest_integrations.decoding.attribution.CitedDocument` dicts: ``number``,
+  (:class:`~nest_integrations.decoding.rendering.CitedDocument` dicts: ``number``,
   ``document``, ``title`` and the cited ``locations``);
 * ``"nest"``: the full output contract (``NestOutput.to_dict()``).
 
@@ -45,7 +45,8 @@ from llama_index.core.indices.base import BaseIndex
 from llama_index.core.query_engine.custom import CustomQueryEngine
 from llama_index.core.schema import NodeWithScore
 
-from nest_integrations.decoding.attribution import DocumentNumbers, NestOutput, cited_documents
+from nest_integrations.decoding.output import NestOutput
+from nest_integrations.decoding.rendering import DocumentNumbers, cited_documents
 from .llms import NestLLM
 
 logger = logging.getLogger(__name__)
