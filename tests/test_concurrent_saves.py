@@ -175,20 +175,20 @@ def test_a_llama_index_store_load_during_persists_is_one_version(tiny_lm, tmp_pa
 def test_a_llama_index_load_never_deletes_what_a_later_persist_wrote(tiny_lm, tmp_path, monkeypatch):
     """The load reads version 1; before it ends (a store without saved keys encodes them then, which can
     take hours) version 2 is persisted in its place. The load's cleaning must keep version 2's files."""
-    from nest_integrations.index.store_keys import StoreKeys
+    from nest_integrations.index.vector_store_keys import VectorStoreKeys
     from nest_integrations.llama_index import NestVectorStore
 
     stores = {version: llama_store(tiny_lm, version) for version in (1, 2)}
     path = str(tmp_path / "default__vector_store.json")
     stores[1].persist(path)
-    after_add = StoreKeys.after_add
+    after_add = VectorStoreKeys.after_add
 
     def persisted_meanwhile(self):
-        monkeypatch.setattr(StoreKeys, "after_add", after_add)
+        monkeypatch.setattr(VectorStoreKeys, "after_add", after_add)
         stores[2].persist(path)  # another process, while this load still encodes
         return after_add(self)
 
-    monkeypatch.setattr(StoreKeys, "after_add", persisted_meanwhile)
+    monkeypatch.setattr(VectorStoreKeys, "after_add", persisted_meanwhile)
     first = NestVectorStore.from_persist_path(path, lm=tiny_lm)
     assert version_of([n.get_content() for n in first.get_nodes()]) == 1
     again = NestVectorStore.from_persist_path(path, lm=tiny_lm)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from .store_keys import lazy_datastore
+from .vector_store_keys import lazy_datastore
 
 if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.core.config import NestConfig
@@ -39,7 +39,7 @@ def store_decoder(
     """A NEST decoder whose first stage is ``retriever`` (e.g. a
     :class:`~nest_integrations.langchain.first_stage.LangChainVectorStoreRetriever`).
 
-    The token datastore starts empty (:func:`~nest_integrations.index.store_keys.lazy_datastore`):
+    The token datastore starts empty (:func:`~nest_integrations.index.vector_store_keys.lazy_datastore`):
     each passage the store returns is added when retrieved and encoded by ``lm``
     on first use, then kept in an LRU cache of ``cache_mb`` megabytes
     (``2 * hidden_size`` bytes per token), so the first generation over new

@@ -22,7 +22,7 @@ from typing_extensions import Self
 
 from nest_integrations.core.config import NestConfig, fold_config_fields
 from nest_integrations.core.standard_params import effective_temperature, to_nest_names
-from nest_integrations.index.store_keys import lazy_datastore
+from nest_integrations.index.vector_store_keys import lazy_datastore
 from .first_stage import PassageSource, relevance_function, retrieve_passages
 from .vectorstores import NestVectorStore
 

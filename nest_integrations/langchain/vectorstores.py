@@ -5,7 +5,7 @@ The passage stage is numpy cosine similarity over the vectors of any LangChain
 :class:`~nest_integrations.store.datastore.TokenDatastore` of the same documents,
 bound to one LM (given to the store or adopted from the :class:`NestLLM` /
 :class:`ChatNest` that retrieves from it) by
-:class:`~nest_integrations.index.store_keys.StoreKeys`. Token keys are precomputed
+:class:`~nest_integrations.index.vector_store_keys.VectorStoreKeys`. Token keys are precomputed
 when documents are added, or computed lazily the first time a document is
 retrieved (``precompute_keys``; see :class:`NestVectorStore`).
 
@@ -44,8 +44,8 @@ from nest_integrations.core.jsonsafe import json_safe
 from nest_integrations.core.safe_io import MANIFEST_FILE, ArtefactManifest, FolderSnapshot, atomic_folder, read_consistently, recover, sha256_file
 from nest_integrations.core.similarity import cosine_similarities
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.index.store_calibration import CalibrationsFile, StoreCalibrations, local_calibrations_file
-from nest_integrations.index.store_keys import SavedKeysInfo, StoreKeys
+from nest_integrations.index.vector_store_calibration import CalibrationsFile, VectorStoreCalibrations, local_calibrations_file
+from nest_integrations.index.vector_store_keys import SavedKeysInfo, VectorStoreKeys
 from nest_integrations.store.shards import KEY_ARRAYS
 from .documents import default_embeddings, document_to_passage
 
@@ -64,7 +64,7 @@ _VECTORS_FILE = "vectors.npy"
 _KEYS_FOLDER = "keys"
 _CALIBRATION_FILE = "calibration.json"
 """alpha/tau fitted on the store's documents, by LM fingerprint: a cache, so outside the checksums
-(an invalid entry is fitted again, see :mod:`nest_integrations.index.store_calibration`; a path that
+(an invalid entry is fitted again, see :mod:`nest_integrations.index.vector_store_calibration`; a path that
 is not a regular file is a ``ValueError``)."""
 
 MetadataFilter = Union[Callable[[Document], bool], dict[str, Any]]
@@ -178,11 +178,11 @@ class NestVectorStore(VectorStore):
         self._matrix: Optional[tuple[list[str], np.ndarray]] = None
         self._ids_by_text: Optional[dict[str, str]] = None
         self._lock = threading.RLock()
-        self._keys = StoreKeys(
+        self._keys = VectorStoreKeys(
             self._passages, self._lock, lm=lm, key_layer=key_layer, encoding_prefix=encoding_prefix,
             cache_mb=cache_mb, precompute=precompute_keys, show_progress=show_progress, owner="NestVectorStore",
         )
-        self._calibrations = StoreCalibrations(self._keys)
+        self._calibrations = VectorStoreCalibrations(self._keys)
 
     # ------------------------------------------------------------------ basics
     @property

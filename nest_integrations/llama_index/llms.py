@@ -68,7 +68,7 @@ from nest_integrations.core.standard_params import to_nest_names
 from nest_integrations.decoding.output import NestOutput, Span
 from nest_integrations.decoding.rendering import DocumentNumbers
 from nest_integrations.decoding.spans import merge_spans
-from nest_integrations.index.store_keys import lazy_datastore
+from nest_integrations.index.vector_store_keys import lazy_datastore
 from nest_integrations.model.lm import DEFAULT_MODEL, LoadedLM, load_lm
 from nest_integrations.store.datastore import TokenDatastore
 from ._common import default_embed_model, nodes_to_scored_passages

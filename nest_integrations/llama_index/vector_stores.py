@@ -15,7 +15,7 @@ Persisted layout (``persist_path`` is the manifest, as LlamaIndex's
                                                    order, memory-mapped on load from a local disk; the
                                                    manifest's ``keys`` names the LM that encoded them
     default__vector_store.calibration.json         alpha/tau fitted on the nodes, by LM fingerprint
-                                                   (:mod:`nest_integrations.index.store_calibration`): a cache,
+                                                   (:mod:`nest_integrations.index.vector_store_calibration`): a cache,
                                                    outside the checksums (an invalid entry is fitted again;
                                                    a path that is not a regular file is a ``ValueError``)
 
@@ -71,8 +71,8 @@ from nest_integrations.core.safe_io import (
 )
 from nest_integrations.core.similarity import unit_rows
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.index.store_calibration import CalibrationsFile, Search, StoreCalibrations, local_calibrations_file
-from nest_integrations.index.store_keys import SavedKeysInfo, StoreKeys
+from nest_integrations.index.vector_store_calibration import CalibrationsFile, Search, VectorStoreCalibrations, local_calibrations_file
+from nest_integrations.index.vector_store_keys import SavedKeysInfo, VectorStoreKeys
 from nest_integrations.model.lm import parse_key_layer
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.shards import KEY_ARRAYS
@@ -397,7 +397,7 @@ class NestVectorStore(BasePydanticVectorStore):
         llm = NestLLM("default", retriever=index)  # shares the store's token datastore
 
     The token datastore (:meth:`token_datastore`, bound to one LM by
-    :class:`~nest_integrations.index.store_keys.StoreKeys`) follows every change:
+    :class:`~nest_integrations.index.vector_store_keys.VectorStoreKeys`) follows every change:
     added or replaced nodes enter it at once (their keys are appended, or
     encoded on first retrieval when lazy), deleted ones leave it (their keys
     are not persisted again), and the other nodes keep their keys.
@@ -443,18 +443,18 @@ class NestVectorStore(BasePydanticVectorStore):
     _vectors: dict[str, np.ndarray] = PrivateAttr(default_factory=dict)
     _table: Optional[tuple[list[str], np.ndarray]] = PrivateAttr(default=None)
     _lock: threading.RLock = PrivateAttr(default_factory=threading.RLock)
-    _keys: StoreKeys = PrivateAttr()
-    _calibrations: StoreCalibrations = PrivateAttr()
+    _keys: VectorStoreKeys = PrivateAttr()
+    _calibrations: VectorStoreCalibrations = PrivateAttr()
     _embed_model: Optional["BaseEmbedding"] = PrivateAttr(default=None)
 
     def __init__(self, lm: Optional[LoadedLM] = None, embed_model: Optional["BaseEmbedding"] = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._embed_model = embed_model
-        self._keys = StoreKeys(
+        self._keys = VectorStoreKeys(
             self._passages, self._lock, lm=lm, key_layer=self.key_layer, encoding_prefix=self.encoding_prefix,
             cache_mb=self.cache_mb, precompute=self.precompute_keys, show_progress=self.show_progress, owner="NestVectorStore",
         )
-        self._calibrations = StoreCalibrations(self._keys)
+        self._calibrations = VectorStoreCalibrations(self._keys)
 
     @field_validator("key_layer")
     @classmethod

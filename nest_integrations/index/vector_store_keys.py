@@ -1,21 +1,21 @@
 """A vector store bound to one LM: its token datastore, and its keys precomputed, saved and memory-mapped.
 
-The LangChain and LlamaIndex ``NestVectorStore`` each hold one :class:`StoreKeys`
+The LangChain and LlamaIndex ``NestVectorStore`` each hold one :class:`VectorStoreKeys`
 and know nothing of each other. It does what both need:
 
 * binds the store to one LM (given to the store, or adopted from the first
   model that retrieves from it) and refuses another LM with a clear error;
 * keeps a :class:`~nest_integrations.store.datastore.TokenDatastore` in step with the
-  store's documents (:meth:`StoreKeys.added`, :meth:`StoreKeys.removed`);
+  store's documents (:meth:`VectorStoreKeys.added`, :meth:`VectorStoreKeys.removed`);
 * with ``precompute=True`` encodes the keys of new documents as they are added
   (batched, with a progress bar and a time estimate:
   :class:`~nest_integrations.store.encode_progress.EncodeProgress`); a later addition
   appends a segment of keys (:class:`KeySegments`), earlier keys stay where they
   are (memory-mapped ones stay mapped);
-* gives the arrays to save (:meth:`StoreKeys.keys_to_save`: one
+* gives the arrays to save (:meth:`VectorStoreKeys.keys_to_save`: one
   :class:`~nest_integrations.store.datastore.PrecomputedKeys` in the store's document
   order, removed documents' keys dropped) with a :class:`SavedKeysInfo` for the
-  store's manifest, and takes saved ones back (:meth:`StoreKeys.attach_saved`),
+  store's manifest, and takes saved ones back (:meth:`VectorStoreKeys.attach_saved`),
   checked against the LM that binds them (weights, tokenizer, key layer,
   encoding prefix) before any is used.
 
@@ -216,7 +216,7 @@ class _SavedKeys:
     where: str
 
 
-class StoreKeys:
+class VectorStoreKeys:
     """The LM, token datastore and keys of one vector store (see the module docstring).
 
     Args:

@@ -14,7 +14,7 @@ from llama_index.core import Document as LlamaDocument
 from llama_index.core import StorageContext, VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 
-import nest_integrations.index.store_calibration as store_calibration
+import nest_integrations.index.vector_store_calibration as vector_store_calibration
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.langchain import NestLLM as LangChainLLM
 from nest_integrations.langchain import NestVectorStore as LangChainStore
@@ -73,7 +73,7 @@ class Spy:
 @pytest.fixture
 def spy(monkeypatch) -> Spy:
     seen = Spy()
-    fit, ensure = store_calibration.calibrate, NestDecoder.ensure_calibration
+    fit, ensure = vector_store_calibration.calibrate, NestDecoder.ensure_calibration
 
     def counted(*args, **kwargs):
         seen.fitting = True  # the fit's own scoring passes are not generations of the model
@@ -89,7 +89,7 @@ def spy(monkeypatch) -> Spy:
             seen.used.append(self.rrc_parameters(config))
         return waited
 
-    monkeypatch.setattr(store_calibration, "calibrate", counted)
+    monkeypatch.setattr(vector_store_calibration, "calibrate", counted)
     monkeypatch.setattr(NestDecoder, "ensure_calibration", recorded)
     return seen
 
@@ -165,7 +165,7 @@ def test_a_langchain_calibration_fitted_in_memory_is_saved_with_the_store(tiny_l
 def test_a_store_too_short_to_fit_on_keeps_the_defaults_and_warns_once(tiny_lm, caplog, spy):
     store = LangChainStore.from_texts(["One sentence only."], DeterministicFakeEmbedding(size=16), lm=tiny_lm, show_progress=False)
     llm = LangChainLLM.from_lm(tiny_lm, retriever=store, **SHORT)
-    with caplog.at_level("WARNING", logger="nest_integrations.index.store_calibration"):
+    with caplog.at_level("WARNING", logger="nest_integrations.index.vector_store_calibration"):
         llm.invoke(QUESTION)
         llm.invoke(QUESTION)
     assert store.calibrations == {} and spy.used == [(0.3, 0.1)] * 2

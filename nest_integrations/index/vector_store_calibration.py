@@ -1,18 +1,18 @@
 """alpha/tau of a vector store: fitted for an LM on the store's own documents, kept, saved with the store.
 
 The LangChain and LlamaIndex ``NestVectorStore`` each hold one
-:class:`StoreCalibrations` (as they hold one
-:class:`~nest_integrations.index.store_keys.StoreKeys`) and know nothing of each
+:class:`VectorStoreCalibrations` (as they hold one
+:class:`~nest_integrations.index.vector_store_keys.VectorStoreKeys`) and know nothing of each
 other. It does what both need:
 
 * :class:`StoreCorpus` shows the store to :func:`~nest_integrations.policy.calibration.calibrate`
   as a :class:`~nest_integrations.policy.calibration.CalibrationCorpus`: the
   documents as passages, the store's own similarity search as the first stage
   (leaving a passage out), and decoders over the store's token datastore;
-* :meth:`StoreCalibrations.after_add` fits one while documents are added to a
+* :meth:`VectorStoreCalibrations.after_add` fits one while documents are added to a
   store given an LM (once it holds :data:`~nest_integrations.policy.calibration.MIN_PASSAGES`
   documents to fit on), so no first question waits for it;
-* :meth:`StoreCalibrations.calibration` gives the store's calibration for an
+* :meth:`VectorStoreCalibrations.calibration` gives the store's calibration for an
   LM, fitting one the first time (the calibrator a store's decoder runs before
   its first nest generation that leaves alpha or tau to calibration: a store
   that got its LM only from the model); the store only brings its similarity
@@ -43,7 +43,7 @@ from nest_integrations.corpus.passages import Passage
 from nest_integrations.policy.calibration import (
     MIN_PASSAGES, Calibration, CalibrationFile, calibrate, continuation_cuts, retrieve_excluding,
 )
-from .store_keys import StoreKeys
+from .vector_store_keys import VectorStoreKeys
 
 if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.decoding.decoder import NestDecoder
@@ -111,14 +111,14 @@ def calibrations_json(calibrations: dict[str, Calibration]) -> bytes:
     return CalibrationFile(calibrations=calibrations).to_bytes()
 
 
-class StoreCalibrations:
+class VectorStoreCalibrations:
     """The calibrations of one vector store by LM fingerprint (see the module docstring).
 
     Args:
         keys: the store's LM binding, token datastore and documents.
     """
 
-    def __init__(self, keys: StoreKeys):
+    def __init__(self, keys: VectorStoreKeys):
         self.calibrations: dict[str, Calibration] = {}
         """Calibrations of this store's documents by LM fingerprint."""
         self._keys = keys
