@@ -26,7 +26,7 @@ MODES: tuple[str, ...] = ("base", "rag", "knnlm", "nest", "ra_nest")
 class NestConfig(BaseModel):
     """Hyperparameters of one NEST generation.
 
-    Modes (nest-algorithm.md section 6): ``base`` the LM alone; ``rag`` the top
+    Modes (docs/index.md, Modes): ``base`` the LM alone; ``rag`` the top
     ``rag_passages`` passages in the prompt, then ``base``; ``knnlm`` the
     two-stage kNN-LM with a fixed ``knnlm_lambda``, one token per step; ``nest``
     RRC mixture, span selection and relaxed speculative decoding; ``ra_nest``

@@ -1,4 +1,4 @@
-"""The output contract: what every generation returns (design.md).
+"""The output contract: what every generation returns (docs/api/output.md).
 
 :class:`NestOutput` holds the text and :class:`Span` s that tile it exactly; a
 copied span's text is verbatim its source passage (chunk) text between

@@ -1,6 +1,6 @@
 """NestLLM: NEST generation as a LlamaIndex LLM.
 
-Every response carries the output contract (design.md) in ``additional_kwargs``:
+Every response carries the output contract (docs/api/output.md) in ``additional_kwargs``:
 
 * ``additional_kwargs["nest"]``: the full :class:`~nest_integrations.decoding.output.NestOutput`
   as a dict, on ``complete`` / ``chat`` responses and on the last streamed one;
