@@ -315,6 +315,28 @@ def test_an_answer_ends_answered_when_the_lm_refuses_the_next_window(tiny_lm):
     assert gen.finished and gen.stats.finish_reason == "answered" and gen.ids == [5]
 
 
+def test_the_model_writes_nothing_in_a_planned_answer(tiny_lm):
+    """Past its planned windows (a last window that runs on, a copy that cannot go on) an answer
+    ends where the model would write its own words; with check_answer_windows the LM writes on."""
+    from nest_integrations.decoding.spans import TokenRecord
+    from nest_integrations.decoding.generation import Generation
+
+    rules = NestDecoder(tiny_lm).rules
+    gen = Generation(config=NestConfig(max_new_tokens=80), planned=True)
+    rules.commit(gen, [TokenRecord(5, 0, 0), TokenRecord(7, 0, 1)])
+    rules.commit(gen, [TokenRecord(6)])
+    assert gen.finished and gen.stats.finish_reason == "answered" and gen.ids == [5, 7]
+    body = "The `bodyLimit` option sets the largest request body, in bytes, that the server accepts. Example:"
+    doc = Passage(id="srv", title="Server", text=f"## Options\n\n{body}")
+    store = TokenDatastore([doc], PassageEncoder(tiny_lm))
+    decoder = NestDecoder(tiny_lm, store, ListRetriever([doc]), relevance=word_share)
+    question = "Which option sets the largest request body the server accepts?"
+    for check, written in ((False, False), (True, True)):
+        out = decoder.generate([{"role": "user", "content": question}], query=question, mode="nest", max_new_tokens=60,
+                               min_passage_relevance=-1.0, check_answer_windows=check, stop_at_source_end=False)
+        assert any(not span.copied for span in out.spans) == written, out.spans
+
+
 def test_the_line_break_under_a_copied_title_is_copied_unchecked_like_the_title(tiny_lm):
     """An LM that weighs the datastore at nothing (alpha -5) and refuses every token it would not
     write itself (gamma 1) still copies the section's title and the line break that sets the

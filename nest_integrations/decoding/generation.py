@@ -75,6 +75,11 @@ class Generation:
     next_windows: list[tuple[tuple[int, int], Optional[tuple[int, int]], bool]] = field(default_factory=list)
     """``(opening, window_end, title)`` of the copies still to make, in order
     (:data:`~nest_integrations.decoding.prepare.PlannedOpening`)."""
+    planned: bool = False
+    """The answer copies planned windows, whole (``config.check_answer_windows`` off): the model
+    writes nothing in it, and a token of its own, once something is copied, ends the answer
+    (``answered``). Past the plan (a last window that runs on to its passage's end, a copy that
+    cannot go on), what a small LM writes is its own, and mostly invented."""
     between_windows: bool = False
     """An LM token now ends the answer (``answered``) instead of the LM writing on: an answer
     window that closes an answer was just copied and the LM refuses the next one's opening, or

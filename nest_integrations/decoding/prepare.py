@@ -135,7 +135,8 @@ def plan_opening(gen: Generation, query: str, kept: list[Passage], datastore: To
     A question's answer opens at its best answer window (``windows``, best first, chosen by
     the decoder's :class:`~nest_integrations.policy.selection.AnswerSelector`): entries outside
     the windows are masked, copying a window's last token moves on to the next window, and
-    copying the last window's last token ends the answer. Without windows, a request about
+    copying the last window's last token ends the answer; the model writes nothing in such an
+    answer (``gen.planned``, unless ``check_answer_windows``). Without windows, a request about
     someone or something by name (:func:`subject_name`) opens at the start of the best kept
     passage, so a biography opens with its subject's own first sentence instead of a copy that
     starts mid-way. Other requests open wherever the kNN search leads (within the seam rules).
@@ -160,6 +161,7 @@ def plan_opening(gen: Generation, query: str, kept: list[Passage], datastore: To
                 position = max(position, last + 1)
             candidates.mark_used(other, position, length - 1)
         (gen.opening, gen.window_end, gen.copying_title), *gen.next_windows = planned
+        gen.planned = not gen.config.check_answer_windows
     elif subject_name(query) is not None:
         pidx = datastore.index_of(kept[0].id)
         if pidx is not None and len(candidates.passage(pidx).token_ids):

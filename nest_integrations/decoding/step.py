@@ -392,8 +392,8 @@ class StepRules:
             if record.token_id in self.eos_ids:
                 gen.finish("eos")
                 return
-            if gen.between_windows and record.passage_index is None:
-                gen.finish("answered")  # the LM refused the next window: what it answered stands
+            if record.passage_index is None and (gen.between_windows or (gen.planned and gen.records)):
+                gen.finish("answered")  # the LM refused the next window, or would write in a planned answer
                 return
             gen.between_windows = False
             gen.records.append(record)
