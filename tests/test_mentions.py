@@ -9,6 +9,7 @@ def test_names_are_capitalised_words_that_do_not_open_a_sentence():
     assert question_names("Would XL in capitals be accepted for xl then?") == ["XL"]
     assert question_names("Does it support PowerShell, and PowerShell 7?") == ["PowerShell"]
     assert question_names("which flag turns off colour?") == []
+    assert question_names("Who is Frida Kahlo, and what is a JSON Web Token?") == ["Frida Kahlo", "JSON Web Token"]
 
 
 def test_a_name_is_mentioned_when_every_word_of_it_is_in_the_corpus_whatever_its_case_and_accents():
@@ -17,4 +18,5 @@ def test_a_name_is_mentioned_when_every_word_of_it_is_in_the_corpus_whatever_its
     assert terms.unmentioned("Who first called Mahatma Gandhi by that name?") == []
     assert terms.unmentioned("Is XL accepted, and is a JSON Web Token?") == []
     assert terms.unmentioned("How do I install it on PowerShell or with Django?") == ["PowerShell", "Django"]
+    assert terms.unmentioned("Who painted like Frida Kahlo?") == ["Frida Kahlo"]
     assert not terms.mentions("") and terms.mentions("json-web") and len(terms) > 10

@@ -38,12 +38,21 @@ def fold(text: str) -> str:
 
 def question_names(question: str) -> list[str]:
     """The names ``question`` gives, in order, once each: words with a capital letter that do
-    not open a sentence (those are capitalised whatever they are)."""
+    not open a sentence (those are capitalised whatever they are), and runs of them one space
+    apart as one name (``Frida Kahlo``, ``JSON Web Token``)."""
     openings = {m.end() for m in _SENTENCE_START.finditer(question)}
-    names: list[str] = []
+    runs: list[tuple[int, int]] = []
     for match in _NAME.finditer(question):
-        name = match.group(0).strip(".-+#")
-        if match.start() not in openings and name and name not in names:
+        if match.start() in openings:
+            continue
+        if runs and question[runs[-1][1] : match.start()] == " ":
+            runs[-1] = (runs[-1][0], match.end())
+        else:
+            runs.append((match.start(), match.end()))
+    names: list[str] = []
+    for start, end in runs:
+        name = question[start:end].strip(".-+#")
+        if name and name not in names:
             names.append(name)
     return names
 
