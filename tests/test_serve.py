@@ -28,7 +28,7 @@ from nest_integrations.cli import generate as generate_command
 from nest_integrations.cli import server_transport
 from nest_integrations.cli.common import load_index
 from nest_integrations.cli.serve import GenerateServer, ServerRunning, claim_socket
-from nest_integrations.cli.server_transport import Connection, NoServer, default_socket_path, idle_timeout, lock_held, server_key
+from nest_integrations.cli.server_transport import Connection, NoServer, default_socket_path, idle_timeout, lock_held, server_identity
 
 PROMPT = "Who was Marie Curie?"
 
@@ -49,9 +49,9 @@ def index_folder(monkeypatch, tiny_lm, small_passages, tmp_path):
 @contextmanager
 def serving(folder: Path, path: Path | None = None, idle_timeout_s: float | None = None):
     """A server of ``folder`` with the tiny LM in a thread, at ``path`` (default: where clients look)."""
-    key = server_key(folder, "tiny")
-    path = path or default_socket_path(key)
-    server = GenerateServer(path, load_index(folder, "tiny"), key, folder, claim_socket(path), idle_timeout_s)
+    identity = server_identity(folder, "tiny")
+    path = path or default_socket_path(identity)
+    server = GenerateServer(path, load_index(folder, "tiny"), identity, folder, claim_socket(path), idle_timeout_s)
 
     def run():
         server.serve_forever(poll_interval=0.05)
@@ -114,10 +114,10 @@ def test_concurrent_clients_decode_in_one_batch(monkeypatch, index_folder, share
     shared_rows.clear()
     answers: dict[int, dict] = {}
     with serving(index_folder) as server:
-        key = server.key
+        identity = server.identity
 
         def ask(i):
-            with Connection.open(server.path, key) as connection:
+            with Connection.open(server.path, identity) as connection:
                 answers[i] = list(connection.generate(prompts[i], None, {"max_new_tokens": 12}))[-1]["output"]
 
         releaser = held_back(decoder.lm, 2)
@@ -135,7 +135,7 @@ def test_a_client_that_leaves_cancels_its_answer_only(monkeypatch, index_folder)
     local = json.loads(generate(index_folder, "--json", "--server", "never"))
     with serving(index_folder) as server:
         seen = counted_streams(monkeypatch, server)
-        leaving = Connection.open(server.path, server.key)
+        leaving = Connection.open(server.path, server.identity)
         answer = leaving.generate("Tell me everything about Alan Turing.", None, {"mode": "base", "max_new_tokens": 400})
         next(answer)  # its first chunk, then it goes
         leaving.close()
@@ -148,7 +148,7 @@ def test_a_client_that_leaves_cancels_its_answer_only(monkeypatch, index_folder)
 
 
 def test_a_stale_socket_is_replaced_and_a_live_one_is_not(index_folder):
-    path = default_socket_path(server_key(index_folder, "tiny"))
+    path = default_socket_path(server_identity(index_folder, "tiny"))
     path.parent.mkdir(parents=True, exist_ok=True)
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(str(path))  # a socket file whose server is gone
@@ -160,7 +160,7 @@ def test_a_stale_socket_is_replaced_and_a_live_one_is_not(index_folder):
         assert oct(path.stat().st_mode & 0o777) == "0o600"
         with pytest.raises(ServerRunning):
             claim_socket(path)
-        assert Connection.open(path, server.key).handshake["pid"] == os.getpid()
+        assert Connection.open(path, server.identity).handshake["pid"] == os.getpid()
         stopped = CliRunner().invoke(app, ["serve", "-d", str(index_folder), "--model", "tiny", "--stop"])
         assert stopped.exit_code == 0, stopped.output
     assert not path.exists()
@@ -262,7 +262,7 @@ def test_a_server_stops_itself_when_idle_and_not_before(index_folder):
 def test_generate_starts_a_server_for_the_next_command_unless_told_not_to(monkeypatch, index_folder):
     started: list[list[str]] = []
     monkeypatch.setattr(server_transport.subprocess, "Popen", lambda command, **kwargs: started.append(command))
-    path = default_socket_path(server_key(index_folder, "tiny"))
+    path = default_socket_path(server_identity(index_folder, "tiny"))
 
     def run(*options: str):
         result = CliRunner().invoke(app, ["generate", PROMPT, "-d", str(index_folder), "--model", "tiny", "--max-new-tokens", "4", "--json", *options])
@@ -310,12 +310,12 @@ def test_an_auto_started_server_answers_the_next_command_then_stops_when_idle(pa
         first = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
         assert first.returncode == 0, first.stderr
         assert "a server now keeps this index loaded" in first.stderr
-        key = server_key(folder, model)  # after the first command, which calibrated the index
-        path = default_socket_path(key)
+        identity = server_identity(folder, model)  # after the first command, which calibrated the index
+        path = default_socket_path(identity)
         deadline = time.monotonic() + 90
         while pid is None:
             try:
-                with Connection.open(path, key) as connection:
+                with Connection.open(path, identity) as connection:
                     pid = connection.handshake["pid"]
             except NoServer:
                 assert time.monotonic() < deadline, (path.with_name(path.name.removesuffix(".sock") + ".log")).read_text()

@@ -22,7 +22,7 @@ from conftest import make_tiny_lm
 from nest_integrations.cli import app
 from nest_integrations.cli import server_transport
 from nest_integrations.cli.server_transport import (
-    Connection, NoServer, UntrustedPath, default_socket_path, log_path, private_run_folder, server_key, start_server,
+    Connection, NoServer, UntrustedPath, default_socket_path, log_path, private_run_folder, server_identity, start_server,
 )
 
 OTHER_UID = 65534
@@ -92,10 +92,10 @@ def test_a_client_reaches_only_a_server_of_the_lm_it_would_load(monkeypatch, two
 
     root, index = two_lm_folders
     monkeypatch.chdir(root / "a")
-    key = server_key(index, "lm")
-    assert key.lm_path == str(root / "a" / "lm") and key.lm_files
-    path = default_socket_path(key)
-    server = GenerateServer(path, load_index(index, "lm"), key, index, claim_socket(path))
+    identity = server_identity(index, "lm")
+    assert identity.lm_path == str(root / "a" / "lm") and identity.lm_files
+    path = default_socket_path(identity)
+    server = GenerateServer(path, load_index(index, "lm"), identity, index, claim_socket(path))
     thread = threading.Thread(target=lambda: (server.serve_forever(poll_interval=0.05), server.server_close()))
     thread.start()
     try:
@@ -200,10 +200,11 @@ def test_a_run_folder_another_user_made_or_can_write_is_not_used(monkeypatch, in
 def test_a_socket_of_another_user_is_not_answered_by(index_folder, tmp_path):
     """A second local user listening at a path the command is given: refused on the peer's uid,
     whatever its handshake says."""
-    key = server_key(index_folder, "tiny")
+    identity = server_identity(index_folder, "tiny")
     handshake = {
-        "protocol": server_transport.PROTOCOL_VERSION, "index": key.index, "model": key.model, "lm_path": key.lm_path,
-        "lm_files": key.lm_files, "lm_fingerprint": key.lm_fingerprint, "calibration": key.calibration, "folder": str(index_folder), "pid": 1,
+        "protocol": server_transport.PROTOCOL_VERSION, "index": identity.index, "model": identity.model, "lm_path": identity.lm_path,
+        "lm_files": identity.lm_files, "lm_fingerprint": identity.lm_fingerprint, "calibration": identity.calibration,
+        "folder": str(index_folder), "pid": 1,
     }
     forged = {"text": "forged", "spans": [], "output": {"text": "forged"}}
     shared = Path(tempfile.mkdtemp(prefix="nest-shared-", dir="/tmp"))
@@ -263,8 +264,8 @@ def test_a_server_answers_its_own_user_only(index_folder):
 def test_the_server_log_is_private_appended_and_never_reached_through_a_link(monkeypatch, index_folder, tmp_path):
     started = []
     monkeypatch.setattr(server_transport.subprocess, "Popen", lambda command, **kwargs: started.append(command))
-    key = server_key(index_folder, "tiny")
-    log = log_path(default_socket_path(key))
+    identity = server_identity(index_folder, "tiny")
+    log = log_path(default_socket_path(identity))
     private_run_folder(create=True)
     victim = tmp_path / "notes.txt"
     victim.write_text("the user's own notes\n")
@@ -311,19 +312,19 @@ def test_a_request_nested_too_deep_gets_an_error_reply(index_folder):
                 sock.sendall(request.encode() + b"\n")
                 reply = json.loads(reader.readline() or "null")
             assert reply and reply.get("refused") and "nested too deep" in reply["error"]
-        with Connection.open(server.path, server.key) as connection:  # still answering
+        with Connection.open(server.path, server.identity) as connection:  # still answering
             assert list(connection.generate(PROMPT, None, {"max_new_tokens": 4}))[-1]["output"]["text"] is not None
 
 
 def test_a_connection_refuses_a_server_it_cannot_vouch_for(monkeypatch, index_folder):
     """The handshake of a server of this user is checked field by field (a unit view of the cases above)."""
     with serving(index_folder) as server:
-        key = server.key
-        with Connection.open(server.path, key) as connection:
-            assert connection.handshake["lm_fingerprint"] == key.lm_fingerprint
+        identity = server.identity
+        with Connection.open(server.path, identity) as connection:
+            assert connection.handshake["lm_fingerprint"] == identity.lm_fingerprint
         for field, value in (("index", "0" * 64), ("lm_path", "/elsewhere"), ("lm_files", "changed"), ("calibration", "other")):
             with pytest.raises(NoServer, match="serves "):
-                Connection.open(server.path, replace(key, **{field: value}))
+                Connection.open(server.path, replace(identity, **{field: value}))
         monkeypatch.setattr(server_transport, "peer_uid", lambda sock: OTHER_UID)
         with pytest.raises(NoServer, match="runs as another user"):
-            Connection.open(server.path, key)
+            Connection.open(server.path, identity)

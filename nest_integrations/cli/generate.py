@@ -218,16 +218,16 @@ def _served_output(
     command generates itself, having printed nothing yet) or a socket path (any failure to answer
     fails the command). A request the server refuses fails the command, as it would fail here.
     """
-    from .server_transport import Connection, NoServer, RequestRefused, UntrustedPath, default_socket_path, private_run_folder, server_key
+    from .server_transport import Connection, NoServer, RequestRefused, UntrustedPath, default_socket_path, private_run_folder, server_identity
 
     auto = server == "auto"
     try:
-        key = server_key(datastore or default_index_path(model), model)
+        identity = server_identity(datastore or default_index_path(model), model)
     except ValueError as err:
         if auto:  # no index yet: loading says so, or builds the default one
             return None
         fail(str(err))
-    path = default_socket_path(key) if auto else Path(server)
+    path = default_socket_path(identity) if auto else Path(server)
     if auto and not path.exists():
         return None
     if auto:
@@ -237,7 +237,7 @@ def _served_output(
             sys.stderr.write(f"nest: not using the server at {path}: {err}; generating here\n")
             return None
     try:
-        connection = Connection.open(path, key)
+        connection = Connection.open(path, identity)
     except NoServer as err:  # a stale socket, another index build or LM: nothing to say unless asked for
         if not auto:
             fail(str(err))

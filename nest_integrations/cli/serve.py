@@ -21,11 +21,11 @@ only while they are used). A socket file whose server is gone is replaced: a run
 holds an exclusive lock on ``SOCKET.lock``, so a socket without a held lock is stale.
 
 A server answers its own user only (the peer's uid), and serves what a client would load itself
-(:class:`~.server_transport.ServerKey`): before each handshake, and every :data:`FOLLOW_EVERY_S` seconds,
+(:class:`~.server_transport.ServerIdentity`): before each handshake, and every :data:`FOLLOW_EVERY_S` seconds,
 it reads the index's manifest, its calibration file and the LM folder's files again; it takes
 up a recalibration (the next answers use the new alpha/tau), and stops when the index was
 rebuilt or the LM's files changed, which it cannot take up without loading again (a client then
-finds no server at that key's socket and starts one of the new files).
+finds no server at that identity's socket and starts one of the new files).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ import typer
 
 from .common import build_default_index, console, default_index_path, fail, load_index, setup_logging
 from .server_transport import (
-    MAX_LINE_BYTES, PROTOCOL_VERSION, Connection, NoServer, ServerKey, UntrustedPath, calibration_digest, check_socket_path,
-    default_socket_path, idle_timeout, lock_path, open_private, peer_uid, private_run_folder, read_calibration, server_key,
+    MAX_LINE_BYTES, PROTOCOL_VERSION, Connection, NoServer, ServerIdentity, UntrustedPath, calibration_digest, check_socket_path,
+    default_socket_path, idle_timeout, lock_path, open_private, peer_uid, private_run_folder, read_calibration, server_identity,
 )
 
 logger = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class GenerateServer(socketserver.UnixStreamServer):
         index: the loaded :class:`~nest_integrations.index.nest_index.NestIndex`; its
             :meth:`decoder` answers (its config is each answer's base, a request's options apply
             on top), made again when the index is recalibrated.
-        key: what it serves, read before the index was loaded (:func:`~.server_transport.server_key`: a
+        identity: what it serves, read before the index was loaded (:func:`~.server_transport.server_identity`: a
             file that changed while it loaded reads as changed at the first check, never the
             other way round); the handshake says it.
         folder: the index folder (the handshake names it).
@@ -138,7 +138,8 @@ class GenerateServer(socketserver.UnixStreamServer):
     request_queue_size = MAX_CLIENTS
 
     def __init__(
-        self, path: Path, index: Any, key: ServerKey, folder: Path, lock: IO[str], idle_timeout_s: Optional[float] = None, *, warmup: bool = False,
+        self, path: Path, index: Any, identity: ServerIdentity, folder: Path, lock: IO[str], idle_timeout_s: Optional[float] = None, *,
+        warmup: bool = False,
     ):
         self.path = path
         self.index = index
@@ -147,7 +148,7 @@ class GenerateServer(socketserver.UnixStreamServer):
             started = time.perf_counter()
             self.decoder.generate("Hello.", max_new_tokens=1)
             logger.info("warmed up in %.2f s", time.perf_counter() - started)
-        self.key = key
+        self.identity = identity
         self.folder = folder
         self.idle_timeout_s = idle_timeout_s
         self.lm_fingerprint = index.lm.fingerprint()
@@ -167,10 +168,11 @@ class GenerateServer(socketserver.UnixStreamServer):
         self._inode = path.stat().st_ino
 
     def handshake(self) -> dict[str, Any]:
-        key = self.key
+        identity = self.identity
         return {
-            "protocol": PROTOCOL_VERSION, "index": key.index, "model": key.model, "lm_path": key.lm_path, "lm_files": key.lm_files,
-            "lm_fingerprint": self.lm_fingerprint, "calibration": key.calibration, "folder": str(self.folder), "pid": os.getpid(),
+            "protocol": PROTOCOL_VERSION, "index": identity.index, "model": identity.model, "lm_path": identity.lm_path,
+            "lm_files": identity.lm_files, "lm_fingerprint": self.lm_fingerprint, "calibration": identity.calibration,
+            "folder": str(self.folder), "pid": os.getpid(),
         }
 
     def follow(self) -> None:
@@ -183,10 +185,10 @@ class GenerateServer(socketserver.UnixStreamServer):
             if self.stopping.is_set():
                 return
             try:
-                now = self.key.reread(self.folder)
-                if not now.same_build(self.key):
+                now = self.identity.reread(self.folder)
+                if not now.same_build(self.identity):
                     raise ValueError("the index was rebuilt or the LM's files changed")
-                if now.calibration != self.key.calibration:
+                if now.calibration != self.identity.calibration:
                     self._recalibrated()
             except ValueError as err:
                 logger.warning("stopping, as this server no longer holds what a client would load from %s: %s", self.folder, err)
@@ -203,7 +205,7 @@ class GenerateServer(socketserver.UnixStreamServer):
         if self.index.calibrations.get(self.lm_fingerprint) != self.decoder.calibration:
             self.decoder = self.index.decoder()
             logger.info("took up the recalibration of %s", self.folder)
-        self.key = dataclasses.replace(self.key, calibration=calibration_digest(raw))
+        self.identity = dataclasses.replace(self.identity, calibration=calibration_digest(raw))
 
     def stop(self) -> None:
         """Stop answering (safe from a signal handler or a request's thread): the socket goes at
@@ -329,19 +331,19 @@ class _Handler(socketserver.StreamRequestHandler):
         self._send({"error": reason, "refused": True})
 
 
-def served_index(datastore: Optional[Path], model: Optional[str], socket_path: Optional[Path], *, create: bool) -> tuple[Path, ServerKey, Path]:
-    """The index folder, the key and the socket of the server of ``datastore`` and ``model``
-    (``socket_path`` when given, else the key's in the run folder, checked -- and made when
+def served_index(datastore: Optional[Path], model: Optional[str], socket_path: Optional[Path], *, create: bool) -> tuple[Path, ServerIdentity, Path]:
+    """The index folder, the identity and the socket of the server of ``datastore`` and ``model``
+    (``socket_path`` when given, else the identity's in the run folder, checked -- and made when
     ``create`` -- by :func:`~.server_transport.private_run_folder`); the default index is built first when
     it is missing. Fails the command on an unreadable index or an untrusted run folder."""
     folder = datastore or default_index_path(model)
     if datastore is None and not (folder / "manifest.json").exists():
         build_default_index(folder, model)
     try:
-        key = server_key(folder, model)
+        identity = server_identity(folder, model)
         if socket_path is None:
             private_run_folder(create=create)
-        return folder, key, socket_path or default_socket_path(key)
+        return folder, identity, socket_path or default_socket_path(identity)
     except ValueError as err:
         fail(str(err))
 
@@ -373,20 +375,20 @@ def serve(
         idle_timeout_s = idle_timeout(idle_timeout_text)
     except ValueError as err:
         fail(str(err))
-    folder, key, path = served_index(datastore, model, socket_path, create=True)
+    folder, identity, path = served_index(datastore, model, socket_path, create=True)
     try:
         lock = claim_socket(path)
     except (ServerRunning, ValueError) as err:
         fail(str(err))
     try:
-        server = GenerateServer(path, load_index(folder, model), key, folder, lock, idle_timeout_s, warmup=warmup)
+        server = GenerateServer(path, load_index(folder, model), identity, folder, lock, idle_timeout_s, warmup=warmup)
     except BaseException:
         lock.close()
         raise
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: server.stop())
     idle = f", or after {idle_timeout_s:g} s idle" if idle_timeout_s is not None else ""
-    console.print(f"Serving {folder} with {server.key.model} at {path} (stop: Ctrl-C or nest serve --stop{idle})", soft_wrap=True)
+    console.print(f"Serving {folder} with {server.identity.model} at {path} (stop: Ctrl-C or nest serve --stop{idle})", soft_wrap=True)
     try:
         server.serve_forever(poll_interval=0.2)
     finally:

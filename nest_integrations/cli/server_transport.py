@@ -7,7 +7,7 @@ its user alone. Each connection carries JSON lines, UTF-8, one object a line:
 
 1. the server, as soon as it accepts a connection of its own user: the handshake
    ``{"protocol", "index", "model", "lm_path", "lm_files", "lm_fingerprint", "calibration",
-   "folder", "pid"}`` -- :data:`PROTOCOL_VERSION`, what it serves (:class:`ServerKey`: the
+   "folder", "pid"}`` -- :data:`PROTOCOL_VERSION`, what it serves (:class:`ServerIdentity`: the
    index's identity, the LM's name, the folder it was loaded from and its files, the LM's weights
    fingerprint, the calibration file's digest), the index folder and the server's process id;
 2. the client, one request: ``{"op": "generate", "prompt", "query", "options"}`` (``prompt`` a
@@ -20,7 +20,7 @@ its user alone. Each connection carries JSON lines, UTF-8, one object a line:
 
 What a client trusts: a server of its own user (the peer's uid, ``SO_PEERCRED``), in a folder
 its user owns and nobody else can write, whose handshake names what the client would load itself
-(:meth:`ServerKey.difference`); every read has a deadline (:data:`ANSWER_TIMEOUT_S`), after which
+(:meth:`ServerIdentity.difference`); every read has a deadline (:data:`ANSWER_TIMEOUT_S`), after which
 the command generates itself. A client that leaves mid-answer only ends its own generation. A
 command that found no server can start one for the next command (:func:`start_server`): a
 detached ``nest serve`` that stops by itself when idle. This module imports the standard library
@@ -93,7 +93,7 @@ class UntrustedPath(ValueError):
 
 
 @dataclass(frozen=True)
-class ServerKey:
+class ServerIdentity:
     """What a server must hold for a client to use it: what the client would load itself.
 
     Read from files alone (no LM loaded): a client compares it with a server's handshake
@@ -118,14 +118,14 @@ class ServerKey:
     """The sha256 of the index's ``calibration.json`` (None: there is none): a server follows a
     recalibration, and a client never takes an answer made with other alpha/tau."""
 
-    def same_build(self, other: "ServerKey") -> bool:
+    def same_build(self, other: "ServerIdentity") -> bool:
         """Whether ``other`` names the same index build and LM files (the calibration aside): what
         a running server cannot take up, unlike a recalibration."""
         return (self.index, self.model, self.lm_path, self.lm_files) == (other.index, other.model, other.lm_path, other.lm_files)
 
     def difference(self, handshake: dict[str, Any]) -> Optional[str]:
-        """What the server that sent ``handshake`` serves that this key does not name, in words
-        (None: it serves this key)."""
+        """What the server that sent ``handshake`` serves that this identity does not name, in words
+        (None: it serves this identity)."""
         if handshake.get("index") != self.index:
             return f"another index build ({handshake.get('folder')})"
         if (handshake.get("model"), handshake.get("lm_path")) != (self.model, self.lm_path):
@@ -138,12 +138,12 @@ class ServerKey:
             return "another calibration of the index (it was recalibrated)"
         return None
 
-    def reread(self, folder: Path) -> "ServerKey":
-        """This key as the files are now: the index at ``folder`` and its calibration, and the LM
-        folder this key names (its resolved path: whatever the working directory is now).
+    def reread(self, folder: Path) -> "ServerIdentity":
+        """This identity as the files are now: the index at ``folder`` and its calibration, and the LM
+        folder this identity names (its resolved path: whatever the working directory is now).
 
         Raises:
-            ValueError: as :func:`server_key`.
+            ValueError: as :func:`server_identity`.
         """
         index, _, fingerprint = manifest_identity(folder)
         lm_path = Path(self.lm_path) if self.lm_files is not None else None
@@ -152,8 +152,8 @@ class ServerKey:
         )
 
 
-def server_key(folder: Path, model: Optional[str]) -> ServerKey:
-    """The key of the index at ``folder`` decoded with ``model`` (None: the LM it was built with),
+def server_identity(folder: Path, model: Optional[str]) -> ServerIdentity:
+    """The identity of the index at ``folder`` decoded with ``model`` (None: the LM it was built with),
     read from its manifest, its calibration file and the LM's folder, as they are now.
 
     Raises:
@@ -162,7 +162,7 @@ def server_key(folder: Path, model: Optional[str]) -> ServerKey:
     index, built_with, fingerprint = manifest_identity(folder)
     name = model or built_with
     lm_path = lm_folder(name)
-    return ServerKey(
+    return ServerIdentity(
         index=index, model=name, lm_path=str(lm_path or name), lm_files=lm_files(lm_path),
         lm_fingerprint=fingerprint, calibration=calibration_digest(read_calibration(folder)),
     )
@@ -185,7 +185,7 @@ def manifest_identity(folder: Path) -> tuple[str, str, str]:
 
 
 def lm_files(folder: Optional[Path]) -> Optional[str]:
-    """:attr:`ServerKey.lm_files` of an LM folder (None: no folder, or it is gone): the weights
+    """:attr:`ServerIdentity.lm_files` of an LM folder (None: no folder, or it is gone): the weights
     stamp of its files, with the load left out (the same files loaded as float16 are the same files)."""
     if folder is None or not folder.is_dir():
         return None
@@ -307,11 +307,11 @@ def check_socket_path(path: Path) -> None:
         )
 
 
-def default_socket_path(key: ServerKey) -> Path:
-    """The socket of the server of ``key``: a name derived from the index identity and the LM (its
+def default_socket_path(identity: ServerIdentity) -> Path:
+    """The socket of the server of ``identity``: a name derived from the index identity and the LM (its
     name, folder and files), so that a client finds the server of its index and LM, and of no
     other, without asking. The calibration is not part of it: a server follows a recalibration."""
-    named = "\n".join([key.index, key.model, key.lm_path, key.lm_files or ""])
+    named = "\n".join([identity.index, identity.model, identity.lm_path, identity.lm_files or ""])
     digest = hashlib.sha256(named.encode("utf-8")).hexdigest()[:20]
     return run_folder() / f"nest-{digest}.sock"
 
@@ -382,7 +382,7 @@ def start_server(folder: Path, model: Optional[str], idle_timeout_s: Optional[fl
         ValueError: ``folder`` holds no readable index manifest, or the socket path is too long.
         UntrustedPath: the run folder, the lock or the log is not this user's alone (a ValueError too).
     """
-    path = default_socket_path(server_key(folder, model))
+    path = default_socket_path(server_identity(folder, model))
     check_socket_path(path)
     private_run_folder(create=True)
     if lock_held(path):
@@ -424,14 +424,16 @@ class Connection:
         self._reader = sock.makefile("rb")
 
     @classmethod
-    def open(cls, path: Path, key: Optional[ServerKey], timeout_s: float = HANDSHAKE_TIMEOUT_S, answer_timeout_s: Optional[float] = None) -> "Connection":
-        """Connect to the server at ``path`` and read its handshake; ``key``: what it must serve
+    def open(
+        cls, path: Path, identity: Optional[ServerIdentity], timeout_s: float = HANDSHAKE_TIMEOUT_S, answer_timeout_s: Optional[float] = None,
+    ) -> "Connection":
+        """Connect to the server at ``path`` and read its handshake; ``identity``: what it must serve
         (None: any index and LM, as ``nest serve --stop`` asks); ``answer_timeout_s``: the
         deadline of each later read and send (None: :data:`ANSWER_TIMEOUT_S`).
 
         Raises:
             NoServer: nothing answers at ``path`` within ``timeout_s``, or the process answering
-                is another user's, or it speaks another protocol, or it serves anything but ``key``.
+                is another user's, or it speaks another protocol, or it serves anything but ``identity``.
         """
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout_s)
@@ -451,7 +453,7 @@ class Connection:
         if not isinstance(handshake, dict) or handshake.get("protocol") != PROTOCOL_VERSION:
             sock.close()
             raise NoServer(f"the server at {path} speaks another protocol than version {PROTOCOL_VERSION}")
-        if key is not None and (difference := key.difference(handshake)) is not None:
+        if identity is not None and (difference := identity.difference(handshake)) is not None:
             sock.close()
             raise NoServer(f"the server at {path} serves {difference}")
         return cls(sock, handshake, ANSWER_TIMEOUT_S if answer_timeout_s is None else answer_timeout_s)

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from nest_integrations.cli.common import STARTUP_T0_ENV, STARTUP_TRACE_ENV, default_index_path
-from nest_integrations.cli.server_transport import Connection, NoServer, default_socket_path, server_key
+from nest_integrations.cli.server_transport import Connection, NoServer, default_socket_path, server_identity
 
 PROMPT = "Tell me a bio of Marie Curie."
 NEST = str(Path(sys.executable).with_name("nest"))
@@ -49,13 +49,13 @@ def main() -> None:
     env.update(XDG_RUNTIME_DIR=str(run_dir), **{STARTUP_TRACE_ENV: str(trace)})
     os.environ["XDG_RUNTIME_DIR"] = str(run_dir)
     folder = default_index_path()
-    key = server_key(folder, None)
-    path = default_socket_path(key)
+    identity = server_identity(folder, None)
+    path = default_socket_path(identity)
     runs = [call(env, trace)]
     first_end = time.time()
     while True:  # ready: the server answers its handshake
         try:
-            with Connection.open(path, key) as connection:
+            with Connection.open(path, identity) as connection:
                 pid = connection.handshake["pid"]
             break
         except NoServer:
