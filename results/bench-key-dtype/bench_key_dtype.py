@@ -6,10 +6,10 @@ measured beside float32 (``NEST_KEY_ENCODING=float32``):
 
 * ``bf16-copy``: a bfloat16 copy of the model used for encoding only (its
   linear layers run oneDNN's bfloat16 kernels; the decoder keeps float32),
-  as :mod:`nest_integrations.key_precision` does (``NEST_KEY_ENCODING=bfloat16``);
+  as :mod:`nest_integrations.store.key_precision` does (``NEST_KEY_ENCODING=bfloat16``);
 * ``autocast``: the float32 model under ``torch.autocast("cpu", torch.bfloat16)``
   (ops on autocast's list run in bfloat16; the pre-packed float32 linear
-  layers of :mod:`nest_integrations.packed_linear` do not).
+  layers of :mod:`nest_integrations.model.packed_linear` do not).
 
 Per variant: encoding speed over ``--passages`` Wikipedia summaries of people
 (wall and CPU seconds, the best and the median of ``--rounds`` rounds, variants
@@ -42,14 +42,13 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from nest_integrations.config import NestConfig
-from nest_integrations.corpus import load_wikipedia_summaries
-from nest_integrations.datastore import CandidateSet, EncodedPassage, PassageEncoder, PrecomputedKeys
+from nest_integrations import NestConfig, NestIndex, load_lm, load_wikipedia_summaries
 from nest_integrations.evaluation.key_bench import decoding_queries
 from nest_integrations.evaluation.runner import markdown_table, write_json
-from nest_integrations.index import NestIndex
-from nest_integrations.key_precision import ENV_VAR, cpu_has_bf16
-from nest_integrations.lm import load_lm
+from nest_integrations.store.candidates import CandidateSet
+from nest_integrations.store.encoder import EncodedPassage, PassageEncoder
+from nest_integrations.store.key_precision import ENV_VAR, cpu_has_bf16
+from nest_integrations.store.key_sources import PrecomputedKeys
 
 TOP_K_OVERLAP = 10
 

@@ -37,11 +37,10 @@ from typing import Any
 from langchain_core.documents import Document
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
-from nest_integrations.corpus import Passage, load_wikipedia_summaries
+from nest_integrations import Passage, load_lm, load_wikipedia_summaries
 from nest_integrations.evaluation.docs_corpus import docs_corpus
 from nest_integrations.evaluation.runner import markdown_table, write_json
 from nest_integrations.langchain import NestLLM, NestVectorStore, default_embeddings
-from nest_integrations.lm import load_lm
 
 
 CORPUS_NAMES = {"wiki": "Wikipedia summaries of people", "docs": "standard-library modules' documentation"}
