@@ -9,7 +9,7 @@ same order, and stops there:
 2. the relevance gate (:func:`gate_kept`, as the decoder applies it);
 3. for a question for which the gate kept a passage, the answer windows of the retrieved ones
    (:func:`~nest_integrations.decoding.prepare.choose_answer_windows`, the decoder's choice)
-   as the decoder plans them in tokens (:func:`plan_windows`, through the decoder's
+   as the decoder plans them in tokens (:func:`planned_copies`, through the decoder's
    :func:`~nest_integrations.decoding.prepare.window_token_plan`): a window that does not close an answer runs on to its
    passage's end and no window follows it;
 4. the planned tokens, in copy order, cut at ``config.max_new_tokens`` (:func:`planned_text`).
@@ -46,7 +46,7 @@ __all__ = [
     "domain_report",
     "gate_kept",
     "item_row",
-    "plan_windows",
+    "planned_copies",
     "planned_text",
     "summarize",
     "funnel_markdown",
@@ -65,7 +65,7 @@ def gate_kept(index: NestIndex, query: str, passages: Sequence[Passage], config:
     return RelevanceGate.from_config(config).decide(query, list(passages), index.relevance).kept
 
 
-def plan_windows(
+def planned_copies(
     index: NestIndex, query: str, retrieved: Sequence[Passage], kept: Sequence[Passage], config: NestConfig
 ) -> list[PlannedCopy]:
     """The copies the decoder plans for ``query`` when the gate kept any passage: windows of the
@@ -127,7 +127,7 @@ def item_row(index: NestIndex, item: EvalItem, config: NestConfig) -> dict[str, 
     retrieved = [p for p, _ in hits]
     kept = gate_kept(index, item.query, retrieved, config)
     chat = bool(item.meta.get("chat", True))
-    planned = plan_windows(index, item.query, retrieved, kept, config) if chat else []
+    planned = planned_copies(index, item.query, retrieved, kept, config) if chat else []
     text, tokens = planned_text(index, retrieved, planned, config.max_new_tokens)
     unanswerable = bool(item.meta.get("unanswerable", False))
     row: dict[str, Any] = {

@@ -5,7 +5,7 @@ and know nothing of each other. It does what both need:
 
 * binds the store to one LM (given to the store, or adopted from the first
   model that retrieves from it) and refuses another LM with a clear error;
-* keeps a :class:`~nest_integrations.store.datastore.TokenDatastore` in step with the
+* keeps a :class:`~nest_integrations.store.datastore.TokenDatastore` in sync with the
   store's documents (:meth:`VectorStoreKeys.added`, :meth:`VectorStoreKeys.removed`);
 * with ``precompute=True`` encodes the keys of new documents as they are added
   (batched, with a progress bar and a time estimate:

@@ -2,7 +2,7 @@
 
 * :class:`NestLLM` -- a ``BaseLLM``; the output contract rides in ``generation_info``.
 * :class:`ChatNest` -- a ``BaseChatModel``; copied spans become standard citations.
-* :class:`NestVectorStore` -- a ``VectorStore`` that keeps NEST's token datastore in step.
+* :class:`NestVectorStore` -- a ``VectorStore`` that keeps NEST's token datastore in sync.
 * :class:`MarkdownSectionSplitter` -- a ``TextSplitter`` cutting Markdown along its sections, exact offsets.
 * :mod:`.chains` -- :func:`format_docs`, :func:`rag_chain`, :func:`history_aware_retriever`, :func:`attributed_chain`, :data:`cite`.
 * :class:`LangChainVectorStoreRetriever` -- a store you already have as the first stage of

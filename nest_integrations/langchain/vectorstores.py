@@ -109,7 +109,7 @@ def _matches(document: Document, filter: Optional[MetadataFilter]) -> bool:
 
 
 class NestVectorStore(VectorStore):
-    """In-memory vector store for NEST's passage stage, with a token datastore in step.
+    """In-memory vector store for NEST's passage stage, with a token datastore kept in sync.
 
     Args:
         embedding: any LangChain ``Embeddings`` (used for documents and queries, and by

@@ -4,7 +4,7 @@
   or index, with the output contract in every response's ``additional_kwargs``
   and ``CitationBlock``\\ s for copied spans in chat messages.
 * :class:`NestVectorStore`: an in-memory vector store that keeps NEST's token
-  datastore in step with its nodes, persisted without pickle.
+  datastore in sync with its nodes, persisted without pickle.
 * :class:`NestQueryEngine`: retrieve, generate, and return exactly the cited
   nodes with span-level citations (streamed too).
 * :class:`NestChatEngine`: the same over a conversation, with citations kept

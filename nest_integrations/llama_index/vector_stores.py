@@ -1,5 +1,5 @@
 """NestVectorStore: an in-memory LlamaIndex vector store that also keeps NEST's
-token-level datastore in step with its nodes.
+token-level datastore in sync with its nodes.
 
 Persisted layout (``persist_path`` is the manifest, as LlamaIndex's
 ``StorageContext.persist`` names it, e.g. ``storage/default__vector_store.json``)::

@@ -347,7 +347,7 @@ def cache_argument(model: Any) -> str:
 
 
 _FINGERPRINT_DTYPES = ("float32", "float16", "bfloat16")
-_FINGERPRINT_CHUNK = 1 << 22
+_FINGERPRINT_SLICE = 1 << 22
 """Elements cast at a time, so fingerprinting needs ~16 MB beyond the model."""
 _fingerprint_cache: "weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], str]]" = weakref.WeakKeyDictionary()
 
@@ -445,10 +445,10 @@ def model_fingerprint(model: "PreTrainedModel") -> str:
             for digest in digests.values():
                 digest.update(tag)
             flat = param.detach().reshape(-1)
-            for start in range(0, flat.numel(), _FINGERPRINT_CHUNK):
-                chunk = flat[start : start + _FINGERPRINT_CHUNK]
+            for start in range(0, flat.numel(), _FINGERPRINT_SLICE):
+                part = flat[start : start + _FINGERPRINT_SLICE]
                 for dtype_name, digest in digests.items():
-                    cast = chunk.to(getattr(torch, dtype_name))
+                    cast = part.to(getattr(torch, dtype_name))
                     bits = cast.view(torch.int32 if dtype_name == "float32" else torch.int16)
                     digest.update(bits.cpu().numpy().tobytes())
     own = str(next(iter(model.parameters())).dtype).removeprefix("torch.")

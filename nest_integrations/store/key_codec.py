@@ -279,10 +279,10 @@ class _LookupTableCodec(KeyCodec):
         n = block.shape[0]
         flat = block.reshape(-1)
         out = torch.empty((tables.shape[0], n))
-        step = max(1, GATHER_ELEMENTS // max(flat.numel(), 1))
-        for lo in range(0, tables.shape[0], step):
-            part = tables[lo : lo + step]
-            out[lo : lo + step] = part.index_select(1, flat).view(part.shape[0], n, self.m).sum(-1)
+        stride = max(1, GATHER_ELEMENTS // max(flat.numel(), 1))
+        for lo in range(0, tables.shape[0], stride):
+            part = tables[lo : lo + stride]
+            out[lo : lo + stride] = part.index_select(1, flat).view(part.shape[0], n, self.m).sum(-1)
         return out
 
     def inner_products(self, queries: "torch.Tensor", block: "torch.Tensor") -> "torch.Tensor":
@@ -553,9 +553,9 @@ class SpectralPQCodec(_LookupTableCodec):
         rotated = queries @ torch.from_numpy(self.rotation).T
         centroids = torch.from_numpy(self.centroids)
         tables = torch.empty((len(rotated), self.m, PQ_CENTROIDS))
-        step = max(1, GATHER_ELEMENTS // centroids.numel())  # bounded (step, 256, d) products
-        for lo in range(0, len(rotated), step):
-            tables[lo : lo + step] = self._segment_sums(rotated[lo : lo + step, None, :] * centroids).transpose(1, 2)
+        stride = max(1, GATHER_ELEMENTS // centroids.numel())  # bounded (stride, 256, d) products
+        for lo in range(0, len(rotated), stride):
+            tables[lo : lo + stride] = self._segment_sums(rotated[lo : lo + stride, None, :] * centroids).transpose(1, 2)
         return tables
 
     def centroid_squared_norms(self) -> np.ndarray:
