@@ -1,5 +1,6 @@
 """Every script under ``results/`` still runs against the package: it imports, defines ``main``,
-and every ``nest_integrations`` name it imports exists.
+and every ``nest_integrations`` name it imports exists; and every ``results/`` path the package's
+docstrings and comments cite as evidence is there.
 
 The docs cite these scripts' output files as the evidence for defaults and figures, so a module
 moved or a name removed must break here, not months later in the hands of whoever re-runs one.
@@ -13,13 +14,17 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import io
+import re
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((ROOT / "results").rglob("*.py"))
+RESULTS_PATH = re.compile(r"(?<![\w/.-])results/[\w./-]*[\w/]")
 
 
 def package_imports(source: str) -> list[tuple[int, str, str | None]]:
@@ -71,3 +76,29 @@ def test_package_imports_are_read_inside_functions() -> None:
     found = package_imports(source)
     assert found == [(4, "nest_integrations.index", "NoSuchName"), (5, "nest_integrations.no_such_module", None)]
     assert [unresolved(module, name) is not None for _, module, name in found] == [True, True]
+
+
+def cited_results_paths(source: str) -> list[tuple[int, str]]:
+    """``(line, path)`` for every ``results/...`` path in the comments and docstrings (triple-quoted
+    strings) of ``source``; a plain string such as a default output folder is not a citation."""
+    cited: list[tuple[int, str]] = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        is_docstring = token.type == tokenize.STRING and token.string.lstrip("rRbBuU").startswith(('"""', "'''"))
+        if token.type == tokenize.COMMENT or is_docstring:
+            cited += [(token.start[0] + token.string[: m.start()].count("\n"), m.group()) for m in RESULTS_PATH.finditer(token.string)]
+    return cited
+
+
+def test_cited_results_paths_exist() -> None:
+    missing = [
+        f"{module.relative_to(ROOT)}:{line}: {path}"
+        for module in sorted((ROOT / "nest_integrations").rglob("*.py"))
+        for line, path in cited_results_paths(module.read_text(encoding="utf-8"))
+        if not (ROOT / path).exists()
+    ]
+    assert not missing, "cited results/ paths that are not in the repository:\n" + "\n".join(missing)
+
+
+def test_citations_are_read_from_comments_and_docstrings_only() -> None:
+    source = '''"""Measured (``results/a/bench.md``)."""\nOUT = Path("results/b")  # see results/c/\n'''
+    assert cited_results_paths(source) == [(1, "results/a/bench.md"), (2, "results/c/")]

@@ -6,9 +6,10 @@ bfloat16 copy of itself (made once per model, remade when its weights
 change): oneDNN's bfloat16 kernels run the large encoding batches faster,
 while the decoder, whose queries are searched against the keys, keeps the
 float32 model. The trade-off was measured before this became the default
-(``results/bench-key-dtype``: speed, top-1 neighbour agreement of decoding
-queries with float32 keys, NEST outputs item by item); the copy costs the
-model's size in bfloat16 (2 bytes per parameter) of memory.
+(``results/bench-key-dtype/bench.md``, made by ``bench_key_dtype.py`` beside it:
+speed, top-1 neighbour agreement of decoding queries with float32 keys, NEST
+outputs item by item); the copy costs the model's size in bfloat16 (2 bytes
+per parameter) of memory.
 
 "Supports bfloat16 well" means torch's probes find AVX512-BF16 or AMX tiles
 (:func:`cpu_has_bf16`); elsewhere bfloat16 is emulated and slower, so
