@@ -9,7 +9,8 @@ import torch
 
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.model.lm import LoadedLM, default_model_path
-from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
+from nest_integrations.store.datastore import TokenDatastore
+from nest_integrations.store.encoder import PassageEncoder
 
 os.environ["NEST_AUTO_SERVE"] = "0"  # no test leaves a background `nest serve` behind; its subprocesses inherit this
 

@@ -11,8 +11,9 @@ from nest_integrations.corpus.passages import Passage
 from nest_integrations.decoding import batching
 from nest_integrations.decoding.batching import _PackedCache, batched_generate, supports_batching
 from nest_integrations.decoding.decoder import NestDecoder
-from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 from conftest import ListRetriever
+from nest_integrations.store.datastore import TokenDatastore
+from nest_integrations.store.encoder import PassageEncoder
 
 COPY = dict(alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6)
 # Short spans, strict acceptance, no source-end or answer stops: rows mix copies, rejections and LM

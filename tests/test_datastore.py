@@ -11,7 +11,8 @@ import torch
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.index.nest_index import NestIndex
 from nest_integrations.model.lm import KeyReader, parse_key_layer
-from nest_integrations.store.datastore import EncodeStats, PassageEncoder, TokenDatastore, tiling_char_spans
+from nest_integrations.store.datastore import EncodeStats, TokenDatastore
+from nest_integrations.store.encoder import PassageEncoder, tiling_char_spans
 
 from conftest import make_tiny_lm, tampered_copy
 

@@ -11,9 +11,10 @@ from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.decoding.rendering import render_html, render_markdown, render_terminal
 from nest_integrations.decoding.spans import merge_spans
 from nest_integrations.policy.mentions import CorpusTerms
-from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 from conftest import ListRetriever, word_share
 from nest_integrations.core.mixture import knn_distribution, mix, rrc_lambda
+from nest_integrations.store.datastore import TokenDatastore
+from nest_integrations.store.encoder import PassageEncoder
 
 PROMPT = "Tell me about the comet catalogue."
 # Retrieval dominates: lambda ~ 0 at every step, and acceptance is lenient.

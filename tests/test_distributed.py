@@ -168,7 +168,7 @@ def test_a_coded_sharded_index_saves_again_and_loads_memory_mapped(coded, path_l
     codec, _, index, _ = coded
     again = NestIndex.load(index.save(tmp_path / "copy"), path_lm)
     keys = again.datastore.precomputed
-    assert isinstance(keys.shards[0].keys, np.memmap) and keys.codec.spec == codec
+    assert isinstance(keys.segments[0].keys, np.memmap) and keys.codec.spec == codec
     for name, array in index.datastore.precomputed.codec.arrays().items():
         np.testing.assert_array_equal(array, keys.codec.arrays()[name])
     assert np.array_equal(keys.passage(9).keys, index.datastore.precomputed.passage(9).keys)
@@ -190,7 +190,7 @@ def test_a_sharded_index_saves_again_and_loads_memory_mapped(on_ray, path_lm, tm
     copy = index.save(tmp_path / "copy")
     again = NestIndex.load(copy, path_lm)
     keys = again.datastore.precomputed
-    assert isinstance(keys.shards[0].keys, np.memmap)
+    assert isinstance(keys.segments[0].keys, np.memmap)
     assert np.array_equal(keys.passage(9).keys, index.datastore.precomputed.passage(9).keys)
     assert again.info()["key_shards"] == 3
 

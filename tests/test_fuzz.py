@@ -28,7 +28,8 @@ from nest_integrations.corpus.passages import Passage  # noqa: E402
 from nest_integrations.decoding.decoder import NestDecoder, check_prompt  # noqa: E402
 from nest_integrations.decoding.output import NestOutput, SourceRef  # noqa: E402
 from nest_integrations.index.nest_index import NestIndex  # noqa: E402
-from nest_integrations.store.datastore import PassageEncoder, TokenDatastore  # noqa: E402
+from nest_integrations.store.datastore import TokenDatastore  # noqa: E402
+from nest_integrations.store.encoder import PassageEncoder  # noqa: E402
 
 # Bounded and derandomized: the same examples on every run, so `make test` stays fast and reproducible.
 _QUIET = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]

@@ -15,7 +15,8 @@ from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.decoding.decoder import NestDecoder, check_prompt
 from nest_integrations.decoding.step import StepRules
-from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
+from nest_integrations.store.datastore import TokenDatastore
+from nest_integrations.store.encoder import PassageEncoder
 
 BASE = dict(mode="base", max_new_tokens=2)
 COPY = dict(alpha=5.0, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0)

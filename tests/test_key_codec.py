@@ -10,7 +10,9 @@ import torch
 
 from nest_integrations.core.safe_io import sha256_file
 from nest_integrations.index.nest_index import NestIndex
-from nest_integrations.store.datastore import CandidateSet, PassageEncoder, TokenDatastore, store_keys
+from nest_integrations.store.candidates import CandidateSet
+from nest_integrations.store.datastore import TokenDatastore, store_keys
+from nest_integrations.store.encoder import PassageEncoder
 from nest_integrations.store.key_codec import ProductQuantizerCodec, SpectralPQCodec, codec_from_arrays, make_codec, sample_rows, spectral_widths
 
 from conftest import tampered_copy

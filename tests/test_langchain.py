@@ -38,7 +38,8 @@ from nest_integrations.langchain import (
     format_docs,
     rag_chain,
 )
-from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
+from nest_integrations.store.datastore import TokenDatastore
+from nest_integrations.store.encoder import PassageEncoder
 
 KNOBS: dict[str, Any] = dict(alpha=5.0, delta=1.0, gamma=1e-6, max_new_tokens=12, min_passage_relevance=-1.0)
 QUESTION = "Who was Marie Curie?"

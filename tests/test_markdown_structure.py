@@ -24,7 +24,8 @@ from nest_integrations.corpus.markdown_structure import (
 from nest_integrations.corpus.passages import DEFAULT_CHUNK_TOKENS, Passage, chunk_passages, chunk_text, section_chunks, sentence_spans
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.policy.copy_policy import acceptable_start, sentence_starts
-from nest_integrations.store.datastore import PassageEncoder, TokenDatastore, tiling_char_spans
+from nest_integrations.store.datastore import TokenDatastore
+from nest_integrations.store.encoder import PassageEncoder, tiling_char_spans
 
 from conftest import ListRetriever, word_share
 

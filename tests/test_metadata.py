@@ -15,7 +15,8 @@ import pytest
 from nest_integrations.core.jsonsafe import MAX_DEPTH, json_safe
 from nest_integrations.corpus.passages import Passage, chunk_passages
 from nest_integrations.decoding.decoder import NestDecoder
-from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
+from nest_integrations.store.datastore import TokenDatastore
+from nest_integrations.store.encoder import PassageEncoder
 
 COPY: dict[str, Any] = dict(alpha=5.0, delta=1.0, gamma=1e-6, max_new_tokens=12, min_passage_relevance=-1.0)
 TEXT = "Marie Curie was a Polish and naturalised-French physicist and chemist who conducted pioneering research."

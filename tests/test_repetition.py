@@ -9,8 +9,9 @@ from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
-from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 from conftest import ListRetriever
+from nest_integrations.store.datastore import TokenDatastore
+from nest_integrations.store.encoder import PassageEncoder
 
 tokens = st.lists(st.integers(0, 3), max_size=30)
 

@@ -12,8 +12,9 @@ from nest_integrations.core.config import NestConfig
 from nest_integrations.decoding import batching
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.decoding.serving import BatchingService, shared_service
-from nest_integrations.store.datastore import PassageEncoder, TokenDatastore
 from conftest import ListRetriever, held_back
+from nest_integrations.store.datastore import TokenDatastore
+from nest_integrations.store.encoder import PassageEncoder
 from test_batching import MIXED, PROMPTS, _one_by_one, _same
 
 OVERRIDES = dict(mode="nest", **MIXED)

@@ -13,8 +13,9 @@ from langchain_core.embeddings import DeterministicFakeEmbedding
 
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.langchain import NestLLM, NestVectorStore
-from nest_integrations.store.datastore import EncodeStats, PassageEncoder, TokenDatastore
+from nest_integrations.store.datastore import EncodeStats, TokenDatastore
 from nest_integrations.store.encode_progress import chunk_bounds
+from nest_integrations.store.encoder import PassageEncoder
 
 KNOBS = {"alpha": 5.0, "delta": 1.0, "gamma": 1e-6, "max_new_tokens": 16}
 """Retrieval dominates the random tiny LM, so answers copy from the store."""

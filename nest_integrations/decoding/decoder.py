@@ -54,7 +54,8 @@ from nest_integrations.policy.conversation import TRANSCRIPT_STOP, plain_transcr
 from nest_integrations.policy.copy_policy import Window
 from nest_integrations.policy.mentions import CorpusTerms
 from nest_integrations.policy.relevance import GateDecision, RelevanceGate
-from nest_integrations.store.datastore import CandidateSet, EncodeStats, TokenDatastore
+from nest_integrations.store.candidates import CandidateSet
+from nest_integrations.store.datastore import EncodeStats, TokenDatastore
 from .abstention import abstention_text
 from .generation import Generation, StreamChunk, StreamCursor
 from .output import GenerationStats, NestOutput

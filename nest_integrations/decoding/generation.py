@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Optional, Protocol, Sequence
 import torch
 
 from nest_integrations.core.config import NestConfig
-from nest_integrations.store.datastore import CandidateSet
+from nest_integrations.store.candidates import CandidateSet
 from .output import FinishReason, GenerationStats, NestOutput, Span
 from .spans import TokenRecord, shift_spans
 

@@ -22,7 +22,8 @@ from nest_integrations.core.similarity import Relevance
 from nest_integrations.policy.copy_policy import Window, closes_answer, wants_focus
 from nest_integrations.policy.selection import DEFAULT_SELECTOR
 from nest_integrations.policy.relevance import subject_name
-from nest_integrations.store.datastore import CandidateSet, TokenDatastore
+from nest_integrations.store.candidates import CandidateSet
+from nest_integrations.store.datastore import TokenDatastore
 from .generation import Generation
 
 __all__ = ["PlannedCopy", "PlannedOpening", "choose_answer_windows", "plan_opening", "plan_windows", "token_range", "window_token_plan"]

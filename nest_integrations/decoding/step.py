@@ -10,7 +10,7 @@ The rules read and write only the public
 
 Each step has the LM's next-token distribution p_LM and its query vector q
 (the hidden state at the datastore's key layer). In the datastore modes the
-kNN search over the generation's :class:`~nest_integrations.store.datastore.CandidateSet`
+kNN search over the generation's :class:`~nest_integrations.store.candidates.CandidateSet`
 gives p_kNN and the RRC weight lambda; p_M mixes them (nest-algorithm.md 2):
 :meth:`StepRules.mixture`.
 
@@ -64,7 +64,9 @@ from nest_integrations.corpus.markdown_structure import (
 )
 from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
-from nest_integrations.store.datastore import CandidateSet, EncodedPassage, TokenDatastore
+from nest_integrations.store.candidates import CandidateSet
+from nest_integrations.store.datastore import TokenDatastore
+from nest_integrations.store.encoder import EncodedPassage
 from .generation import Generation, Step
 from .output import NestOutput, Span
 from .spans import TokenRecord, build_spans, summarize

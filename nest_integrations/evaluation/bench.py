@@ -53,8 +53,9 @@ from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.decoding.output import GenerationStats
 from nest_integrations.index.nest_index import NestIndex
 from nest_integrations.model.lm import LoadedLM
-from nest_integrations.store.datastore import PrecomputedKeys, TokenDatastore
+from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.key_precision import encoding_model
+from nest_integrations.store.key_sources import PrecomputedKeys
 from .metrics import aggregate, tokens_per_forward
 from .runner import (
     check_modes,

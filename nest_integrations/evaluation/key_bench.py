@@ -42,7 +42,9 @@ import torch
 from nest_integrations.core.mixture import rrc_lambda
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.index.nest_index import NestIndex
-from nest_integrations.store.datastore import CandidateSet, EncodedPassage, store_keys
+from nest_integrations.store.candidates import CandidateSet
+from nest_integrations.store.datastore import store_keys
+from nest_integrations.store.encoder import EncodedPassage
 from nest_integrations.store.key_codec import DEFAULT_TRAIN_KEYS, KeyCodec, make_codec, sample_rows
 from .runner import format_cell, load_items, markdown_table, ratio, run_config, run_metadata, write_json
 

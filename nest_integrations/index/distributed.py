@@ -246,7 +246,7 @@ class _BuildWorker:
         codec: tuple[str, dict[str, np.ndarray]],
     ):
         from nest_integrations.model.lm import load_lm
-        from nest_integrations.store.datastore import PassageEncoder
+        from nest_integrations.store.encoder import PassageEncoder
         from nest_integrations.store.key_codec import codec_from_arrays
 
         self.lm = load_lm(model, device="cpu", dtype=dtype)
@@ -270,7 +270,8 @@ class _BuildWorker:
         keys stored with the codec."""
         from nest_integrations.retrieval.base import index_text
         from nest_integrations.retrieval.dense import embed_texts
-        from nest_integrations.store.datastore import PrecomputedKeys, store_keys
+        from nest_integrations.store.datastore import store_keys
+        from nest_integrations.store.key_sources import PrecomputedKeys
         from nest_integrations.store.shards import write_shard
 
         start = time.perf_counter()
@@ -389,7 +390,8 @@ def build_index_on_ray(
     """
     from nest_integrations.core.safe_io import atomic_folder, check_replaceable
     from nest_integrations.retrieval.dense import DenseRetriever
-    from nest_integrations.store.datastore import PassageEncoder, train_on_first_passages
+    from nest_integrations.store.datastore import train_on_first_passages
+    from nest_integrations.store.encoder import PassageEncoder
     from nest_integrations.store.key_codec import resolve_codec
     from nest_integrations.store.shards import ShardedKeys, shard_name
     from .nest_index import FORMAT, NestIndex, check_build_options

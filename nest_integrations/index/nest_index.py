@@ -42,8 +42,10 @@ from nest_integrations.corpus.passages import Passage, parse_passages_jsonl, sav
 from nest_integrations.model.lm import parse_key_layer
 from nest_integrations.policy.calibration import CALIBRATION_FILE, Calibration, CalibrationFile, retrieve_excluding
 from nest_integrations.policy.mentions import CorpusTerms
-from nest_integrations.store.datastore import PassageEncoder, PrecomputedKeys, TokenDatastore
+from nest_integrations.store.datastore import TokenDatastore
+from nest_integrations.store.encoder import PassageEncoder
 from nest_integrations.store.key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, codec_from_arrays, parse_spec, resolve_codec, saved_array_names
+from nest_integrations.store.key_sources import PrecomputedKeys
 from nest_integrations.store.shards import EMBEDDINGS, KEY_ARRAYS, ShardedKeys, ShardRecord, shard_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -303,7 +305,7 @@ class NestIndex:
             "tokens": pre.num_tokens if pre is not None else None,
             "datastore_entries": pre.num_entries if pre is not None else None,
             "key_bytes": pre.key_bytes if pre is not None else None,
-            "key_shards": len(pre.shards) if isinstance(pre, ShardedKeys) else None,
+            "key_shards": len(pre.segments) if isinstance(pre, ShardedKeys) else None,
             "key_codec": self.datastore.codec.spec,
             "key_bytes_per_token": self.datastore.codec.bytes_per_key,
         }

@@ -10,10 +10,10 @@ and know nothing of each other. It does what both need:
 * with ``precompute=True`` encodes the keys of new documents as they are added
   (batched, with a progress bar and a time estimate:
   :class:`~nest_integrations.store.encode_progress.EncodeProgress`); a later addition
-  appends a segment of keys (:class:`KeySegments`), earlier keys stay where they
+  appends a segment of keys (:class:`~nest_integrations.store.key_sources.KeySegments`), earlier keys stay where they
   are (memory-mapped ones stay mapped);
 * gives the arrays to save (:meth:`VectorStoreKeys.keys_to_save`: one
-  :class:`~nest_integrations.store.datastore.PrecomputedKeys` in the store's document
+  :class:`~nest_integrations.store.key_sources.PrecomputedKeys` in the store's document
   order, removed documents' keys dropped) with a :class:`SavedKeysInfo` for the
   store's manifest, and takes saved ones back (:meth:`VectorStoreKeys.attach_saved`),
   checked against the LM that binds them (weights, tokenizer, key layer,
@@ -40,9 +40,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from typing_extensions import Annotated
 
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.store.datastore import EncodedPassage, PassageEncoder, PrecomputedKeys, TokenDatastore
+from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.encode_progress import EncodeProgress
+from nest_integrations.store.encoder import EncodedPassage, PassageEncoder
 from nest_integrations.store.key_codec import Float16Codec
+from nest_integrations.store.key_sources import KeySegments, PrecomputedKeys
 
 if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.model.lm import LoadedLM
@@ -67,7 +69,7 @@ def lazy_datastore(
 
     Args:
         key_layer: layer read as keys (``"ffn_input"`` or ``"layer:<i>"``).
-        encoding_prefix: see :func:`nest_integrations.store.datastore.resolve_encoding_prefix`.
+        encoding_prefix: see :func:`nest_integrations.store.encoder.resolve_encoding_prefix`.
     """
     return TokenDatastore([], PassageEncoder(lm, key_layer, encoding_prefix), cache_mb=cache_mb)
 
@@ -144,61 +146,6 @@ def check_keys_fit(info: SavedKeysInfo, encoder: PassageEncoder, where: str) -> 
             raise ValueError(f"{where}: its token keys were encoded with {name} {saved!r}, this store encodes with {wanted!r}")
 
 
-class KeySegments:
-    """Several :class:`~nest_integrations.store.datastore.PrecomputedKeys` served as one, in order.
-
-    Passage ``i`` comes from the segment that holds it. Appending a segment
-    copies no key, so keys loaded memory-mapped stay mapped. Offers what
-    :class:`~nest_integrations.store.datastore.TokenDatastore` uses of precomputed keys.
-
-    Args:
-        segments: at least one, all float16 keys of one width.
-    """
-
-    def __init__(self, segments: Sequence[PrecomputedKeys]):
-        if not segments or len({s.key_width for s in segments}) != 1:
-            raise ValueError("key segments need at least one segment, all of one key width")
-        self.segments = list(segments)
-        self._starts = np.cumsum([0] + [s.num_passages for s in self.segments])
-
-    @classmethod
-    def joined(cls, first: "PrecomputedKeys | KeySegments | None", more: PrecomputedKeys) -> "PrecomputedKeys | KeySegments":
-        """``more`` after ``first`` (None: ``more`` alone)."""
-        if first is None:
-            return more
-        return cls([*(first.segments if isinstance(first, KeySegments) else [first]), more])
-
-    @property
-    def codec(self) -> Float16Codec:
-        return Float16Codec(self.key_width)
-
-    @property
-    def key_width(self) -> int:
-        return self.segments[0].key_width
-
-    @property
-    def num_passages(self) -> int:
-        return int(self._starts[-1])
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.segments)
-
-    @property
-    def num_entries(self) -> int:
-        return sum(s.num_entries for s in self.segments)
-
-    @property
-    def key_bytes(self) -> int:
-        return sum(s.key_bytes for s in self.segments)
-
-    def passage(self, index: int) -> EncodedPassage:
-        if not 0 <= index < self.num_passages:
-            raise IndexError(f"passage {index} is outside the {self.num_passages} precomputed passages")
-        segment = int(np.searchsorted(self._starts, index, side="right")) - 1
-        return self.segments[segment].passage(index - int(self._starts[segment]))
-
-
 def _no_keys(width: int) -> EncodedPassage:
     """A passage of no tokens: the place of a removed or replaced document in appended keys."""
     return EncodedPassage(
@@ -225,7 +172,7 @@ class VectorStoreKeys:
         lock: the store's lock (re-entrant).
         lm: the LM keying the datastore; None: adopted on first use.
         key_layer: layer read as keys (``"ffn_input"`` or ``"layer:<i>"``).
-        encoding_prefix: see :func:`nest_integrations.store.datastore.resolve_encoding_prefix`.
+        encoding_prefix: see :func:`nest_integrations.store.encoder.resolve_encoding_prefix`.
         cache_mb: bound of the datastore's cache of lazily encoded keys.
         precompute: encode keys when documents are added (once an LM is bound;
             at binding for documents added before); False encodes a document the

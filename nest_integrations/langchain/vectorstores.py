@@ -12,7 +12,7 @@ retrieved (``precompute_keys``; see :class:`NestVectorStore`).
 Saved folders hold no pickle: ``documents.json`` (ids, texts, metadata),
 ``vectors.npy`` (float32, loaded with ``allow_pickle=False``), the precomputed
 token keys when every document has them (``keys/*.npy``, the arrays of
-:class:`~nest_integrations.store.datastore.PrecomputedKeys` in document order,
+:class:`~nest_integrations.store.key_sources.PrecomputedKeys` in document order,
 memory-mapped on load) and ``manifest.json`` with the sha256 of every file and
 the LM that encoded the keys; loading checks them all, and the keys are refused
 by any other LM.
@@ -122,7 +122,7 @@ class NestVectorStore(VectorStore):
             most 90 s), so no first question waits for the fit.
         key_layer: layer read as datastore keys (``"ffn_input"`` or ``"layer:<i>"``).
         encoding_prefix: text put before each passage when encoding it
-            (see :func:`nest_integrations.store.datastore.resolve_encoding_prefix`).
+            (see :func:`nest_integrations.store.encoder.resolve_encoding_prefix`).
         cache_mb: bound of the token datastore's cache of lazily encoded keys.
         precompute_keys: encode token keys when documents are added (as soon
             as the store has an LM; documents added before it are encoded when

@@ -10,7 +10,7 @@ Persisted layout (``persist_path`` is the manifest, as LlamaIndex's
     default__vector_store.embeddings-<sha>.npy     float32 (n, d) embeddings, saved with allow_pickle=False
     default__vector_store.<array>-<sha>.npy        the token keys, when every node has precomputed ones
                                                    (format 3): the arrays of
-                                                   :class:`~nest_integrations.store.datastore.PrecomputedKeys`
+                                                   :class:`~nest_integrations.store.key_sources.PrecomputedKeys`
                                                    (token_ids, char_spans, keys, valid, offsets) in node
                                                    order, memory-mapped on load from a local disk; the
                                                    manifest's ``keys`` names the LM that encoded them

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 class EncodedText(Protocol):
     """An encoded text as the progress counts it: one entry of ``token_ids`` per token
-    (:class:`~nest_integrations.store.datastore.EncodedPassage` is one)."""
+    (:class:`~nest_integrations.store.encoder.EncodedPassage` is one)."""
 
     @property
     def token_ids(self) -> Sized: ...
@@ -34,7 +34,7 @@ EncodedT_co = TypeVar("EncodedT_co", bound=EncodedText, covariant=True)
 
 
 class TextEncoder(Protocol[EncodedT_co]):
-    """What the progress needs of an encoder (:class:`~nest_integrations.store.datastore.PassageEncoder`
+    """What the progress needs of an encoder (:class:`~nest_integrations.store.encoder.PassageEncoder`
     is one): its LM's tokenizer to count tokens up front, the tokens of one forward,
     and ``encode`` itself. Defined here so that this module needs nothing of the datastore,
     which uses it."""
@@ -93,7 +93,7 @@ class EncodeProgress(Generic[EncodedT]):
     :meth:`encode` run the chunks.
 
     Args:
-        encoder: the :class:`~nest_integrations.store.datastore.PassageEncoder` (its
+        encoder: the :class:`~nest_integrations.store.encoder.PassageEncoder` (its
             tokenizer counts the tokens up front, one pass over the texts;
             docs/persistence.md has its rate).
         texts: every text the run will encode, in order.
@@ -174,7 +174,7 @@ class EncodeProgress(Generic[EncodedT]):
                 keys) as its chunk arrives; None keeps float16 keys.
 
         Returns:
-            One :class:`~nest_integrations.store.datastore.EncodedPassage` per text from ``start``, in order.
+            One :class:`~nest_integrations.store.encoder.EncodedPassage` per text from ``start``, in order.
         """
         out: list[EncodedT] = []
         for lo, hi in chunk_bounds(self.token_counts, start, chunk_passages, self.probe_tokens):

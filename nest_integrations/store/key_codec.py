@@ -26,7 +26,7 @@ generation's retrieved passages -- without reconstructing them:
 
 Every codec exposes the same two quantities, from which the candidate set
 computes squared L2 distances in the keys' own units (see
-:meth:`nest_integrations.store.datastore.CandidateSet.search`):
+:meth:`nest_integrations.store.candidates.CandidateSet.search`):
 
 * ``inner_products(queries, block)``: ``q . k~`` for every query and row;
 * ``squared_norms(block)``: ``||k~||^2`` per row (for ``spq``, plus the row's

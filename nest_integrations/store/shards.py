@@ -35,8 +35,8 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
-from .datastore import EncodedPassage, PrecomputedKeys
 from .key_codec import Float16Codec, KeyCodec
+from .key_sources import KeySegments, PrecomputedKeys
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +105,10 @@ def read_arrays(folder: Path, names: Iterable[str]) -> dict[str, np.ndarray]:
     return arrays
 
 
-class ShardedKeys:
-    """Several :class:`PrecomputedKeys`, one per shard folder, served as one.
+class ShardedKeys(KeySegments):
+    """Several :class:`PrecomputedKeys`, one per shard folder, served as one: the
+    :class:`~nest_integrations.store.key_sources.KeySegments` of the shards, with their
+    folder and embeddings.
 
     Offers what :class:`~nest_integrations.store.datastore.TokenDatastore` and
     :class:`~nest_integrations.index.nest_index.NestIndex` use of precomputed keys
@@ -130,46 +132,13 @@ class ShardedKeys:
         odd = [shard_name(n) for n, s in enumerate(shards) if s.codec.spec != first.spec or s.codec.compresses and s.codec is not first]
         if odd:
             raise ValueError(f"{folder}: {', '.join(odd)} do not share {shard_name(0)}'s key codec (codes: one trained codec object)")
+        super().__init__(shards)
         self.folder = folder
-        self.shards = list(shards)
         self.embeddings = list(embeddings)
-        self._starts = np.cumsum([0] + [s.num_passages for s in self.shards]).astype(np.int64)
-
-    @property
-    def num_passages(self) -> int:
-        return int(self._starts[-1])
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.shards)
-
-    @property
-    def num_entries(self) -> int:
-        return sum(s.num_entries for s in self.shards)
-
-    @property
-    def key_bytes(self) -> int:
-        return sum(s.key_bytes for s in self.shards)
-
-    @property
-    def key_width(self) -> int:
-        return self.shards[0].key_width
-
-    @property
-    def codec(self) -> KeyCodec:
-        """How every shard stores its keys."""
-        return self.shards[0].codec
 
     @property
     def records(self) -> list[ShardRecord]:
-        return [ShardRecord(s.num_passages, s.num_tokens, s.num_entries) for s in self.shards]
-
-    def passage(self, index: int) -> EncodedPassage:
-        """Encoded passage ``index`` (global), read from the shard that holds it."""
-        if not 0 <= index < self.num_passages:
-            raise IndexError(f"passage {index} is outside the {self.num_passages} precomputed passages")
-        shard = int(np.searchsorted(self._starts, index, side="right")) - 1
-        return self.shards[shard].passage(index - int(self._starts[shard]))
+        return [ShardRecord(s.num_passages, s.num_tokens, s.num_entries) for s in self.segments]
 
     def copy_to(self, folder: Path) -> list[ShardRecord]:
         """Write every shard into the new ``keys/`` folder ``folder`` (a re-save) from the arrays
@@ -177,7 +146,7 @@ class ShardedKeys:
         replaced since; a no-op when ``folder`` is where the shards already are (a fresh
         distributed build)."""
         if folder.resolve() != self.folder.resolve():
-            for number, (keys, embeddings) in enumerate(zip(self.shards, self.embeddings)):
+            for number, (keys, embeddings) in enumerate(zip(self.segments, self.embeddings)):
                 write_shard(folder / shard_name(number), keys, embeddings)
         return self.records
 
