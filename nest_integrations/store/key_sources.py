@@ -4,7 +4,7 @@
 :class:`PrecomputedKeys` holds one set of flat (memory-mappable) arrays and
 :class:`KeySegments` serves several sets as one, in order, copying no key: a
 vector store's saved keys and those encoded since
-(:mod:`nest_integrations.index.store_keys`), or the shards of a saved index
+(:mod:`nest_integrations.index.vector_store_keys`), or the shards of a saved index
 (:class:`~nest_integrations.store.shards.ShardedKeys`, which adds the shard folders).
 """
 
