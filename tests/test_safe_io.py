@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from langchain_core.embeddings import DeterministicFakeEmbedding
 
-from nest_integrations.core import safe_io
-from nest_integrations.core.safe_io import ArtefactManifest, FolderSnapshot, atomic_folder, leftovers, recover
+from nest_integrations.core import folder_snapshot, safe_io
+from nest_integrations.core.folder_snapshot import FolderSnapshot
+from nest_integrations.core.safe_io import ArtefactManifest, atomic_folder, leftovers, recover
 from nest_integrations.langchain import NestVectorStore
 
 KIND = "test-artefact"
@@ -134,7 +135,8 @@ def test_a_mistyped_manifest_field_is_named(tmp_path):
 def test_an_update_beside_an_artefact_goes_only_into_its_version_and_waits_for_a_save_a_bounded_time(tmp_path, monkeypatch):
     import time
 
-    from nest_integrations.core.safe_io import locked_folder, update_if_current
+    from nest_integrations.core.folder_snapshot import update_if_current
+    from nest_integrations.core.safe_io import locked_folder
 
     folder = save(tmp_path / "a")
     digest = safe_io.sha256_file(folder / "manifest.json")
@@ -145,7 +147,7 @@ def test_an_update_beside_an_artefact_goes_only_into_its_version_and_waits_for_a
     assert update(b"x") and update(b"y") and (folder / "cache.json").read_bytes() == b"xy"
     save(tmp_path / "a", "v2", overwrite=True)  # another version in its place
     assert not update(b"z") and not (folder / "cache.json").exists()
-    monkeypatch.setattr(safe_io, "UPDATE_WAIT_S", 0.2)
+    monkeypatch.setattr(folder_snapshot, "UPDATE_WAIT_S", 0.2)
     with locked_folder(tmp_path, blocking=True):  # a save holding the folder's lock
         started = time.monotonic()
         with pytest.raises(TimeoutError):

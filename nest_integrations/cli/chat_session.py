@@ -269,7 +269,7 @@ def terminal_reader(session: ChatSession, history_file: Optional[Path]) -> Calla
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory, InMemoryHistory
 
-    from nest_integrations.core.safe_io import create_private_file
+    from nest_integrations.core.folder_snapshot import create_private_file
 
     if history_file is not None:
         try:  # the questions asked are the user's alone: 0600, never written through a link planted there

@@ -44,7 +44,7 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
 def iter_jsonl_lines(lines: Iterable[bytes], where: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(1-based line number, object)`` for each non-blank line of ``lines``, the lines of a
     JSONL file as a binary file gives them (each ending at ``b"\n"``), e.g. an open file or a
-    :class:`~nest_integrations.core.safe_io.VerifiedStream`.
+    :class:`~nest_integrations.core.folder_snapshot.VerifiedStream`.
 
     Raises:
         ValueError: the message names ``where:line``: bytes that are not UTF-8,

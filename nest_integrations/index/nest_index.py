@@ -34,9 +34,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 from typing_extensions import Annotated
 
-from nest_integrations.core.safe_io import (
-    MANIFEST_FILE, ArtefactManifest, FolderSnapshot, atomic_folder, read_consistently, recover, sha256_file, update_if_current,
-)
+from nest_integrations.core.folder_snapshot import FolderSnapshot, read_consistently, update_if_current
+from nest_integrations.core.safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, recover, sha256_file
 from nest_integrations.core.similarity import cosine_similarities
 from nest_integrations.corpus.passages import Passage, parse_passages_jsonl, save_passages_jsonl
 from nest_integrations.model.lm import parse_key_layer
@@ -484,7 +483,7 @@ class _SavedIndex:
 
 
 def _read_index(snapshot: FolderSnapshot, *, verify_checksums: bool) -> _SavedIndex:
-    """Read every file of the index in ``snapshot`` once (see :class:`~nest_integrations.core.safe_io.FolderSnapshot`):
+    """Read every file of the index in ``snapshot`` once (see :class:`~nest_integrations.core.folder_snapshot.FolderSnapshot`):
     the manifest, passages, dense index, key arrays (memory-mapped), codec and calibrations.
 
     Raises:

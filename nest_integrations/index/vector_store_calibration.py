@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from nest_integrations.core.config import NestConfig
-from nest_integrations.core.safe_io import update_if_current
+from nest_integrations.core.folder_snapshot import update_if_current
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.policy.calibration import (
     MIN_PASSAGES, Calibration, CalibrationFile, calibrate, continuation_cuts, retrieve_excluding,
@@ -101,7 +101,7 @@ class CalibrationsFile:
 
 def local_calibrations_file(path: Path, *, manifest: Path, digest: str, lock: Path) -> CalibrationsFile:
     """The calibrations file at ``path`` on the local disk, of the saved store whose manifest ``manifest``
-    has the sha256 ``digest`` (:func:`~nest_integrations.core.safe_io.update_if_current`, under the
+    has the sha256 ``digest`` (:func:`~nest_integrations.core.folder_snapshot.update_if_current`, under the
     store's save lock on the folder ``lock``)."""
     return CalibrationsFile(str(path), lambda change: update_if_current(path, change, manifest=manifest, digest=digest, lock=lock))
 

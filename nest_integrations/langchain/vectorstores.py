@@ -40,8 +40,9 @@ from langchain_core.vectorstores import VectorStore
 from langchain_core.vectorstores.utils import maximal_marginal_relevance
 from typing_extensions import Self
 
+from nest_integrations.core.folder_snapshot import FolderSnapshot, read_consistently
 from nest_integrations.core.jsonsafe import json_safe
-from nest_integrations.core.safe_io import MANIFEST_FILE, ArtefactManifest, FolderSnapshot, atomic_folder, read_consistently, recover, sha256_file
+from nest_integrations.core.safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, recover, sha256_file
 from nest_integrations.core.similarity import cosine_similarities
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.index.vector_store_calibration import CalibrationsFile, VectorStoreCalibrations, local_calibrations_file
@@ -591,7 +592,7 @@ class _SavedStore:
 
 
 def _read_store(snapshot: FolderSnapshot, *, load_keys: bool) -> _SavedStore:
-    """Read every file of the store in ``snapshot`` once (:class:`~nest_integrations.core.safe_io.FolderSnapshot`).
+    """Read every file of the store in ``snapshot`` once (:class:`~nest_integrations.core.folder_snapshot.FolderSnapshot`).
 
     Raises:
         ValueError: an invalid manifest, a missing, unlisted, damaged or unreadable file, or inconsistent contents.

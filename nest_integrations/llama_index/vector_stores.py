@@ -24,7 +24,7 @@ the manifest (see :meth:`NestVectorStore.persist`). Loading never executes code
 from the files and reads only files the manifest lists with a checksum, so a
 modified or truncated file is a ``ValueError``, never silent garbage. A load
 reads the manifest and the calibrations under the folder's save lock, then each
-data file once (:class:`~nest_integrations.core.safe_io.FolderSnapshot`), so a
+data file once (:class:`~nest_integrations.core.folder_snapshot.FolderSnapshot`), so a
 persist running meanwhile never mixes into it; it cleans stale files only by the
 manifest there at its end.
 """
@@ -66,9 +66,8 @@ from llama_index.core.vector_stores.utils import (
     node_to_metadata_dict,
 )
 
-from nest_integrations.core.safe_io import (
-    ArtefactManifest, FolderReplaced, FolderSnapshot, locked_folder, parse_manifest, read_consistently, write_file_atomic,
-)
+from nest_integrations.core.folder_snapshot import FolderReplaced, FolderSnapshot, read_consistently
+from nest_integrations.core.safe_io import ArtefactManifest, locked_folder, parse_manifest, write_file_atomic
 from nest_integrations.core.similarity import unit_rows
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.index.vector_store_calibration import CalibrationsFile, Search, VectorStoreCalibrations, local_calibrations_file
@@ -336,7 +335,7 @@ def _read_persisted(
 
 class _RemoteFiles:
     """The files beside a manifest on a file system other than the local disk, as a
-    :class:`~nest_integrations.core.safe_io.FolderSnapshot` offers them to :func:`_read_persisted`:
+    :class:`~nest_integrations.core.folder_snapshot.FolderSnapshot` offers them to :func:`_read_persisted`:
     each read whole, once, and checked against its sha256 (arrays in memory)."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, persist_path: str):

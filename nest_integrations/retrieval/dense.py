@@ -25,7 +25,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, StringConstraints, ValidationError
 from typing_extensions import Annotated
 
-from nest_integrations.core.safe_io import FolderSnapshot, validation_message
+from nest_integrations.core.folder_snapshot import FolderSnapshot
+from nest_integrations.core.safe_io import validation_message
 from nest_integrations.core.similarity import unit_rows
 from nest_integrations.corpus.passages import Passage
 from .base import BatchRetrieverMixin, ScoredPassage, check_passages, index_text, with_added, without_ids

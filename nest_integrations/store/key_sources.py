@@ -15,7 +15,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from nest_integrations.core.safe_io import check_mapping
+from nest_integrations.core.folder_snapshot import check_mapping
 
 from .encoder import EncodedPassage, PassageEncoder
 from .key_codec import Float16Codec, KeyCodec
@@ -114,7 +114,7 @@ class PrecomputedKeys:
 
         Raises:
             ValueError: a memory-mapped array's file was truncated in place since it was
-                loaded (:func:`~nest_integrations.core.safe_io.check_mapping`): reading it would be a SIGBUS.
+                loaded (:func:`~nest_integrations.core.folder_snapshot.check_mapping`): reading it would be a SIGBUS.
         """
         for array in (self.token_ids, self.char_spans, self.keys, self.valid, self.offsets):
             check_mapping(array)

@@ -90,7 +90,7 @@ def write_shard(folder: Path, keys: PrecomputedKeys, embeddings: np.ndarray) -> 
 
 def read_arrays(folder: Path, names: Iterable[str]) -> dict[str, np.ndarray]:
     """Memory-map ``folder/<name>.npy`` for each name (read-only, no pickle), e.g. shards a build
-    just wrote; a saved index reads its own through :class:`~nest_integrations.core.safe_io.FolderSnapshot`.
+    just wrote; a saved index reads its own through :class:`~nest_integrations.core.folder_snapshot.FolderSnapshot`.
 
     Raises:
         ValueError: a file is truncated or not a ``.npy`` file (naming it).
