@@ -35,7 +35,8 @@ TYPE_CHECKING = False
 double the cost of ``import nest_integrations``."""
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see; at run time __getattr__ imports
     from .core.config import NestConfig
-    from .corpus.passages import Passage, load_corpus, load_documents, load_wikipedia_summaries
+    from .corpus.loaders import load_corpus, load_documents, load_wikipedia_summaries
+    from .corpus.passages import Passage
     from .decoding.decoder import NestDecoder
     from .decoding.generation import StreamChunk
     from .decoding.output import GenerationStats, NestOutput, Span
@@ -46,10 +47,10 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see; at run 
 
 _EXPORTS = {
     "NestConfig": "core.config",
+    "load_corpus": "corpus.loaders",
+    "load_documents": "corpus.loaders",
+    "load_wikipedia_summaries": "corpus.loaders",
     "Passage": "corpus.passages",
-    "load_corpus": "corpus.passages",
-    "load_documents": "corpus.passages",
-    "load_wikipedia_summaries": "corpus.passages",
     "NestDecoder": "decoding.decoder",
     "StreamChunk": "decoding.generation",
     "GenerationStats": "decoding.output",

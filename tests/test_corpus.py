@@ -7,19 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from nest_integrations.corpus.passages import (
-    Passage,
-    chunk_passages,
-    chunk_text,
+from nest_integrations.corpus.chunking import chunk_passages, chunk_text, sentence_spans
+from nest_integrations.corpus.loaders import (
     load_corpus,
     load_jsonl,
-    load_passages_jsonl,
     load_text_folder,
     load_wikipedia_summaries,
-    save_passages_jsonl,
-    sentence_spans,
     wikipedia_summaries_path,
 )
+from nest_integrations.corpus.passages import Passage, load_passages_jsonl, save_passages_jsonl
 from nest_integrations.policy.relevance import lead
 
 DOC = (

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nest_integrations.corpus.passages import load_corpus
+from nest_integrations.corpus.loaders import load_corpus
 
 
 def test_a_single_markdown_file_is_one_passage(tmp_path):

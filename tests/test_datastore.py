@@ -141,7 +141,7 @@ def test_empty_and_unicode_passages(tiny_lm):
 # --------------------------------------------------------------------------- persistence
 @pytest.fixture(scope="module")
 def saved_index(tmp_path_factory, tiny_lm):
-    from nest_integrations.corpus.passages import load_wikipedia_summaries
+    from nest_integrations.corpus.loaders import load_wikipedia_summaries
 
     index = NestIndex.build(load_wikipedia_summaries(limit=12), tiny_lm, precompute_keys=True, show_progress=False)
     path = index.save(tmp_path_factory.mktemp("idx") / "index")

@@ -16,7 +16,8 @@ import torch
 from typer.testing import CliRunner
 
 from nest_integrations.cli import app
-from nest_integrations.corpus.passages import load_corpus, load_wikipedia_summaries, save_passages_jsonl
+from nest_integrations.corpus.loaders import load_corpus, load_wikipedia_summaries
+from nest_integrations.corpus.passages import save_passages_jsonl
 from nest_integrations.index.nest_index import NestIndex
 from nest_integrations.model.lm import load_lm
 from nest_integrations.store.key_precision import encoding_dtype

@@ -330,7 +330,7 @@ def test_jsonl_readers_split_on_newline_only(tmp_path_factory, records, crlf, fi
     """Valid JSONL with U+2028, U+0085, \\r... in strings or between tokens, CRLF line ends and a last line
     without its newline: every reader (corpus, batch-job items) gets back exactly the records written."""
     from nest_integrations.core.jsonl import iter_jsonl
-    from nest_integrations.corpus.passages import load_jsonl
+    from nest_integrations.corpus.loaders import load_jsonl
     from nest_integrations.index.jobs import read_items
 
     lines = [json.dumps(r, ensure_ascii=False) for r in records]

@@ -25,7 +25,7 @@ AGREEMENT_FLOOR = 0.6
 @pytest.fixture(scope="module")
 def corpus(tiny_lm):
     """Passages of the bundled summaries with their float16 keys (tiny LM: ~3,000 entries)."""
-    from nest_integrations.corpus.passages import load_wikipedia_summaries
+    from nest_integrations.corpus.loaders import load_wikipedia_summaries
 
     passages = load_wikipedia_summaries(limit=24)
     encoder = PassageEncoder(tiny_lm, "ffn_input", "auto")
@@ -292,7 +292,7 @@ def test_a_mismatched_or_corrupt_codec_is_refused(saved_compressed, tiny_lm, tmp
 
 
 def test_float16_indexes_keep_format_1(tiny_lm, tmp_path):
-    from nest_integrations.corpus.passages import load_wikipedia_summaries
+    from nest_integrations.corpus.loaders import load_wikipedia_summaries
 
     index = NestIndex.build(load_wikipedia_summaries(limit=2), tiny_lm, precompute_keys=True, show_progress=False)
     manifest = json.loads((index.save(tmp_path / "idx") / "manifest.json").read_text())

@@ -21,7 +21,8 @@ from nest_integrations.corpus.markdown_structure import (
     label_start,
     title_tokens,
 )
-from nest_integrations.corpus.passages import DEFAULT_CHUNK_TOKENS, Passage, chunk_passages, chunk_text, section_chunks, sentence_spans
+from nest_integrations.corpus.chunking import DEFAULT_CHUNK_TOKENS, chunk_passages, chunk_text, section_chunks, sentence_spans
+from nest_integrations.corpus.passages import Passage
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.policy.copy_policy import acceptable_start, sentence_starts
 from nest_integrations.store.datastore import TokenDatastore

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from nest_integrations.core.jsonsafe import MAX_DEPTH, json_safe
-from nest_integrations.corpus.passages import Passage, chunk_passages
+from nest_integrations.corpus.chunking import chunk_passages
+from nest_integrations.corpus.passages import Passage
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.encoder import PassageEncoder

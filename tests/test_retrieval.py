@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nest_integrations.corpus.passages import Passage, load_wikipedia_summaries
+from nest_integrations.corpus.loaders import load_wikipedia_summaries
+from nest_integrations.corpus.passages import Passage
 from nest_integrations.retrieval import (
     BM25Retriever,
     DenseRetriever,

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from nest_integrations.core.config import MODES
-from nest_integrations.corpus.passages import load_wikipedia_summaries
+from nest_integrations.corpus.loaders import load_wikipedia_summaries
 from nest_integrations.evaluation.bench import BENCH_MODES, run_bench, run_sweep
 from nest_integrations.evaluation.docs_corpus import docs_passages
 from nest_integrations.evaluation.runner import TASK_METRICS, run_eval, score_item, summarize_records

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from nest_integrations.corpus.passages import load_wikipedia_summaries
+from nest_integrations.corpus.loaders import load_wikipedia_summaries
 from nest_integrations.evaluation.scale_bench import duplicated, run_scale_bench
 from nest_integrations.retrieval import load_embedder
 

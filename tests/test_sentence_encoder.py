@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from nest_integrations.corpus.passages import load_wikipedia_summaries
+from nest_integrations.corpus.loaders import load_wikipedia_summaries
 from nest_integrations.retrieval import DenseRetriever, default_embedder_path, load_embedder
 from nest_integrations.retrieval.base import index_text
 from nest_integrations.retrieval.dense import embed_texts

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from nest_integrations.corpus.passages import Passage, load_wikipedia_summaries
+from nest_integrations.corpus.loaders import load_wikipedia_summaries
+from nest_integrations.corpus.passages import Passage
 from nest_integrations.evaluation.docs_corpus import (
     DOCS_CHUNKINGS,
     DOCS_MODULES,
@@ -150,7 +151,7 @@ def test_completion_items_reconstruct_summary() -> None:
 
 
 def test_completion_items_default_wikipedia_pool() -> None:
-    from nest_integrations.corpus.passages import load_wikipedia_summaries
+    from nest_integrations.corpus.loaders import load_wikipedia_summaries
 
     texts = {p.id: p.text for p in load_wikipedia_summaries()}
     items = completion_items(25, seed=1)

@@ -7,7 +7,9 @@ from collections import Counter
 
 import pytest
 
-from nest_integrations.corpus.passages import Passage, load_wikipedia_summaries, sentence_spans
+from nest_integrations.corpus.chunking import sentence_spans
+from nest_integrations.corpus.loaders import load_wikipedia_summaries
+from nest_integrations.corpus.passages import Passage
 from nest_integrations.evaluation import tasks
 from nest_integrations.evaluation.metrics import answer_recall
 from nest_integrations.evaluation.runner import load_items, run_eval

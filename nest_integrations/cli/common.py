@@ -215,7 +215,7 @@ def _default_embedder(folder: Path) -> bool:
 
 def build_default_index(folder: Path, model: Optional[str] = None) -> None:
     """Build the default index (:data:`DEMO_TOPIC` Wikipedia summaries) into ``folder``."""
-    from nest_integrations.corpus.passages import load_wikipedia_summaries
+    from nest_integrations.corpus.loaders import load_wikipedia_summaries
     from nest_integrations.index.nest_index import NestIndex
     from nest_integrations.model.lm import load_lm
 

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from nest_integrations.corpus.passages import DEFAULT_CHUNK_TOKENS
+from nest_integrations.corpus.chunking import DEFAULT_CHUNK_TOKENS
 from nest_integrations.index.distributed import DEFAULT_CONNECT_TIMEOUT_S
 from nest_integrations.store.key_codec import CODEC_HELP
 from .common import console, fail, given, load_index, positive, setup_logging
@@ -79,7 +79,8 @@ def index_build(
 ) -> None:
     """Build a NEST index (passages, dense + BM25 retrieval, token datastore)."""
     from nest_integrations.core.safe_io import check_replaceable
-    from nest_integrations.corpus.passages import chunk_passages, load_corpus
+    from nest_integrations.corpus.chunking import chunk_passages
+    from nest_integrations.corpus.loaders import load_corpus
     from nest_integrations.index.nest_index import FORMAT as INDEX_FORMAT
     from nest_integrations.index.nest_index import NestIndex
     from nest_integrations.model.lm import load_lm

@@ -30,7 +30,7 @@ delimiter row. Setext (``===``-underlined) headings are not sniffed: RST and
 docstrings underline titles the same way. Everything else is prose and gets
 exactly what it got before this module existed (the bundled Wikipedia
 summaries and the standard-library docstrings of the docs domain all read as
-prose). Chunking (:mod:`nest_integrations.corpus.passages`) also knows the file: a passage whose
+prose). Chunking (:mod:`nest_integrations.corpus.chunking`) also knows the file: a passage whose
 ``source`` / ``file_path`` / ``file_name`` / ``path`` metadata or title ends in
 ``.md``, ``.markdown`` or ``.mdx`` is cut along its sections
 (:func:`is_markdown`). A chunk with no block syntax at all has no markup to
@@ -44,7 +44,7 @@ to the next fence; :func:`_block_tokens` also reads such a text as if a fence
 opened before it, and keeps whichever reading misreads fewer fences. What is
 left: a chunk of code with no fence at all reads as prose, and a fence
 indented in a list item whose indentation the splitter stripped stays open.
-The section chunkers here (:func:`nest_integrations.corpus.passages.chunk_passages`
+The section chunkers here (:func:`nest_integrations.corpus.chunking.chunk_passages`
 and the integrations' Markdown splitters) cut inside a code block only when
 it alone exceeds the budget.
 """

@@ -16,9 +16,9 @@ from typing import Callable, NamedTuple, Optional, Sequence
 import numpy as np
 
 from nest_integrations.corpus.markdown_structure import first_copyable, label_start, section_title
-from nest_integrations.corpus.passages import Passage
 from nest_integrations.core.config import NestConfig
 from nest_integrations.core.similarity import Relevance
+from nest_integrations.corpus.passages import Passage
 from nest_integrations.policy.copy_policy import Window, closes_answer, wants_focus
 from nest_integrations.policy.selection import DEFAULT_SELECTOR
 from nest_integrations.policy.relevance import subject_name

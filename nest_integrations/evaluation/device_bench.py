@@ -43,7 +43,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from nest_integrations.corpus.passages import Passage, load_wikipedia_summaries
+from nest_integrations.corpus.loaders import load_wikipedia_summaries
+from nest_integrations.corpus.passages import Passage
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.index.nest_index import NestIndex
 from nest_integrations.model.lm import LoadedLM, load_lm

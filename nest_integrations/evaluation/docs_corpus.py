@@ -11,14 +11,14 @@ second, and not cached).
 Two passage views of the same documents (:func:`docs_passages`):
 
 * ``"cli"`` -- what ``nest index build`` makes of a folder of these documents
-  with its default settings: :func:`nest_integrations.corpus.passages.chunk_passages`
-  at :data:`~nest_integrations.corpus.passages.DEFAULT_CHUNK_TOKENS` tokens of the
+  with its default settings: :func:`nest_integrations.corpus.chunking.chunk_passages`
+  at :data:`~nest_integrations.corpus.chunking.DEFAULT_CHUNK_TOKENS` tokens of the
   default LM;
 * ``"splitter"`` (:func:`docs_splitter_chunks`) -- the documents cut the way
   the integrations' users cut them by default: LangChain's
   ``RecursiveCharacterTextSplitter()`` (4,000 characters, 200 overlap,
   ``add_start_index=True``) when ``langchain_text_splitters`` is installed,
-  else :func:`nest_integrations.corpus.passages.chunk_passages` (its defaults).
+  else :func:`nest_integrations.corpus.chunking.chunk_passages` (its defaults).
 
 Every chunk keeps ``doc_id`` = the module name and ``doc_char_start`` = its
 offset in the document.
@@ -33,7 +33,8 @@ import platform
 import re
 from collections.abc import Sequence
 
-from nest_integrations.corpus.passages import DEFAULT_CHUNK_TOKENS, Passage, chunk_passages
+from nest_integrations.corpus.chunking import DEFAULT_CHUNK_TOKENS, chunk_passages
+from nest_integrations.corpus.passages import Passage
 
 __all__ = [
     "DOCS_CHUNKINGS",
@@ -195,7 +196,7 @@ def docs_splitter_chunks(documents: Sequence[Passage] | None = None) -> list[Pas
         With ``langchain_text_splitters`` installed, the chunks of
         ``RecursiveCharacterTextSplitter(add_start_index=True)`` (its defaults:
         4,000 characters, 200 overlap) as passages ``f"{module}#{i}"``; without
-        it, :func:`nest_integrations.corpus.passages.chunk_passages` with its defaults.
+        it, :func:`nest_integrations.corpus.chunking.chunk_passages` with its defaults.
         Either way ``doc_id`` is the module name and
         ``doc.text[p.doc_char_start:p.doc_char_end] == p.text``.
     """

@@ -20,8 +20,8 @@ file, id = file name):
 Three passage views of the same documents (:func:`markdown_passages`), the
 chunkings a user of each entry point gets by default:
 
-* ``"cli"`` -- :func:`nest_integrations.corpus.passages.chunk_passages` at
-  :data:`~nest_integrations.corpus.passages.DEFAULT_CHUNK_TOKENS` tokens of the default
+* ``"cli"`` -- :func:`nest_integrations.corpus.chunking.chunk_passages` at
+  :data:`~nest_integrations.corpus.chunking.DEFAULT_CHUNK_TOKENS` tokens of the default
   LM, what ``nest index build`` does to a folder of Markdown files;
 * ``"splitter"`` -- LangChain's ``RecursiveCharacterTextSplitter()`` (4,000
   characters, 200 overlap, ``add_start_index=True``), see
@@ -40,7 +40,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from nest_integrations.corpus.passages import DEFAULT_CHUNK_TOKENS, Passage, chunk_passages, load_documents
+from nest_integrations.corpus.chunking import DEFAULT_CHUNK_TOKENS, chunk_passages
+from nest_integrations.corpus.loaders import load_documents
+from nest_integrations.corpus.passages import Passage
 
 __all__ = [
     "FASTIFY_DOCS_DIR",

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from nest_integrations.core.jsonl import iter_jsonl
-from nest_integrations.corpus.passages import load_wikipedia_summaries
+from nest_integrations.corpus.loaders import load_wikipedia_summaries
 from nest_integrations.index.distributed import build_index_on_ray, ray_cluster, ray_generator
 from nest_integrations.index.jobs import JobItem, in_process_runner, job_settings, read_items, run_job
 from nest_integrations.index.nest_index import NestIndex, index_identity

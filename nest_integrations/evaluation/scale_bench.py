@@ -244,7 +244,7 @@ def run_scale_bench(
         ValueError: empty or non-increasing sizes, an unknown index, too few
             queries/prompts for the corpus.
     """
-    from nest_integrations.corpus.passages import load_wikipedia_summaries
+    from nest_integrations.corpus.loaders import load_wikipedia_summaries
     from nest_integrations.model.lm import load_lm
 
     sizes = [int(s) for s in sizes]

@@ -54,7 +54,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from nest_integrations.core.jsonl import iter_jsonl
-from nest_integrations.corpus.passages import Passage, load_wikipedia_summaries
+from nest_integrations.corpus.loaders import load_wikipedia_summaries
+from nest_integrations.corpus.passages import Passage
 from nest_integrations.policy.conversation import retrieval_query
 
 __all__ = [

@@ -84,7 +84,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from nest_integrations.corpus.passages import load_wikipedia_summaries
+from nest_integrations.corpus.loaders import load_wikipedia_summaries
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.index.nest_index import NestIndex
 from nest_integrations.model.lm import cache_argument

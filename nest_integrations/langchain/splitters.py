@@ -5,7 +5,7 @@ LangChain's ``MarkdownHeaderTextSplitter`` returns sections without offsets
 back into the file, and it has no size budget; ``RecursiveCharacterTextSplitter``
 keeps offsets but cuts through code blocks and runs sections together.
 :class:`MarkdownSectionSplitter` is a thin adapter over
-:func:`nest_integrations.corpus.passages.section_chunks`, the chunking ``nest index
+:func:`nest_integrations.corpus.chunking.section_chunks`, the chunking ``nest index
 build`` uses for Markdown.
 """
 
@@ -17,13 +17,13 @@ from typing import Any, Callable
 from langchain_core.documents import Document
 from langchain_text_splitters import TextSplitter
 
-from nest_integrations.corpus.passages import TextChunk, section_chunks
+from nest_integrations.corpus.chunking import TextChunk, section_chunks
 from nest_integrations.decoding.locations import START_LINE_FIELD
 
 
 class MarkdownSectionSplitter(TextSplitter):
     """Split Markdown documents at headings, keeping code blocks whole (the rule of
-    :func:`~nest_integrations.corpus.passages.section_chunks`).
+    :func:`~nest_integrations.corpus.chunking.section_chunks`).
 
     Each chunk is the document's exact text from ``metadata["start_index"]``
     on, with ``metadata["heading_path"]``, the headings it sits under, and

@@ -5,7 +5,7 @@ budget, rewrites the heading lines it keeps, and finds each node's
 ``start_char_idx`` by searching the document for the node's text (which the
 rewrite can make fail); ``SentenceSplitter`` keeps offsets but cuts through
 code blocks. :class:`MarkdownSectionNodeParser` is a thin adapter over
-:func:`nest_integrations.corpus.passages.section_chunks`, the chunking ``nest index
+:func:`nest_integrations.corpus.chunking.section_chunks`, the chunking ``nest index
 build`` uses for Markdown.
 """
 
@@ -19,12 +19,12 @@ from llama_index.core.node_parser.node_utils import build_nodes_from_splits
 from llama_index.core.schema import BaseNode, Document, MetadataMode
 from llama_index.core.utils import get_tqdm_iterable
 
-from nest_integrations.corpus.passages import section_chunks
+from nest_integrations.corpus.chunking import section_chunks
 from nest_integrations.decoding.locations import START_LINE_FIELD
 
 
 class MarkdownSectionNodeParser(NodeParser):
-    """Markdown nodes along sections, as :func:`~nest_integrations.corpus.passages.section_chunks` cuts them.
+    """Markdown nodes along sections, as :func:`~nest_integrations.corpus.chunking.section_chunks` cuts them.
 
     A node's ``start_char_idx`` / ``end_char_idx`` delimit its exact text in
     the source document (offsets of an input node cut from a document add

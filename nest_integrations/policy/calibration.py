@@ -44,7 +44,8 @@ from typing_extensions import Annotated
 
 from nest_integrations.core.config import DEFAULT_ALPHA, DEFAULT_TAU, NestConfig
 from nest_integrations.core.safe_io import validation_message, write_file_atomic
-from nest_integrations.corpus.passages import Passage, sentence_spans
+from nest_integrations.corpus.chunking import sentence_spans
+from nest_integrations.corpus.passages import Passage
 
 logger = logging.getLogger(__name__)
 

@@ -31,8 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from nest_integrations.corpus.chunking import sentence_spans
 from nest_integrations.corpus.markdown_structure import copy_layout, readable_blocks, start_allowed
-from nest_integrations.corpus.passages import Passage, sentence_spans
+from nest_integrations.corpus.passages import Passage
 from .relevance import is_name_query
 from .words import folded_words
 

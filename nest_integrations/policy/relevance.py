@@ -52,8 +52,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
 
 from nest_integrations.core.similarity import Relevance
+from nest_integrations.corpus.chunking import section_chunks, sentence_spans
 from nest_integrations.corpus.markdown_structure import copy_layout
-from nest_integrations.corpus.passages import Passage, section_chunks, sentence_spans
+from nest_integrations.corpus.passages import Passage
 from .words import split_words
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -372,7 +373,7 @@ of a ``nest index build`` passage, which is therefore read whole."""
 def reading_sections(text: str) -> list[tuple[int, int]]:
     """``[start, end)`` character ranges of the sections ``text`` is read in: for Markdown
     (:func:`~nest_integrations.corpus.markdown_structure.copy_layout`) its
-    :func:`~nest_integrations.corpus.passages.section_chunks` of ``READING_SECTION_WORDS``
+    :func:`~nest_integrations.corpus.chunking.section_chunks` of ``READING_SECTION_WORDS``
     words (a heading with its text, or sibling sections packed while they fit); the whole
     text when it is prose or fits one such section."""
     if copy_layout(text) is None:
