@@ -10,7 +10,7 @@ import torch
 
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.index.nest_index import NestIndex
-from nest_integrations.model.lm import KeyReader, parse_key_layer
+from nest_integrations.model.key_reader import KeyReader, parse_key_layer
 from nest_integrations.store.datastore import EncodeStats, TokenDatastore
 from nest_integrations.store.encoder import PassageEncoder, tiling_char_spans
 

@@ -49,7 +49,8 @@ import torch
 from nest_integrations.core.config import DEFAULT_ALPHA, DEFAULT_TAU, MODES, NestConfig
 from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.model.lm import KeyReader, cache_argument
+from nest_integrations.model.key_reader import KeyReader
+from nest_integrations.model.lm import cache_argument
 from nest_integrations.policy.conversation import TRANSCRIPT_STOP, plain_transcript, retrieval_query
 from nest_integrations.policy.copy_policy import Window
 from nest_integrations.policy.mentions import CorpusTerms

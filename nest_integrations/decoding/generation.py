@@ -30,7 +30,8 @@ from .output import FinishReason, GenerationStats, NestOutput, Span
 from .spans import TokenRecord, shift_spans
 
 if TYPE_CHECKING:  # pragma: no cover
-    from nest_integrations.model.lm import KeyReader, LoadedLM
+    from nest_integrations.model.key_reader import KeyReader
+    from nest_integrations.model.lm import LoadedLM
 
 __all__ = ["Generation", "RowDecoder", "Step", "StreamChunk", "StreamCursor"]
 

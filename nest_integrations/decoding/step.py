@@ -72,7 +72,8 @@ from .output import NestOutput, Span
 from .spans import TokenRecord, build_spans, summarize
 
 if TYPE_CHECKING:  # pragma: no cover
-    from nest_integrations.model.lm import KeyReader, LoadedLM
+    from nest_integrations.model.key_reader import KeyReader
+    from nest_integrations.model.lm import LoadedLM
 
 __all__ = ["StepRules"]
 

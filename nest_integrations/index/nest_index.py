@@ -38,7 +38,7 @@ from nest_integrations.core.folder_snapshot import FolderSnapshot, read_consiste
 from nest_integrations.core.safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, recover, sha256_file
 from nest_integrations.core.similarity import cosine_similarities
 from nest_integrations.corpus.passages import Passage, parse_passages_jsonl, save_passages_jsonl
-from nest_integrations.model.lm import parse_key_layer
+from nest_integrations.model.key_reader import parse_key_layer
 from nest_integrations.policy.calibration import CALIBRATION_FILE, Calibration, CalibrationFile, retrieve_excluding
 from nest_integrations.policy.mentions import CorpusTerms
 from nest_integrations.store.datastore import TokenDatastore

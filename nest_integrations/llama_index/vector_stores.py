@@ -72,7 +72,7 @@ from nest_integrations.core.similarity import unit_rows
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.index.vector_store_calibration import CalibrationsFile, Search, VectorStoreCalibrations, local_calibrations_file
 from nest_integrations.index.vector_store_keys import SavedKeysInfo, VectorStoreKeys
-from nest_integrations.model.lm import parse_key_layer
+from nest_integrations.model.key_reader import parse_key_layer
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.shards import KEY_ARRAYS
 from ._common import node_to_passage

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from nest_integrations.corpus.markdown_structure import copyable_tokens
-from nest_integrations.model.lm import KeyReader
+from nest_integrations.model.key_reader import KeyReader
 from nest_integrations.policy.conversation import plain_transcript
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -120,7 +120,7 @@ class PassageEncoder:
 
     Args:
         lm: the loaded LM (the same one the decoder uses).
-        key_layer: where keys are read; see :mod:`nest_integrations.model.lm`.
+        key_layer: where keys are read; see :mod:`nest_integrations.model.key_reader`.
         encoding_prefix: see :func:`resolve_encoding_prefix`.
         max_passage_tokens: the longest window encoded in one forward. A longer
             passage is encoded in overlapping windows of this many tokens, each

@@ -27,7 +27,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from nest_integrations.model.lm import KeyReader
+from nest_integrations.model.key_reader import KeyReader
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
