@@ -11,10 +11,10 @@ The rules read and write only the public
 Each step has the LM's next-token distribution p_LM and its query vector q
 (the hidden state at the datastore's key layer). In the datastore modes the
 kNN search over the generation's :class:`~nest_integrations.store.candidates.CandidateSet`
-gives p_kNN and the RRC weight lambda; p_M mixes them (nest-algorithm.md 2):
+gives p_kNN and the RRC weight lambda; p_M mixes them (docs/method.md, Decoder):
 :meth:`StepRules.mixture`.
 
-Then (section 3-4), in ``nest`` / ``ra_nest``, proposal and verification are
+Then, in ``nest`` / ``ra_nest``, proposal and verification are
 separate, as a draft proposer and a verifier are in speculative decoding:
 
 * **Propose** (:meth:`StepRules.propose`, from the p_M of the last accepted
@@ -47,7 +47,9 @@ Beyond the paper, each decision is a small rule of its own:
 
 Where the answer opens (the answer windows, a named subject's passage) is planned
 before the first step, by :mod:`~nest_integrations.decoding.prepare`; the rules
-consume that plan (``Generation.opening``, ``window_end``, ``next_windows``).
+consume that plan (``Generation.opening``, ``window_end``, ``next_windows``). A planned
+window is copied whole, without the relaxed check (``config.check_answer_windows`` off), and
+the model writes nothing in a planned answer (``Generation.planned``): its token ends it.
 """
 
 from __future__ import annotations
