@@ -115,7 +115,7 @@ def held_back(lm, count):
     import threading
     import time
 
-    from nest_integrations.decoding.serving import _services
+    from nest_integrations.decoding.batching_service import _services
 
     held = threading.Event()
 

@@ -15,7 +15,7 @@ from nest_integrations.core.config import NestConfig
 from nest_integrations.decoding import batching
 from nest_integrations.decoding.batching import RowListener
 from nest_integrations.decoding.decoder import NestDecoder
-from nest_integrations.decoding.serving import shared_service
+from nest_integrations.decoding.batching_service import shared_service
 from nest_integrations.decoding.step import StepRules
 from conftest import ListRetriever, held_back
 from nest_integrations.store.datastore import TokenDatastore

@@ -1,4 +1,4 @@
-"""Concurrent callers share batches (nest_integrations.decoding.serving) and get what they get alone."""
+"""Concurrent callers share batches (nest_integrations.decoding.batching_service) and get what they get alone."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from nest_integrations.core.config import NestConfig
 from nest_integrations.decoding import batching
 from nest_integrations.decoding.decoder import NestDecoder
-from nest_integrations.decoding.serving import BatchingService, shared_service
+from nest_integrations.decoding.batching_service import BatchingService, shared_service
 from conftest import ListRetriever, held_back
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.encoder import PassageEncoder

@@ -9,7 +9,7 @@ finds it by itself.
 
 Each connection is answered by a thread of a pool, which prepares its generation (retrieval,
 gate, prompt) and streams it through :meth:`NestDecoder.stream`: concurrent requests decode
-together in the LM's shared batch (:mod:`nest_integrations.decoding.serving`), and a client that
+together in the LM's shared batch (:mod:`nest_integrations.decoding.batching_service`), and a client that
 leaves mid-answer ends its own row only (closing the stream cancels it). The threads are kept
 between requests, as the batching worker is, because torch's CPU thread pool belongs to the
 thread that runs the ops (the query's embedding, a passage's encoding): a fresh thread per
@@ -64,7 +64,7 @@ the server drops it: a stuck client neither holds a thread nor delays a shutdown
 MAX_CLIENTS = 64
 """Connections answered at once; more wait for a thread (their handshake too, so past the
 client's handshake timeout a command generates itself). Above the shared batch's rows
-(:data:`~nest_integrations.decoding.serving.DEFAULT_MAX_BATCH`), so that every row the batch can
+(:data:`~nest_integrations.decoding.batching_service.DEFAULT_MAX_BATCH`), so that every row the batch can
 hold has a client."""
 
 STOP_WAIT_S = 60.0

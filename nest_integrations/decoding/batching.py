@@ -60,7 +60,7 @@ its ``wall_s`` is the time from the call to its last token).
 
 A :class:`RowListener` hears of each row's progress (for streaming), its output
 or its error. :func:`batched_generate` runs a fixed list of rows in the calling
-thread; :class:`~nest_integrations.decoding.serving.BatchingService` keeps a scheduler
+thread; :class:`~nest_integrations.decoding.batching_service.BatchingService` keeps a scheduler
 running for concurrent callers.
 
 Models with sliding-window or chunked attention layers, and attention kernels

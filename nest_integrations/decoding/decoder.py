@@ -28,7 +28,7 @@ Generations share forward passes: :meth:`NestDecoder.generate_batch` and
 concurrent callers (threads, :meth:`~NestDecoder.agenerate` tasks) run as rows
 of one KV cache, each row verifying its own draft and advancing by its own
 accepted length (:mod:`nest_integrations.decoding.batching`, the row scheduler;
-:mod:`nest_integrations.decoding.serving`, one running batch per LM). Models with
+:mod:`nest_integrations.decoding.batching_service`, one running batch per LM). Models with
 sliding-window attention generate one prompt after another, each as a batch of
 one in the caller's thread (:func:`~nest_integrations.decoding.batching.run_rows`): one
 step loop serves every path.
@@ -166,7 +166,7 @@ class NestDecoder:
         """Generate one attributed continuation.
 
         Concurrent calls on one LM (threads, :meth:`agenerate` tasks) decode
-        together in shared forward passes (:mod:`~nest_integrations.decoding.serving`);
+        together in shared forward passes (:mod:`~nest_integrations.decoding.batching_service`);
         a call alone decodes as a batch of one.
 
         Args:
@@ -204,7 +204,7 @@ class NestDecoder:
             future: "Future[NestOutput]" = Future()
             future.set_result(self.generate(prompt, query=query, passages=passages, **overrides))
             return future
-        from .serving import shared_service
+        from .batching_service import shared_service
 
         return shared_service(self.rules).submit(self.prepare_row(prompt, query, passages, self._call_config(overrides)))
 
@@ -224,7 +224,7 @@ class NestDecoder:
         check_prompt(prompt)
         if not self._batches:
             return await asyncio.to_thread(self.generate, prompt, query=query, passages=passages, **overrides)
-        from .serving import shared_service
+        from .batching_service import shared_service
 
         row = await asyncio.to_thread(self.prepare_row, prompt, query, passages, self._call_config(overrides))
         return await asyncio.wrap_future(shared_service(self.rules).submit(row))
@@ -244,7 +244,7 @@ class NestDecoder:
 
         Args:
             max_batch: None: the rows join the LM's shared batch
-                (:class:`~nest_integrations.decoding.serving.BatchingService`, up to its
+                (:class:`~nest_integrations.decoding.batching_service.BatchingService`, up to its
                 ``max_batch`` rows, together with any concurrent callers), each
                 decoding as soon as it is prepared. A number: exactly this many
                 rows at most share each forward, in a batch of this call's own
@@ -278,7 +278,7 @@ class NestDecoder:
             return [self.generate(p, query=q, **overrides) for p, q in zip(prompts, queries)]
         config = self._call_config(overrides)
         if max_batch is None:
-            from .serving import shared_service
+            from .batching_service import shared_service
 
             service = shared_service(self.rules)
             futures = [service.submit(self.prepare_row(p, q, None, config)) for p, q in zip(prompts, queries)]
@@ -306,7 +306,7 @@ class NestDecoder:
         check_prompt(prompt)
         config = self._call_config(overrides)
         if self._batches:
-            from .serving import shared_service
+            from .batching_service import shared_service
 
             yield from shared_service(self.rules).stream(self.prepare_row(prompt, query, passages, config))
             return
@@ -340,7 +340,7 @@ class NestDecoder:
             while (chunk := await asyncio.to_thread(next, chunks, done)) is not done:
                 yield chunk  # type: ignore[misc]
             return
-        from .serving import shared_service
+        from .batching_service import shared_service
 
         row = await asyncio.to_thread(self.prepare_row, prompt, query, passages, config)
         async for chunk in shared_service(self.rules).astream(row):

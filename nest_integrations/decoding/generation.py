@@ -4,7 +4,7 @@
   config, accepted tokens and their text, candidate set, opening, stats).
 * :class:`Step`: the mixture quantities at the T positions one forward fed a row.
 * :class:`RowDecoder`: what the row scheduler (:mod:`~nest_integrations.decoding.batching`)
-  and the batching service (:mod:`~nest_integrations.decoding.serving`) need of the
+  and the batching service (:mod:`~nest_integrations.decoding.batching_service`) need of the
   decoder a row belongs to -- the LM it runs on and the per-step rules
   ``propose`` (next token and draft), ``commit`` (append, stop rules),
   ``mixture`` (p_M at the fed positions), ``verify`` (relaxed acceptance of the

@@ -85,7 +85,7 @@ class ChatNest(NestModelBase, BaseChatModel):
         Concurrent calls (threads, ``ainvoke`` tasks, ``batch`` / ``abatch``,
         whose inputs are all in flight at once unless ``max_concurrency`` is
         set) decode together in shared forward passes of the LM
-        (:mod:`nest_integrations.decoding.serving`), each with the output it gets alone.
+        (:mod:`nest_integrations.decoding.batching_service`), each with the output it gets alone.
 
     Tool calling and structured output are not supported: ``bind_tools`` and
     ``with_structured_output`` raise ``NotImplementedError``.

@@ -58,7 +58,7 @@ class NestLLM(NestModelBase, BaseLLM):
 
     Calls run on the local model. Concurrent calls (threads, async tasks) and the
     prompts of one ``generate`` / ``batch`` decode together in shared forward
-    passes (:mod:`nest_integrations.decoding.serving`), each with the output it gets alone;
+    passes (:mod:`nest_integrations.decoding.batching_service`), each with the output it gets alone;
     the async methods keep the event loop free.
     """
 

@@ -327,7 +327,7 @@ class NestLLM(CustomLLM):
 
     async def agenerate(self, prompt: Union[str, Sequence[ChatMessage]], **kwargs: Any) -> NestOutput:
         """:meth:`generate` for asyncio: concurrent calls decode together in shared
-        forward passes (:mod:`nest_integrations.decoding.serving`); the event loop stays free."""
+        forward passes (:mod:`nest_integrations.decoding.batching_service`); the event loop stays free."""
         prompt_like = prompt if isinstance(prompt, str) else message_dicts(prompt)
         return await self._decoder().agenerate(prompt_like, **self._decoder_kwargs(kwargs))
 

@@ -39,7 +39,7 @@ __all__ = [
     "DEFAULT_SELECTOR",
     "FEATURES",
     "AnswerSelector",
-    "Candidate",
+    "CandidateWindow",
     "candidate_windows",
     "window_features",
 ]
@@ -69,7 +69,7 @@ FEATURES: tuple[str, ...] = (
 
 
 @dataclass(frozen=True)
-class Candidate:
+class CandidateWindow:
     """One candidate answer window: characters ``[start, end)`` of ``passage``, the title of the
     section it sits under (``""`` for none) and the headings' path (outermost first)."""
 
@@ -101,7 +101,7 @@ def _below_heading(text: str, pos: int) -> int:
     return next((b.start for b in parse_blocks(text) if b.start > pos and b.kind != "heading"), len(text))
 
 
-def candidate_windows(passages: Sequence[Passage]) -> list[Candidate]:
+def candidate_windows(passages: Sequence[Passage]) -> list[CandidateWindow]:
     """Every passage's sentence windows (:func:`~.copy_policy.sentence_windows`), in Markdown
     widened to the blocks they touch (:func:`~.copy_policy.whole_blocks`), in passage order
     (``passages`` best first: ``rank`` is the index)."""
@@ -114,7 +114,7 @@ def candidate_windows(passages: Sequence[Passage]) -> list[Candidate]:
             if wide_start >= wide_end:
                 continue  # a heading and nothing under it
             title = section_title(text, wide_start)
-            candidates.append(Candidate(
+            candidates.append(CandidateWindow(
                 passage, rank, wide_start, wide_end, text[title[0] : title[1]] if title else "",
                 _heading_path(text, start), frozenset(text_stems(text[start:core_end])),
             ))
@@ -136,7 +136,7 @@ def _share(wanted: set[str], held: frozenset[str] | set[str]) -> float:
     return len(wanted & held) / len(wanted) if wanted else 0.0
 
 
-def window_features(query: str, candidates: Sequence[Candidate], passages: Sequence[Passage], relevance: Relevance) -> np.ndarray:
+def window_features(query: str, candidates: Sequence[CandidateWindow], passages: Sequence[Passage], relevance: Relevance) -> np.ndarray:
     """float32 (N, len(FEATURES)) features of N ``candidates`` for ``query`` (see :data:`FEATURES`).
 
     ``passages`` are the retrieved passages the candidates come from, best first; a follow-up's
