@@ -51,7 +51,7 @@ from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.model.key_reader import KeyReader
 from nest_integrations.model.lm import cache_argument
-from nest_integrations.policy.conversation import TRANSCRIPT_STOP, plain_transcript, retrieval_query
+from nest_integrations.policy.conversation import TRANSCRIPT_STOP, plain_transcript, question_asked_now, retrieval_query
 from nest_integrations.policy.copy_policy import Window
 from nest_integrations.policy.mentions import CorpusTerms
 from nest_integrations.policy.relevance import GateDecision, RelevanceGate
@@ -730,8 +730,7 @@ class NestDecoder:
         mode that copies nothing, or when the decoder does not know its whole corpus."""
         if self.corpus_terms is None or config.mode not in ("nest", "ra_nest") or not self._is_chat(prompt, config):
             return []
-        lines = query.strip().splitlines()
-        return self.corpus_terms.unmentioned(lines[-1]) if lines else []
+        return self.corpus_terms.unmentioned(question_asked_now(query))
 
     def _abstains(self, prompt: PromptLike, config: NestConfig, reason: Optional[str]) -> bool:
         """Whether a generation with nothing to copy answers with a plain abstention

@@ -183,6 +183,7 @@ class StepRules:
         p_m = step.p_m[row]
         proposal = None
         unchecked = False  # the opening line break under a copied title, or a planned window copied whole
+        whole = False  # a planned window: its whole draft goes unchecked, not its first token alone
         if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
             if gen.opening is not None and gen.copying_title and gen.window_end is not None:
                 (pidx, pos), gen.opening = gen.opening, None
@@ -196,10 +197,12 @@ class StepRules:
                 text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
                 proposal = (pidx, self._opening_token(encoded, text, pos))
                 line_break = not text[slice(*encoded.char_spans[proposal[1]])].strip()
-                unchecked, gen.after_title = (gen.after_title and line_break) or self._whole_window(gen, *proposal), False
+                whole = self._whole_window(gen, *proposal)
+                unchecked, gen.after_title = (gen.after_title and line_break) or whole, False
             elif continuation is not None and (resumed := self._continue_at(gen.candidates, *continuation)) is not None:
                 proposal = resumed
-                if unchecked := self._whole_window(gen, *proposal):
+                if whole := self._whole_window(gen, *proposal):
+                    unchecked = True
                     proposal = self._past_hidden(gen, *proposal)
                     if proposal is None:  # the rest of the window is markup a reader does not see
                         self._end_window(gen)
@@ -214,7 +217,7 @@ class StepRules:
             end = self._copy_end(gen, pidx, pos)
             span = [TokenRecord(int(tokens[i]), pidx, i) for i in range(pos, end)]
             if span and unchecked:
-                gen.unchecked_draft = self._whole_window(gen, pidx, pos)  # else only the line break goes unchecked
+                gen.unchecked_draft = whole
                 return span[0], span[1:]
             first_ok = relaxed_accept_ratio(p_m[None], torch.tensor([span[0].token_id]), config.effective_gamma) if span else None
             if first_ok is not None and float(first_ok[0]) > config.accept_threshold:
@@ -227,11 +230,11 @@ class StepRules:
 
     @staticmethod
     def _whole_window(gen: Generation, pidx: int, pos: int) -> bool:
-        """Whether a copy from token ``pos`` of passage ``pidx`` goes on with the planned answer
-        window being copied (``gen.window_end``), which is then copied without the LM's check
-        (``config.check_answer_windows`` off)."""
+        """Whether a copy from token ``pos`` of passage ``pidx`` goes on with the window of a planned
+        answer being copied (``gen.window_end``), which is then copied without the LM's check
+        (``gen.planned``: ``config.check_answer_windows`` off)."""
         end = gen.window_end
-        return not gen.config.check_answer_windows and end is not None and pidx == end[0] and pos <= end[1]
+        return gen.planned and end is not None and pidx == end[0] and pos <= end[1]
 
     def _past_hidden(self, gen: Generation, pidx: int, pos: int) -> Optional[tuple[int, int]]:
         """Where the whole-window copy at token ``pos`` of passage ``pidx`` goes on: the first token

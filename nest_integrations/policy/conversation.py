@@ -92,6 +92,13 @@ TRANSCRIPT_STOP = "\nUser:"
 """Where an answer to a plain transcript ends: a base model goes on to write the user's next turn."""
 
 
+def question_asked_now(query: str) -> str:
+    """The last line of a retrieval query (:func:`retrieval_query`): the question asked now, a
+    follow-up's query holding the earlier questions above it; ``""`` for a blank query."""
+    lines = query.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
 def plain_transcript(messages: Sequence[Mapping[str, str]], system_prompt: str | None = None) -> str:
     """A conversation as plain text, for a model without a chat template (a base model).
 

@@ -32,6 +32,7 @@ import numpy as np
 from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.markdown_structure import copy_layout, parse_blocks, section_title
 from nest_integrations.corpus.passages import Passage
+from .conversation import question_asked_now
 from .copy_policy import Window, document_range, sentence_windows, whole_blocks
 from .relevance import content_words, opening_words, stem, text_stems
 
@@ -145,7 +146,7 @@ def window_features(query: str, candidates: Sequence[CandidateWindow], passages:
     if not candidates:
         return np.zeros((0, len(FEATURES)), dtype=np.float32)
     wanted = content_words(query)
-    last_question = query.strip().splitlines()[-1] if query.strip() else query
+    last_question = question_asked_now(query)
     counts = {w: sum(w in c.words for c in candidates) for w in wanted}
     weight = {w: math.log1p(len(candidates) / n) for w, n in counts.items() if n}
     by_passage = {c.passage.id: c.passage for c in candidates}
