@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-import re
 import sys
-import zlib
 from typing import Any
 
 import pytest
@@ -19,8 +17,8 @@ import pytest
 pytest.importorskip("llama_index.core")
 
 from conftest import make_tiny_lm
+from hash_embedding import HashEmbedding
 from llama_index.core import Document, Settings, StorageContext, VectorStoreIndex, load_index_from_storage
-from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import ChatMessage, CitationBlock, MockLLM, TextBlock
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.query_engine import CitationQueryEngine
@@ -43,27 +41,6 @@ PROMPT = "Tell me about Marie Curie."
 # Retrieval dominates the random tiny LM: spans get proposed and accepted.
 COPY = {"alpha": 5.0, "delta": 1.0, "gamma": 1e-6, "max_new_tokens": 24}
 BASE = {"mode": "base", "max_new_tokens": 4}
-
-
-class HashEmbedding(BaseEmbedding):
-    """Deterministic offline embedding: hashed counts of lower-cased words."""
-
-    dim: int = 64
-
-    def _vector(self, text: str) -> list[float]:
-        vector = [0.0] * self.dim
-        for word in re.findall(r"\w+", text.lower()):
-            vector[zlib.crc32(word.encode()) % self.dim] += 1.0
-        return vector
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return self._vector(query)
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._vector(query)
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._vector(text)
 
 
 @pytest.fixture(autouse=True)

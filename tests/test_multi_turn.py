@@ -10,8 +10,6 @@ random Llama of conftest.py generates; a hashed bag-of-words embedding ranks.
 
 from __future__ import annotations
 
-import re
-import zlib
 from typing import Any
 
 import pytest
@@ -30,13 +28,6 @@ FIRST = "What is a generator in Python?"
 ANSWER = "A generator is a function that yields values one at a time."
 FOLLOW_UP = "And how do I send a value into it?"
 KNOBS: dict[str, Any] = dict(alpha=5.0, delta=1.0, gamma=1e-6, max_new_tokens=8, min_passage_relevance=-1.0)
-
-
-def _hashed_words(text: str, dim: int = 64) -> list[float]:
-    vector = [0.0] * dim
-    for word in re.findall(r"\w+", text.lower()):
-        vector[zlib.crc32(word.encode()) % dim] += 1.0
-    return vector
 
 
 def test_the_rule_carries_the_generator_question():
@@ -72,6 +63,7 @@ class _Spy:
 @pytest.fixture
 def lc_store(tiny_lm):
     pytest.importorskip("langchain_core")
+    from hash_embedding import hashed_words
     from langchain_core.documents import Document
     from langchain_core.embeddings import Embeddings
 
@@ -79,10 +71,10 @@ def lc_store(tiny_lm):
 
     class HashEmbeddings(Embeddings):
         def embed_documents(self, texts: list[str]) -> list[list[float]]:
-            return [_hashed_words(t) for t in texts]
+            return [hashed_words(t) for t in texts]
 
         def embed_query(self, text: str) -> list[float]:
-            return _hashed_words(text)
+            return hashed_words(text)
 
     docs = [
         Document(id="generators", page_content=GENERATORS, metadata={"title": "Generators"}),
@@ -134,19 +126,9 @@ def li_parts(tiny_lm):
     pytest.importorskip("llama_index.core")
     from llama_index.core import Document, StorageContext, VectorStoreIndex
     from llama_index.core.base.base_retriever import BaseRetriever
-    from llama_index.core.base.embeddings.base import BaseEmbedding
+    from hash_embedding import HashEmbedding
 
     from nest_integrations.llama_index import NestVectorStore
-
-    class HashEmbedding(BaseEmbedding):
-        def _get_query_embedding(self, query: str) -> list[float]:
-            return _hashed_words(query)
-
-        async def _aget_query_embedding(self, query: str) -> list[float]:
-            return _hashed_words(query)
-
-        def _get_text_embedding(self, text: str) -> list[float]:
-            return _hashed_words(text)
 
     class SpyRetriever(BaseRetriever):
         """Delegates to the index's retriever and records each query and its top node."""

@@ -5,14 +5,12 @@ calibration), kept, saved with the store, read back on load."""
 from __future__ import annotations
 
 import json
-import re
-import zlib
 
 import pytest
+from hash_embedding import HashEmbedding
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from llama_index.core import Document as LlamaDocument
 from llama_index.core import StorageContext, VectorStoreIndex
-from llama_index.core.base.embeddings.base import BaseEmbedding
 
 import nest_integrations.index.vector_store_calibration as vector_store_calibration
 from nest_integrations.decoding.decoder import NestDecoder
@@ -38,27 +36,6 @@ TEXTS = {
 }
 QUESTION = "How are routes declared?"
 SHORT = {"max_new_tokens": 2}
-
-
-class HashEmbedding(BaseEmbedding):
-    """Deterministic offline embedding: hashed counts of lower-cased words."""
-
-    dim: int = 32
-
-    def _vector(self, text: str) -> list[float]:
-        vector = [0.0] * self.dim
-        for word in re.findall(r"\w+", text.lower()):
-            vector[zlib.crc32(word.encode()) % self.dim] += 1.0
-        return vector
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return self._vector(query)
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._vector(query)
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._vector(text)
 
 
 class Spy:
@@ -176,11 +153,11 @@ def test_a_store_too_short_to_fit_on_keeps_the_defaults_and_warns_once(tiny_lm, 
 def llama_index(store: LlamaIndexStore) -> VectorStoreIndex:
     documents = [LlamaDocument(text=text, id_=name) for name, text in TEXTS.items()]
     storage = StorageContext.from_defaults(vector_store=store)
-    return VectorStoreIndex.from_documents(documents, storage_context=storage, embed_model=HashEmbedding())
+    return VectorStoreIndex.from_documents(documents, storage_context=storage, embed_model=HashEmbedding(dim=32))
 
 
 def test_a_llama_index_store_given_an_lm_and_embed_model_fits_while_adding_so_the_first_question_does_not(tiny_lm, tmp_path, spy):
-    store = LlamaIndexStore(lm=tiny_lm, embed_model=HashEmbedding(), show_progress=False)
+    store = LlamaIndexStore(lm=tiny_lm, embed_model=HashEmbedding(dim=32), show_progress=False)
     index = llama_index(store)
     assert len(spy.fits) == 1, "adding the nodes fitted alpha/tau for the store's LM"
     fitted = spy.fits[0]
@@ -214,7 +191,7 @@ def test_a_llama_index_store_fits_at_the_first_nest_call_keeps_and_persists_it(t
 
     again = LlamaIndexStore.from_persist_dir(str(tmp_path), lm=tiny_lm)
     assert again.calibrations == {tiny_lm.fingerprint(): fitted}
-    reloaded = VectorStoreIndex.from_vector_store(again, embed_model=HashEmbedding())
+    reloaded = VectorStoreIndex.from_vector_store(again, embed_model=HashEmbedding(dim=32))
     LlamaIndexLLM(tiny_lm, retriever=reloaded, **SHORT).complete(QUESTION)
     assert len(spy.fits) == 1 and spy.used[-1] == (fitted.alpha, fitted.tau)
 
@@ -275,5 +252,5 @@ def test_a_store_saved_over_keeps_the_old_stores_fit_out_of_its_folder(tiny_lm, 
     index = llama_index(llama)
     index.storage_context.persist(str(tmp_path / "llama"))
     LlamaIndexStore(lm=tiny_lm).persist(str(tmp_path / "llama" / "default__vector_store.json"))  # another store in its place
-    llama.calibrate(tiny_lm, HashEmbedding(), n=2, budget_s=None)
+    llama.calibrate(tiny_lm, HashEmbedding(dim=32), n=2, budget_s=None)
     assert not (tmp_path / "llama" / "default__vector_store.calibration.json").exists()
