@@ -1,6 +1,7 @@
 """A question that names something the corpus never mentions is not covered."""
 
-from nest_integrations.policy.mentions import CorpusTerms, fold, question_names
+from nest_integrations.policy.mentions import CorpusTerms, question_names
+from nest_integrations.policy.words import fold
 
 
 def test_names_are_capitalised_words_that_do_not_open_a_sentence():

@@ -18,22 +18,16 @@ over the passages a store has retrieved so far, an absent word proves nothing.
 from __future__ import annotations
 
 import re
-import unicodedata
 from typing import Iterable
 
-__all__ = ["CorpusTerms", "fold", "question_names"]
+from .words import fold
+
+__all__ = ["CorpusTerms", "question_names"]
 
 _WORD = re.compile(r"[^\W_]+")
 _NAME = re.compile(r"(?<![\w.])(?:[A-Za-z][\w.+#-]*[A-Z][\w+#-]*|[A-Z][\w+#-]+)")
 """A word holding a capital after its first character (``TypeScript``, ``XL``), or a capitalised one."""
 _SENTENCE_START = re.compile(r"(?:^|[.?!:;]\s+|\n)\s*[\"'“‘(`*_]*")
-
-
-def fold(text: str) -> str:
-    """``text`` in lower case without accents (``"Mahātmā"`` -> ``"mahatma"``): how a name and the
-    corpus are compared."""
-    decomposed = unicodedata.normalize("NFKD", text)
-    return "".join(ch for ch in decomposed if not unicodedata.combining(ch)).lower()
 
 
 def question_names(question: str) -> list[str]:
@@ -58,7 +52,7 @@ def question_names(question: str) -> list[str]:
 
 
 class CorpusTerms:
-    """The folded words (:func:`fold`) of every text of a corpus.
+    """The folded words (:func:`~nest_integrations.policy.words.fold`) of every text of a corpus.
 
     Args:
         texts: the corpus, every passage of it: a word only some texts hold counts as mentioned.

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import functools
 import re
-import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
 
@@ -55,7 +54,7 @@ from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.chunking import section_chunks, sentence_spans
 from nest_integrations.corpus.markdown_structure import copy_layout
 from nest_integrations.corpus.passages import Passage
-from .words import split_words
+from .words import fold, split_words
 
 if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.core.config import NestConfig
@@ -74,12 +73,6 @@ _LEAD_MAX_CHARS = 300
 GateReason = Literal["nothing_relevant"]
 
 
-def _fold(text: str) -> str:
-    """Lower-case, accent-free text."""
-    text = unicodedata.normalize("NFKD", text)
-    return "".join(ch for ch in text if not unicodedata.combining(ch)).casefold()
-
-
 def stem(word: str) -> str:
     """A light English stem, enough to match "slicings" with "slicing", "sorted" with "sort"
     and "indentation" with "indent"."""
@@ -96,7 +89,7 @@ def content_words(text: str) -> set[str]:
 
     ``content_words("Constantin Brâncuși (sculptor)") == {"constantin", "brancusi"}``.
     """
-    words = split_words(_fold(_PARENTHETICAL.sub(" ", text)))
+    words = split_words(fold(_PARENTHETICAL.sub(" ", text)))
     return {stem(w) for w in words if len(w) > 1 and w not in _STOPWORDS and w not in _NAME_PARTICLES and not w.isdigit()}
 
 
@@ -108,7 +101,7 @@ def text_stems(text: str) -> set[str]:
     and "read_text" also give "json", "decode", "error", "read", "text"."""
     words = split_words(text)
     parts = [part for word in words if "_" in word or not word.islower() for part in _IDENTIFIER_PARTS.findall(word)]
-    return {stem(_fold(w)) for w in words + parts}
+    return {stem(fold(w)) for w in words + parts}
 
 
 def coverage(query: str, text: str) -> float:
@@ -138,7 +131,7 @@ def is_name_query(query: str) -> bool:
     words = query.strip().split()
     if not 1 <= len(words) <= 6 or "?" in query:
         return False
-    named = [w for w in words if _fold(w).strip(".,'") not in _NAME_PARTICLES]
+    named = [w for w in words if fold(w).strip(".,'") not in _NAME_PARTICLES]
     return bool(named) and all(w[:1].isupper() or _PARTICLE_JOINED.match(w) for w in named)
 
 
@@ -162,9 +155,9 @@ def subject_name(query: str) -> str | None:
     if not match:
         return None
     words = match.group("name").rstrip(".").split()
-    while words and _fold(words[-1]) in _NAME_PARTICLES:
+    while words and fold(words[-1]) in _NAME_PARTICLES:
         words.pop()
-    if not [w for w in words if _fold(w) not in _NAME_PARTICLES | _GROUP_NOUNS]:
+    if not [w for w in words if fold(w) not in _NAME_PARTICLES | _GROUP_NOUNS]:
         return None
     return " ".join(words)
 
@@ -176,7 +169,7 @@ def _name_parts(name: str) -> tuple[list[str], set[str]]:
     words, numerals = [], set()
     for match in re.finditer(r"[\w']+\.?", name):
         raw = match.group()
-        word = _fold(raw.rstrip("."))
+        word = fold(raw.rstrip("."))
         if word.strip("'") in _NAME_PARTICLES | _GROUP_NOUNS or not word:
             continue
         if _ROMAN_NUMERAL.match(word) and not raw.endswith("."):
@@ -224,7 +217,7 @@ def _matches(word: str, opening_word: str, first: bool) -> bool:
 def opening_words(text: str, *, whole_sentence: bool = False) -> list[str]:
     """The folded words where ``text`` names its subject: the first ``_SUBJECT_WINDOW`` words
     of its opening sentence (:func:`lead`), or all of that sentence."""
-    words = split_words(_fold(lead(text)))
+    words = split_words(fold(lead(text)))
     return words if whole_sentence else words[:_SUBJECT_WINDOW]
 
 
@@ -290,7 +283,7 @@ def mentions(name: str, text: str) -> bool:
     (particles aside, initials by their letter, the first word in any of its given-name
     forms: :func:`_matches`), but anywhere and in any order."""
     words, _ = _name_parts(name)
-    present = set(split_words(_fold(text)))
+    present = set(split_words(fold(text)))
     return all(any(_matches(word, w, i == 0) for w in present) for i, word in enumerate(words))
 
 
@@ -323,7 +316,7 @@ def unmentioned_names(query: str, passages: Sequence[Passage]) -> list[str]:
         held |= text_stems(passage.text)
     return [
         word for word in named_words(query)
-        if not content_words(word) <= held and not (given_name_forms(_fold(word)) & held)
+        if not content_words(word) <= held and not (given_name_forms(fold(word)) & held)
     ]
 
 
@@ -345,7 +338,7 @@ def scoped_identifiers(query: str) -> list[str]:
     for match in _PACKAGE_OR_MEMBER.finditer(query):
         last = re.split(r"\.|/|::|@", match.group())[-1].strip("-")
         if len(last) > 1:
-            names.append(_fold(last))
+            names.append(fold(last))
     unscoped = _PACKAGE_OR_MEMBER.sub(" ", query)
     names += [m.group() for m in _PACKAGE_NAME.finditer(unscoped) if not set(m.group().split("-")) & _STOPWORDS]
     return names
@@ -358,7 +351,7 @@ def unmentioned_identifiers(query: str, passages: Sequence[Passage]) -> list[str
     "rate-limit") is not one it answers, even where every word of it appears somewhere
     ("rate", "limit"). Only the last part must occur: docstrings say ``dumps(obj)`` where a
     user writes ``json.dumps``."""
-    held = " ".join(_fold(p.text) for p in passages)
+    held = " ".join(fold(p.text) for p in passages)
     return [name for name in scoped_identifiers(query) if not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", held)]
 
 

@@ -9,8 +9,9 @@ the words a reader sees: "it's" and "set-cookie" are one word each there.
 from __future__ import annotations
 
 import re
+import unicodedata
 
-__all__ = ["folded_words", "split_words"]
+__all__ = ["fold", "folded_words", "split_words"]
 
 _WORD = re.compile(r"\w+")
 _JOINED_WORD = re.compile(r"[\w'-]+")
@@ -24,3 +25,10 @@ def split_words(text: str, *, joined: bool = False) -> list[str]:
 def folded_words(text: str, *, joined: bool = False) -> list[str]:
     """:func:`split_words`, case-folded: what the rules compare."""
     return [word.casefold() for word in split_words(text, joined=joined)]
+
+
+def fold(text: str) -> str:
+    """``text`` case-folded and without accents (``"Mahātmā"`` -> ``"mahatma"``): how the rules
+    compare names written with and without them."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()
