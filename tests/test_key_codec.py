@@ -13,7 +13,10 @@ from nest_integrations.index.nest_index import NestIndex
 from nest_integrations.store.candidates import CandidateSet
 from nest_integrations.store.datastore import TokenDatastore, store_keys
 from nest_integrations.store.encoder import PassageEncoder
-from nest_integrations.store.key_codec import ProductQuantizerCodec, SpectralPQCodec, codec_from_arrays, make_codec, sample_rows, spectral_widths
+from nest_integrations.store.codec_base import sample_rows
+from nest_integrations.store.faiss_codecs import ProductQuantizerCodec
+from nest_integrations.store.key_codec import codec_from_arrays, make_codec
+from nest_integrations.store.spectral_codec import SpectralPQCodec, spectral_widths
 
 from conftest import tampered_copy
 

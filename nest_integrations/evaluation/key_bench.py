@@ -45,7 +45,8 @@ from nest_integrations.index.nest_index import NestIndex
 from nest_integrations.store.candidates import CandidateSet
 from nest_integrations.store.datastore import store_keys
 from nest_integrations.store.encoder import EncodedPassage
-from nest_integrations.store.key_codec import DEFAULT_TRAIN_KEYS, KeyCodec, make_codec, sample_rows
+from nest_integrations.store.codec_base import DEFAULT_TRAIN_KEYS, KeyCodec, sample_rows
+from nest_integrations.store.key_codec import make_codec
 from .runner import format_cell, load_items, markdown_table, ratio, run_config, run_metadata, write_json
 
 __all__ = ["DEFAULT_BENCH_CODECS", "run_key_bench"]

@@ -46,11 +46,11 @@ import numpy as np
 
 from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.store.key_codec import DEFAULT_TRAIN_KEYS
+from nest_integrations.store.codec_base import DEFAULT_TRAIN_KEYS
 
 if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.model.lm import LoadedLM
-    from nest_integrations.store.key_codec import KeyCodec
+    from nest_integrations.store.codec_base import KeyCodec
     from .jobs import ChunkRunner
     from .nest_index import NestIndex
 
@@ -238,7 +238,7 @@ class _BuildWorker:
     """A Ray actor: one LM (for keys), one embedder (for the dense index) and the key codec.
 
     ``codec`` is ``(spec, arrays)`` of the driver's trained codec
-    (:meth:`~nest_integrations.store.key_codec.KeyCodec.arrays`); ``("float16", {})`` keeps float16 keys.
+    (:meth:`~nest_integrations.store.codec_base.KeyCodec.arrays`); ``("float16", {})`` keeps float16 keys.
     """
 
     def __init__(
@@ -366,7 +366,7 @@ def build_index_on_ray(
             an embedder object cannot be sent to workers.
         key_codec: how the shards store keys, as in :meth:`NestIndex.build
             <nest_integrations.index.nest_index.NestIndex.build>`: ``"float16"``, ``"sq8"``,
-            ``"pq<M>"``..., or a :class:`~nest_integrations.store.key_codec.KeyCodec`
+            ``"pq<M>"``..., or a :class:`~nest_integrations.store.codec_base.KeyCodec`
             (a trained one is used as it is). An untrained codec is trained on
             the driver, on ``codec_train_keys`` entry keys of the first passages
             encoded in chunks of 256, as the single-process build trains it, so

@@ -43,7 +43,8 @@ from nest_integrations.policy.calibration import CALIBRATION_FILE, Calibration, 
 from nest_integrations.policy.mentions import CorpusTerms
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.encoder import PassageEncoder
-from nest_integrations.store.key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, codec_from_arrays, parse_spec, resolve_codec, saved_array_names
+from nest_integrations.store.codec_base import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec
+from nest_integrations.store.key_codec import codec_from_arrays, parse_spec, resolve_codec, saved_array_names
 from nest_integrations.store.key_sources import PrecomputedKeys
 from nest_integrations.store.shards import EMBEDDINGS, KEY_ARRAYS, ShardedKeys, ShardRecord, shard_name
 

@@ -43,7 +43,7 @@ from nest_integrations.corpus.passages import Passage
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.encode_progress import EncodeProgress
 from nest_integrations.store.encoder import EncodedPassage, PassageEncoder
-from nest_integrations.store.key_codec import Float16Codec
+from nest_integrations.store.codec_base import Float16Codec
 from nest_integrations.store.key_sources import KeySegments, PrecomputedKeys
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .encoder import EncodedPassage
-from .key_codec import Float16Codec, KeyCodec
+from .codec_base import Float16Codec, KeyCodec
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -46,7 +46,7 @@ class CandidateSet:
     value token ``values[e]`` at token position ``positions[e]`` of passage
     ``passage_index[e]``; ``keys`` is the codec's search form of the stored
     rows (float32 (n, d) for float16 keys, see
-    :meth:`~nest_integrations.store.key_codec.KeyCodec.prepare`).
+    :meth:`~nest_integrations.store.codec_base.KeyCodec.prepare`).
 
     ``used`` marks entries already copied; :meth:`search` skips them so the same
     span is not proposed over and over.

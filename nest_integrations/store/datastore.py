@@ -34,7 +34,8 @@ from nest_integrations.corpus.passages import Passage
 
 from .candidates import CandidateSet
 from .encoder import EncodedPassage, PassageEncoder
-from .key_codec import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, resolve_codec, sample_rows
+from .codec_base import DEFAULT_TRAIN_KEYS, Float16Codec, KeyCodec, sample_rows
+from .key_codec import resolve_codec
 from .key_sources import KeySource, PrecomputedKeys
 
 logger = logging.getLogger(__name__)

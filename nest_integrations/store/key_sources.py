@@ -18,7 +18,7 @@ import numpy as np
 from nest_integrations.core.folder_snapshot import check_mapping
 
 from .encoder import EncodedPassage, PassageEncoder
-from .key_codec import Float16Codec, KeyCodec
+from .codec_base import Float16Codec, KeyCodec
 
 
 class KeySource(Protocol):

@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
-from .key_codec import Float16Codec, KeyCodec
+from .codec_base import Float16Codec, KeyCodec
 from .key_sources import KeySegments, PrecomputedKeys
 
 logger = logging.getLogger(__name__)
