@@ -81,7 +81,7 @@ def index_build(
     from nest_integrations.core.safe_io import check_replaceable
     from nest_integrations.corpus.chunking import chunk_passages
     from nest_integrations.corpus.loaders import load_corpus
-    from nest_integrations.index.nest_index import FORMAT as INDEX_FORMAT
+    from nest_integrations.index.index_folder import FORMAT as INDEX_FORMAT
     from nest_integrations.index.nest_index import NestIndex
     from nest_integrations.model.lm import load_lm
     from nest_integrations.store.key_codec import parse_spec
@@ -166,7 +166,7 @@ def index_to_qdrant(
     for ``nest generate --qdrant-path ... --collection ...``."""
     from nest_integrations.core.safe_io import manifest_format
     from nest_integrations.corpus.passages import load_passages_jsonl
-    from nest_integrations.index.nest_index import FORMAT as INDEX_FORMAT
+    from nest_integrations.index.index_folder import FORMAT as INDEX_FORMAT
 
     if manifest_format(path) != INDEX_FORMAT:
         fail(f"{path} is not a NEST index")

@@ -394,7 +394,8 @@ def build_index_on_ray(
     from nest_integrations.store.encoder import PassageEncoder
     from nest_integrations.store.key_codec import resolve_codec
     from nest_integrations.store.shards import ShardedKeys, shard_name
-    from .nest_index import FORMAT, NestIndex, check_build_options
+    from .index_folder import FORMAT
+    from .nest_index import NestIndex, check_build_options
 
     if not passages:
         raise ValueError("cannot build a NEST index over an empty corpus")

@@ -387,7 +387,7 @@ class VectorStoreKeys:
             passages: the loaded documents, in the order the keys were saved.
             arrays: the :data:`~nest_integrations.store.shards.KEY_ARRAYS` read from the
                 store (memory-mapped), checked here by
-                :func:`nest_integrations.index.nest_index.check_key_arrays`.
+                :func:`nest_integrations.index.index_folder.check_key_arrays`.
             info: the manifest's ``keys`` entry; the binding LM is checked against
                 it by :func:`check_keys_fit`.
             where: the saved store, for messages.
@@ -397,7 +397,7 @@ class VectorStoreKeys:
                 not matching the passages or the manifest's counts; or (when the
                 store has an LM) keys another LM encoded.
         """
-        from .nest_index import check_key_arrays
+        from .index_folder import check_key_arrays
 
         with self._lock:
             if self._datastore is not None:
