@@ -100,9 +100,9 @@ def shared_rows(monkeypatch):
     rows = []
     forward = batching._shared_forward
 
-    def counted(batch, active, fed):
+    def counted(shared, batch, active, fed):
         rows.append(len(active))
-        return forward(batch, active, fed)
+        return forward(shared, batch, active, fed)
 
     monkeypatch.setattr(batching, "_shared_forward", counted)
     return rows

@@ -67,13 +67,13 @@ def _count_decoding_forwards(decoder, calls):
 
 def _one_by_one(decoder, prompts, queries=None, passages=None, **overrides):
     """Each prompt decoded alone in its own KV cache (a batch of one in this thread)."""
-    decoder._supports_batching = False
+    shares, decoder.shares_batches = decoder.shares_batches, False
     try:
         queries = queries or [None] * len(prompts)
         passages = passages or [None] * len(prompts)
         return [decoder.generate(p, query=q, passages=ps, **overrides) for p, q, ps in zip(prompts, queries, passages)]
     finally:
-        decoder._supports_batching = None
+        decoder.shares_batches = shares
 
 
 def _batched(decoder, prompts, queries=None, passages=None, max_batch=None, **overrides):
@@ -81,7 +81,7 @@ def _batched(decoder, prompts, queries=None, passages=None, max_batch=None, **ov
     queries = queries or [None] * len(prompts)
     passages = passages or [None] * len(prompts)
     rows = [decoder.prepare_row(p, q, ps, config) for p, q, ps in zip(prompts, queries, passages)]
-    return batched_generate(rows, max_batch=max_batch or max(len(prompts), 1))
+    return batched_generate(rows, decoder.shared_lm, max_batch=max_batch or max(len(prompts), 1))
 
 
 @pytest.mark.parametrize(

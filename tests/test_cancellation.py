@@ -16,7 +16,7 @@ from nest_integrations.decoding import batching
 from nest_integrations.decoding.batching import RowListener
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.decoding.batching_service import shared_service
-from nest_integrations.decoding.step import StepRules
+from nest_integrations.decoding.verifier import SpanVerifier
 from conftest import ListRetriever, held_back
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.encoder import PassageEncoder
@@ -48,11 +48,11 @@ def batches(monkeypatch):
 
     forward = batching._shared_forward
 
-    def recorded(batch, rows, feeds):
+    def recorded(shared, batch, rows, feeds):
         Batches.rows.append(list(rows))
         if len(Batches.rows) == 2 and Batches.on_second is not None:
             Batches.on_second(rows)
-        return forward(batch, rows, feeds)
+        return forward(shared, batch, rows, feeds)
 
     monkeypatch.setattr(batching, "_shared_forward", recorded)
     return Batches
@@ -75,7 +75,7 @@ def _after_cancel(decoder, batches, marked, single, outputs):
     _same(outputs, [single[i] for i in OTHERS])
     assert len(batches.rows[1]) == 4, "the cancelled row was in the batch, decoding"
     assert all(marked not in rows for rows in batches.rows[2:]), "the cancelled row left at the next step"
-    service = shared_service(decoder)
+    service = shared_service(decoder.shared_lm)
     deadline = time.monotonic() + BOUND_S
     while service.pending and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -180,7 +180,7 @@ def test_a_cancelled_chat_model_call_takes_its_row_out(decoder, batches):
     assert [m.text for m in messages] == [single[i].text for i in OTHERS]
     assert len(batches.rows[1]) == 4
     assert all(marked[0] not in rows for rows in batches.rows[2:])
-    assert shared_service(decoder).pending == 0
+    assert shared_service(decoder.shared_lm).pending == 0
 
 
 def test_a_listener_that_raises_fails_its_row_only(decoder):
@@ -202,7 +202,7 @@ def test_a_listener_that_raises_fails_its_row_only(decoder):
             self.error = error
             raise RuntimeError("and again while told of it")
 
-    service = shared_service(decoder)
+    service = shared_service(decoder.shared_lm)
     config = decoder._call_config(OVERRIDES)
     releaser = held_back(decoder.lm, 4)
     futures = [service.submit(decoder.prepare_row(PROMPTS[i], None, None, config)) for i in OTHERS[:2]]
@@ -223,7 +223,7 @@ def test_a_listener_that_raises_fails_its_row_only(decoder):
 
 def test_a_row_whose_decisions_raise_fails_alone(decoder, monkeypatch):
     single = _one_by_one(decoder, PROMPTS[:4], **OVERRIDES)
-    accept = StepRules.verify
+    accept = SpanVerifier.verify
     doomed = {}
 
     def flaky(self, gen, *args):
@@ -231,8 +231,8 @@ def test_a_row_whose_decisions_raise_fails_alone(decoder, monkeypatch):
             raise RuntimeError("a bug in one row's verification")
         return accept(self, gen, *args)
 
-    monkeypatch.setattr(StepRules, "verify", flaky)
-    service = shared_service(decoder)
+    monkeypatch.setattr(SpanVerifier, "verify", flaky)
+    service = shared_service(decoder.shared_lm)
     config = decoder._call_config(OVERRIDES)
     rows = [decoder.prepare_row(PROMPTS[i], None, None, config) for i in range(4)]
     doomed["gen"] = rows[TARGET].gen
@@ -247,7 +247,7 @@ def test_a_row_whose_decisions_raise_fails_alone(decoder, monkeypatch):
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_dead_worker_is_replaced(decoder, monkeypatch):
     """Should the worker thread ever die with rows queued, a new one takes them over."""
-    service = shared_service(decoder)
+    service = shared_service(decoder.shared_lm)
     service.close()
     serve = type(service)._serve
     deaths = []

@@ -7,6 +7,7 @@ import torch
 
 from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
+from nest_integrations.decoding.chunk_chain import next_chunk
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.decoding.rendering import render_html, render_markdown, render_terminal
 from nest_integrations.decoding.spans import merge_spans
@@ -250,7 +251,7 @@ def test_a_copy_continues_past_the_overlap_into_the_next_chunk(tiny_lm):
     second = Passage(id="d#1", text=text[overlap:], doc_id="d", doc_char_start=overlap)
     dec = NestDecoder(tiny_lm, TokenDatastore([first, second], PassageEncoder(tiny_lm)), ListRetriever([first, second]))
     candidates = dec.datastore.candidates([0, 1])
-    pidx, pos = dec.rules.next_chunk(candidates, 0)
+    pidx, pos = next_chunk(dec.datastore.passages, candidates, 0)
     span = candidates.passage(pidx).char_spans[pos]
     assert pidx == 1 and second.text[span[0]:].startswith(" Their keeper"), "the repeated words are skipped"
     out = dec.generate("Quixotic zebras", max_new_tokens=40, use_chat_template=False, **COPY)
@@ -307,25 +308,26 @@ def test_an_answer_ends_answered_when_the_lm_refuses_the_next_window(tiny_lm):
     from nest_integrations.decoding.generation import Generation
     from nest_integrations.decoding.spans import TokenRecord
 
-    rules = NestDecoder(tiny_lm).rules
+    verifier = NestDecoder(tiny_lm).verifier
     gen = Generation(config=NestConfig(max_new_tokens=80))
-    rules.commit(gen, [TokenRecord(5)])  # an LM token in the middle of an answer is kept
+    verifier.commit(gen, [TokenRecord(5)])  # an LM token in the middle of an answer is kept
     assert gen.ids == [5] and not gen.finished
-    gen.between_windows = True
-    rules.commit(gen, [TokenRecord(6)])
+    gen.plan.between_windows = True
+    verifier.commit(gen, [TokenRecord(6)])
     assert gen.finished and gen.stats.finish_reason == "answered" and gen.ids == [5]
 
 
 def test_the_model_writes_nothing_in_a_planned_answer(tiny_lm):
     """Past its planned windows (a last window that runs on, a copy that cannot go on) an answer
     ends where the model would write its own words; with check_answer_windows the LM writes on."""
+    from nest_integrations.decoding.copy_plan import CopyPlan
     from nest_integrations.decoding.spans import TokenRecord
     from nest_integrations.decoding.generation import Generation
 
-    rules = NestDecoder(tiny_lm).rules
-    gen = Generation(config=NestConfig(max_new_tokens=80), planned=True)
-    rules.commit(gen, [TokenRecord(5, 0, 0), TokenRecord(7, 0, 1)])
-    rules.commit(gen, [TokenRecord(6)])
+    verifier = NestDecoder(tiny_lm).verifier
+    gen = Generation(config=NestConfig(max_new_tokens=80), plan=CopyPlan(whole=True))
+    verifier.commit(gen, [TokenRecord(5, 0, 0), TokenRecord(7, 0, 1)])
+    verifier.commit(gen, [TokenRecord(6)])
     assert gen.finished and gen.stats.finish_reason == "answered" and gen.ids == [5, 7]
     body = "The `bodyLimit` option sets the largest request body, in bytes, that the server accepts. Example:"
     doc = Passage(id="srv", title="Server", text=f"## Options\n\n{body}")
@@ -383,7 +385,7 @@ def _copied_to(decoder, passage, char):
     encoded = candidates.passage(pidx)
     last = int((encoded.char_spans[:, 1] <= char).sum()) - 1
     gen = Generation(config=NestConfig(), candidates=candidates)
-    decoder.rules.commit(gen, [TokenRecord(int(encoded.token_ids[i]), pidx, i) for i in range(last + 1)])
+    decoder.verifier.commit(gen, [TokenRecord(int(encoded.token_ids[i]), pidx, i) for i in range(last + 1)])
     return gen, pidx, encoded
 
 
@@ -393,19 +395,20 @@ def test_the_lm_never_writes_inside_copied_code(tiny_lm):
     decoder = NestDecoder(tiny_lm, TokenDatastore([], PassageEncoder(tiny_lm)))
     text = CODE_DOC.text
     gen, pidx, encoded = _copied_to(decoder, CODE_DOC, text.index("--out"))
-    first, draft = decoder.rules._inside_copied_code(gen)
-    copied = [first, *draft]
-    assert all(r.passage_index == pidx for r in copied) and gen.unchecked_draft
+    proposer = decoder.speculation.proposer
+    proposal = proposer._inside_copied_code(gen)
+    copied = [proposal.first, *proposal.draft]
+    assert all(r.passage_index == pidx for r in copied) and proposal.unchecked
     assert text[encoded.char_spans[copied[0].position, 0] : encoded.char_spans[copied[-1].position, 1]] == " --out site --verbose"
-    decoder.rules.commit(gen, copied)
-    first, draft = decoder.rules._inside_copied_code(gen)  # at the line's end: the fence closes the block
-    decoder.rules.commit(gen, [first, *draft])
+    decoder.verifier.commit(gen, copied)
+    proposal = proposer._inside_copied_code(gen)  # at the line's end: the fence closes the block
+    decoder.verifier.commit(gen, [proposal.first, *proposal.draft])
     assert gen.finished and gen.stats.finish_reason == "answered"
     assert gen.text.endswith("quill build --out site --verbose\n```")
     assert all(r.passage_index is not None for r in gen.records)
     # Outside code the rule does nothing; an indented block, which no fence closes, ends at the LM's token.
     prose, _, _ = _copied_to(decoder, CODE_DOC, text.index("then"))
-    assert decoder.rules._inside_copied_code(prose) is None and not prose.between_windows
+    assert proposer._inside_copied_code(prose) is None and not prose.plan.between_windows
     indented = Passage(id="ind.md", text="# Run\n\nType:\n\n    quill build\n    quill serve\n\nDone.\n")
     gen, _, _ = _copied_to(decoder, indented, indented.text.index("build") + len("build"))
-    assert decoder.rules._inside_copied_code(gen) is None and gen.between_windows
+    assert proposer._inside_copied_code(gen) is None and gen.plan.between_windows

@@ -54,11 +54,11 @@ def test_a_batch_decodes_as_each_prompt_alone(real_index):
                "What is the boiling point of water at sea level?"]
     queries = ["Marie Curie", None, "Isaac Newton", None]
     batched = decoder.generate_batch(prompts, queries=queries, max_batch=4, max_new_tokens=32)
-    decoder._supports_batching = False  # each prompt alone, in its own KV cache
+    decoder.shares_batches = False  # each prompt alone, in its own KV cache
     try:
         alone = [decoder.generate(p, query=q, max_new_tokens=32) for p, q in zip(prompts, queries)]
     finally:
-        decoder._supports_batching = None
+        decoder.shares_batches = True
     assert [o.text for o in batched] == [o.text for o in alone]
     assert [o.spans for o in batched] == [o.spans for o in alone]
     assert [[s.id for s in o.sources] for o in batched] == [[s.id for s in o.sources] for o in alone]

@@ -14,7 +14,8 @@ from conftest import make_tiny_lm
 from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.decoding.decoder import NestDecoder, check_prompt
-from nest_integrations.decoding.step import StepRules
+from nest_integrations.decoding.mixing import Mixer
+from nest_integrations.decoding.scoring import SCORE_CHUNK
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.encoder import PassageEncoder
 
@@ -171,9 +172,9 @@ def test_chunked_score_equals_unchunked(nest_decoder, mode):
     continuation = LONG[:300]
     kwargs = dict(passages=hits, mode=mode, use_chat_template=False, **COPY)
     whole = decoder.score("Minutes:", continuation, **kwargs)
-    assert len(whole.token_ids) < NestDecoder.SCORE_CHUNK  # one chunk
+    assert len(whole.token_ids) < SCORE_CHUNK  # one chunk
     chunked_decoder = NestDecoder(decoder.lm, decoder.datastore)
-    chunked_decoder.SCORE_CHUNK = 7
+    chunked_decoder.scorer.chunk = 7
     chunked = chunked_decoder.score("Minutes:", continuation, **kwargs)
     assert chunked.token_ids == whole.token_ids
     for name in ("logp_lm", "lam", "ratio"):
@@ -183,9 +184,9 @@ def test_chunked_score_equals_unchunked(nest_decoder, mode):
     # some CPUs), and the kNN softmax's temperature amplifies that in log p_M (up to 4e-5 seen).
     torch.testing.assert_close(chunked.logp_mixture, whole.logp_mixture, rtol=1e-4, atol=1e-4)
     # the chunked LM head reproduces the model's own logits
-    assert decoder._head_reproduces_logits()
+    assert decoder.scorer.head_reproduces_logits()
     full_logits = NestDecoder(decoder.lm, decoder.datastore)
-    full_logits.__dict__["_score_head_ok"] = False
+    full_logits.scorer._head_ok = False
     reference = full_logits.score("Minutes:", continuation, **kwargs)
     for name in ("logp_mixture", "logp_lm", "lam"):
         torch.testing.assert_close(getattr(reference, name), getattr(whole, name), rtol=1e-4, atol=1e-4)
@@ -196,15 +197,15 @@ def test_chunked_score_equals_unchunked(nest_decoder, mode):
 def test_score_never_holds_a_whole_logit_matrix(nest_decoder, monkeypatch):
     decoder, hits = nest_decoder
     chunked = NestDecoder(decoder.lm, decoder.datastore)
-    chunked.SCORE_CHUNK = 16
+    chunked.scorer.chunk = 16
     widest: list[int] = []
-    original = StepRules.mixture
+    original = Mixer.mixture
 
     def spy(self, logits, queries, gen):
         widest.append(logits.shape[0])
         return original(self, logits, queries, gen)
 
-    monkeypatch.setattr(StepRules, "mixture", spy)
+    monkeypatch.setattr(Mixer, "mixture", spy)
     scored = chunked.score("Minutes:", LONG, passages=hits, use_chat_template=False, **COPY)
     assert len(scored.token_ids) > 64 and max(widest) == 16
 

@@ -92,18 +92,18 @@ def test_an_abandoned_stream_leaves_the_batch(decoder):
     # the other callers are served; the abandoned row is gone by then
     out = decoder.generate(PROMPTS[0], **OVERRIDES)
     assert out.text == _one_by_one(decoder, PROMPTS[:1], **OVERRIDES)[0].text
-    assert not shared_service(decoder)._scheduler.busy
+    assert not shared_service(decoder.shared_lm)._scheduler.busy
 
 
 def test_a_failed_forward_fails_its_batch_and_the_service_goes_on(decoder, monkeypatch):
     forward = batching._shared_forward
     calls = []
 
-    def broken_once(batch, active, fed):
+    def broken_once(shared, batch, active, fed):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("out of memory")
-        return forward(batch, active, fed)
+        return forward(shared, batch, active, fed)
 
     monkeypatch.setattr(batching, "_shared_forward", broken_once)
     with pytest.raises(RuntimeError, match="out of memory"):
@@ -117,11 +117,11 @@ def test_bad_input_raises_in_the_callers_thread(decoder):
     with pytest.raises(ValueError, match="max_batch"):
         decoder.generate_batch(PROMPTS, max_batch=0)
     with pytest.raises(ValueError, match="max_batch"):
-        shared_service(decoder).max_batch = 0
+        shared_service(decoder.shared_lm).max_batch = 0
 
 
 def test_the_worker_stays_for_the_next_call_and_ends_when_idle_or_closed(decoder):
-    service = shared_service(decoder)
+    service = shared_service(decoder.shared_lm)
     decoder.generate(PROMPTS[0], **OVERRIDES)
     worker = service._worker
     decoder.generate(PROMPTS[1], **OVERRIDES)
@@ -130,19 +130,19 @@ def test_the_worker_stays_for_the_next_call_and_ends_when_idle_or_closed(decoder
     assert service._worker is None
     assert decoder.generate(PROMPTS[0], **OVERRIDES).text  # a later call starts a new worker
 
-    brief = BatchingService(idle_s=0.05)
+    brief = BatchingService(decoder.shared_lm, idle_s=0.05)
     brief.submit(decoder.prepare_row(PROMPTS[0], None, None, decoder._call_config(OVERRIDES))).result()
     deadline = time.monotonic() + 10
     while brief._worker is not None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert brief._worker is None
     with pytest.raises(ValueError, match="idle_s"):
-        BatchingService(idle_s=0)
+        BatchingService(decoder.shared_lm, idle_s=0)
 
 
 def test_decoders_of_one_lm_share_a_service(decoder, tiny_lm, small_passages):
     other = NestDecoder(tiny_lm, TokenDatastore(small_passages[:2], PassageEncoder(tiny_lm)), ListRetriever(small_passages[:2]))
-    assert shared_service(other) is shared_service(decoder)
+    assert shared_service(other.shared_lm) is shared_service(decoder.shared_lm)
 
 
 def test_a_caller_alone_runs_the_models_own_causal_path(decoder):

@@ -1,16 +1,16 @@
 """Batched NEST: a row scheduler that advances many generations by shared forward passes.
 
 Each prompt is a :class:`Row`: its own :class:`~nest_integrations.decoding.generation.Generation`
-(candidate set, used-entry mask, opening, records), its own sampling generator and
+(candidate set, used-entry mask, copy plan, records), its own sampling generator and
 its own next-step distribution. Every decision a row takes is its decoder's own,
 called per row: :meth:`NestDecoder.prepare_row` (retrieval, gate, candidates,
-opening; in the caller's thread), then the row's ``rules`` (the decoder's
-:class:`~nest_integrations.decoding.step.StepRules`, seen here through the
-:class:`~nest_integrations.decoding.generation.RowDecoder` protocol): ``propose`` (next token and
-draft), ``commit`` (append, stop rules), ``mixture`` (p_M at the row's positions),
-``verify`` (relaxed verification) and ``build_output``. Rows of different
-decoders (other datastores, other configs) share a batch when they share the LM
-and its key layer. What the
+copy plan; in the caller's thread), then the row's
+:class:`~nest_integrations.decoding.speculation.Speculation`: its proposer's ``propose`` (next
+token and draft), its verifier's ``commit`` (append, stop rules) and ``verify`` (relaxed
+verification), its mixer's ``mixture`` (p_M at the row's positions); the generation builds its
+output. Rows of different decoders (other datastores, other configs) share a batch when they
+share the LM and its key layer, which the scheduler is made with (:class:`SharedLM`). What the
+What the
 :class:`RowScheduler` adds is only the sharing of the LM:
 
 * **One KV cache for the batch, packed**: a transformers ``DynamicCache`` of
@@ -73,20 +73,26 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import torch
 
 from nest_integrations.model.attention import PACKED_SDPA
-from .generation import Generation, RowDecoder, Step
+from .generation import Generation
 from .output import NestOutput
-from .spans import TokenRecord
+from .proposal import Proposal, Verdict
+from .speculation import Speculation
+
+if TYPE_CHECKING:  # pragma: no cover
+    from nest_integrations.model.key_reader import KeyReader
+    from nest_integrations.model.lm import LoadedLM
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Row", "RowListener", "RowScheduler", "batched_generate", "run_rows", "supports_batching"]
+__all__ = ["Row", "RowListener", "RowScheduler", "SharedLM", "batched_generate", "run_rows", "supports_batching"]
 
 _COMPACT_SLACK = 64
 """Dead columns always tolerated; beyond them the cache is compacted once they exceed a quarter of the live ones."""
@@ -109,17 +115,40 @@ def supports_batching(model: Any) -> bool:
     return getattr(config, "_attn_implementation", None) in (None, "sdpa", PACKED_SDPA, "eager")
 
 
+class SharedLM:
+    """The LM the rows of one scheduler run on, and what its forward needs: the key reader
+    (query vectors at the datastore's key layer) and the keyword of its KV cache
+    (:func:`~nest_integrations.model.lm.cache_argument`).
+
+    Holds the LM weakly: the batching services kept per LM
+    (:func:`~nest_integrations.decoding.batching_service.shared_service`) are dropped with it,
+    and must not keep it alive.
+    """
+
+    def __init__(self, lm: "LoadedLM", reader: "KeyReader", cache_arg: str):
+        self._lm = weakref.ref(lm)
+        self.reader = reader
+        self.cache_arg = cache_arg
+
+    @property
+    def lm(self) -> "LoadedLM":
+        lm = self._lm()
+        if lm is None:
+            raise RuntimeError("the LM these rows run on was released")
+        return lm
+
+
 @dataclass
 class Row:
     """One prompt's place in the batch: a prepared generation and where it stands.
 
     Built by :meth:`NestDecoder.prepare_row` (retrieval, gate, candidates and the
     prompt's token ids, all in the caller's thread); the scheduler runs the rest,
-    applying the row's ``rules`` at each step.
+    applying the row's ``speculation`` at each step.
     """
 
-    rules: RowDecoder
-    """The per-step rules of the row's decoder (:class:`~nest_integrations.decoding.step.StepRules`)."""
+    speculation: Speculation
+    """The mixer, proposer and verifier of the row's decoder."""
     gen: Generation
     prompt_ids: list[int]
     generator: Optional[torch.Generator]
@@ -134,12 +163,11 @@ class Row:
     task); the row leaves at the next step and its listener hears nothing more."""
     owner: int = -1
     """The row's id in the packed cache, given when it joins."""
-    step: Optional[Step] = None
-    at: int = 0
-    """Which position of ``step`` holds the next token's distribution."""
-    continuation: Optional[tuple[int, int]] = None
-    first: Optional[TokenRecord] = None
-    draft: list[TokenRecord] = field(default_factory=list)
+    verdict: Optional[Verdict] = None
+    """What the row's last forward decided (its mixture, where the next token's distribution
+    sits, where a copy goes on); None before its prefill."""
+    proposal: Optional[Proposal] = None
+    """The next token and draft fed in the current step."""
     t_decode: float = 0.0
     output: Optional[NestOutput] = None
     """The complete result, once the row finished (None for a cancelled or failed row)."""
@@ -229,13 +257,15 @@ class RowScheduler:
     any time (a row added during a step joins at the next one).
 
     Args:
+        shared: the LM every row runs on (its rows' decoders share it and its key layer).
         max_batch: rows sharing a forward at most (>= 1); more wait and join as
             rows finish. Memory grows with it: every row holds its own KV columns.
     """
 
-    def __init__(self, *, max_batch: int = 16):
+    def __init__(self, shared: SharedLM, *, max_batch: int = 16):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.shared = shared
         self.max_batch = int(max_batch)
         self.waiting: deque[Row] = deque()  # appended by any thread, popped by the stepping one
         self.active: list[Row] = []
@@ -269,12 +299,12 @@ class RowScheduler:
             self.batch = _PackedCache()  # only dead columns are left
             return
         feeds = [
-            _Feed([row.first.token_id] + [r.token_id for r in row.draft], row.cached - 1, keep_all=True)  # type: ignore[union-attr]
+            _Feed([row.proposal.first.token_id] + [r.token_id for r in row.proposal.draft], row.cached - 1, keep_all=True)  # type: ignore[union-attr]
             for row in self.active
         ] + [_Feed(row.prompt_ids, 0, keep_all=False) for row in self.joining]
         column = self.batch.columns
         try:
-            logits, keys = _shared_forward(self.batch, rows, feeds)
+            logits, keys = _shared_forward(self.shared, self.batch, rows, feeds)
         except Exception as error:  # the batch's cache is unusable now: every row in it fails
             self.fail_all(error)
             return
@@ -335,10 +365,10 @@ class RowScheduler:
 
     def _propose(self, row: Row) -> bool:
         """The row's next token and draft (its own decisions); False when it finished or failed."""
-        assert row.step is not None
+        assert row.verdict is not None
         try:
-            first, draft = row.rules.propose(row.gen, row.step, row.at, row.continuation, row.generator)
-            row.rules.commit(row.gen, [first])
+            proposal = row.speculation.proposer.propose(row.gen, row.verdict, row.generator)
+            row.speculation.verifier.commit(row.gen, [proposal.first])
         except Exception as error:
             self._fail(row, error)
             return False
@@ -346,7 +376,7 @@ class RowScheduler:
         if row.gen.finished:
             self._finish(row)
             return False
-        row.first, row.draft = first, draft[: row.gen.config.max_new_tokens - len(row.gen.records)]
+        row.proposal = proposal.cut(row.gen.config.max_new_tokens - len(row.gen.records))
         return self._stays(row)
 
     def _verify(self, row: Row, feed: "_Feed", start: int, logits: torch.Tensor, keys: torch.Tensor) -> bool:
@@ -354,14 +384,15 @@ class RowScheduler:
         first distribution (a prefill) or the verification of its draft. ``start`` is the
         row's first new cache column. False when the row finished."""
         row.gen.stats.forward_passes += 1
-        row.step = row.rules.mixture(logits, keys, row.gen)
+        mixture = row.speculation.mixer.mixture(logits, keys, row.gen)
         if not feed.keep_all:  # a prefill: the row proposes its first token at the next step
-            row.at, row.continuation = 0, None
+            row.verdict = Verdict(mixture)
             return True
-        row.at, row.continuation = row.rules.verify(row.gen, row.step, row.first, row.draft)  # type: ignore[arg-type]
+        assert row.proposal is not None
+        row.verdict = row.speculation.verifier.verify(row.gen, row.proposal, mixture)
         # The row keeps its token and its accepted draft; its other new columns die.
-        self.batch.owner[start + 1 + row.at : start + len(feed.tokens)] = -1
-        if row.at:
+        self.batch.owner[start + 1 + row.verdict.accepted : start + len(feed.tokens)] = -1
+        if row.verdict.accepted:
             self._notify(row)
         if row.gen.finished:
             self._finish(row)
@@ -384,7 +415,7 @@ class RowScheduler:
         if row.cancelled:
             return
         try:
-            row.output = row.rules.build_output(row.gen)
+            row.output = row.gen.output(row.speculation.passages)
             if row.listener is not None:
                 row.listener.finished(row, row.output)
         except Exception as error:  # building or handing over this row's output failed: its caller hears why
@@ -407,13 +438,13 @@ class RowScheduler:
             logger.exception("a row's listener raised while told of the row's error")
 
 
-def run_rows(rows: Sequence[Row], *, max_batch: int) -> Iterator[None]:
-    """Run prepared ``rows`` to the end in this thread, at most ``max_batch`` sharing each
+def run_rows(rows: Sequence[Row], shared: SharedLM, *, max_batch: int) -> Iterator[None]:
+    """Run prepared ``rows`` on ``shared`` to the end in this thread, at most ``max_batch`` sharing each
     forward, yielding after every step so the caller can read each row's progress
     (``row.gen``). Each row ends with its ``output`` or its ``error``. Closing the
     iterator early abandons the rows. One prompt decoded alone is this with one row:
     there is one step loop, whatever the batch."""
-    scheduler = RowScheduler(max_batch=max_batch)
+    scheduler = RowScheduler(shared, max_batch=max_batch)
     for row in rows:
         scheduler.add(row)
     while scheduler.busy:
@@ -421,10 +452,10 @@ def run_rows(rows: Sequence[Row], *, max_batch: int) -> Iterator[None]:
         yield
 
 
-def batched_generate(rows: Sequence[Row], *, max_batch: int) -> list[NestOutput]:
-    """Run prepared ``rows`` to the end in this thread, at most ``max_batch`` sharing
+def batched_generate(rows: Sequence[Row], shared: SharedLM, *, max_batch: int) -> list[NestOutput]:
+    """Run prepared ``rows`` on ``shared`` to the end in this thread, at most ``max_batch`` sharing
     each forward; outputs in the rows' order. Raises the first row's error, if any."""
-    for _ in run_rows(rows, max_batch=max_batch):
+    for _ in run_rows(rows, shared, max_batch=max_batch):
         pass
     for row in rows:
         if row.error is not None:
@@ -452,8 +483,8 @@ class _Feed:
         return len(self.tokens) if self.keep_all else 1
 
 
-def _shared_forward(batch: _PackedCache, rows: Sequence[Row], feeds: Sequence[_Feed]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One LM call over every row's fed tokens, packed one row after another in one sequence.
+def _shared_forward(shared: SharedLM, batch: _PackedCache, rows: Sequence[Row], feeds: Sequence[_Feed]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One call of the ``shared`` LM over every row's fed tokens, packed one row after another in one sequence.
 
     A fed token attends to its row's live cache columns and to the tokens its row
     fed before it in this step (a 4-D mask); its position id is the row's own. A
@@ -463,10 +494,7 @@ def _shared_forward(batch: _PackedCache, rows: Sequence[Row], feeds: Sequence[_F
     (:attr:`_Feed.kept` per row, rows in order). Appends the Q fed tokens as new
     columns of ``batch``, owned by their rows.
     """
-    # Rows of one scheduler share the LM and its key layer (one service per both), so
-    # any row's rules read the keys of all.
-    rules = rows[0].rules
-    lm = rules.lm
+    lm, reader = shared.lm, shared.reader
     tokens = [t for feed in feeds for t in feed.tokens]
     owners = torch.tensor([row.owner for row, feed in zip(rows, feeds) for _ in feed.tokens], dtype=torch.long)
     positions = torch.tensor([feed.position + j for feed in feeds for j in range(len(feed.tokens))], dtype=torch.long)
@@ -479,16 +507,16 @@ def _shared_forward(batch: _PackedCache, rows: Sequence[Row], feeds: Sequence[_F
         allowed = (columns[None, :] == owners[:, None]) & (torch.arange(past + q)[None, :] <= past + torch.arange(q)[:, None])
         dtype = lm.model.dtype if lm.model.dtype.is_floating_point else torch.float32
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[None, None].to(lm.device)
-    with torch.inference_mode(), lm.forward_lock, rules.reader.capture() as captured:
+    with torch.inference_mode(), lm.forward_lock, reader.capture() as captured:
         outputs = lm.model(
             input_ids=torch.tensor([tokens], dtype=torch.long, device=lm.device),
             attention_mask=mask,
             position_ids=positions[None].to(lm.device),
             use_cache=True,
-            **{rules.cache_arg: batch.cache},
+            **{shared.cache_arg: batch.cache},
             logits_to_keep=kept.to(lm.device) if len(kept) < q else q,
-            **rules.reader.forward_kwargs(),
+            **reader.forward_kwargs(),
         )
-        keys = rules.reader.keys_from(captured, outputs)
+        keys = reader.keys_from(captured, outputs)
     batch.owner = columns
     return outputs.logits[0, -len(kept) :].float().cpu(), keys[0, kept.to(keys.device)].float().cpu()

@@ -17,7 +17,12 @@ last one's threads still spin, which made one-by-one calls measurably slower
 interpreter exit the rows in flight finish and the worker stops.
 
 A service belongs to an LM *and* a key layer (rows of one forward read their keys
-at one layer); decoders over other datastores or with other configs share it.
+at one layer), given when it is made (:class:`~nest_integrations.decoding.batching.SharedLM`);
+decoders over other datastores or with other configs share it.
+
+Models that cannot share a batch (:func:`~nest_integrations.decoding.batching.supports_batching`)
+get a :class:`OneByOneService` instead, with the same methods: each row decodes alone, in the
+caller's thread (in a worker thread for asyncio callers).
 """
 
 from __future__ import annotations
@@ -29,17 +34,17 @@ import queue
 import threading
 import weakref
 from concurrent.futures import Future, InvalidStateError
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Optional, Sequence, Union
 
-from .batching import Row, RowListener, RowScheduler
-from .generation import RowDecoder, StreamChunk, StreamCursor
+from .batching import Row, RowListener, RowScheduler, SharedLM, batched_generate, run_rows
+from .generation import StreamChunk, StreamCursor
 
 if TYPE_CHECKING:  # pragma: no cover
     from .output import NestOutput
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_MAX_BATCH", "BatchingService", "shared_service"]
+__all__ = ["DEFAULT_MAX_BATCH", "BatchingService", "OneByOneService", "shared_service"]
 
 IDLE_SECONDS = 30.0
 """How long a worker waits for new rows before its thread ends."""
@@ -57,14 +62,15 @@ class BatchingService:
     Thread-safe: any thread may :meth:`submit` or :meth:`stream`.
 
     Args:
+        shared: the LM (and key layer) every row runs on.
         max_batch: rows sharing a forward at most (>= 1).
         idle_s: seconds the worker thread waits for work before it ends (> 0).
     """
 
-    def __init__(self, max_batch: int = DEFAULT_MAX_BATCH, idle_s: float = IDLE_SECONDS):
+    def __init__(self, shared: SharedLM, max_batch: int = DEFAULT_MAX_BATCH, idle_s: float = IDLE_SECONDS):
         if not idle_s > 0:
             raise ValueError(f"idle_s must be > 0, got {idle_s}")
-        self._scheduler = RowScheduler(max_batch=max_batch)
+        self._scheduler = RowScheduler(shared, max_batch=max_batch)
         self.idle_s = float(idle_s)
         self._lock = threading.Lock()  # guards the queue's emptiness and the worker's start and end
         self._wake = threading.Condition(self._lock)
@@ -101,11 +107,21 @@ class BatchingService:
         self._enqueue(row)
         return future
 
+    async def aresult(self, row: Row) -> "NestOutput":
+        """:meth:`submit` for asyncio: awaits the output without a thread waiting; cancelling the
+        awaiting task takes the row out of the batch at its next step."""
+        return await asyncio.wrap_future(self.submit(row))
+
+    def run_batch(self, rows: Sequence[Row], max_batch: int) -> "list[NestOutput]":
+        """Decode ``rows`` in a batch of their own in this thread, ``max_batch`` sharing each
+        forward at most (:func:`~nest_integrations.decoding.batching.batched_generate`)."""
+        return batched_generate(rows, self._scheduler.shared, max_batch=max_batch)
+
     def stream(self, row: Row) -> Iterator[StreamChunk]:
         """Queue ``row`` and yield its chunks as they are accepted (the last one carries
         the output). Closing the iterator early cancels the row."""
         chunks: "queue.SimpleQueue[Union[StreamChunk, BaseException, None]]" = queue.SimpleQueue()
-        row.listener = _Forward(row.rules, chunks.put)
+        row.listener = _Forward(row, chunks.put)
         self._enqueue(row)
         try:
             while (item := chunks.get()) is not None:
@@ -119,7 +135,7 @@ class BatchingService:
         """:meth:`stream` for asyncio: the chunks reach the event loop without a thread waiting."""
         loop = asyncio.get_running_loop()
         chunks: "asyncio.Queue[Union[StreamChunk, BaseException, None]]" = asyncio.Queue()
-        row.listener = _Forward(row.rules, lambda item: loop.call_soon_threadsafe(chunks.put_nowait, item))
+        row.listener = _Forward(row, lambda item: loop.call_soon_threadsafe(chunks.put_nowait, item))
         self._enqueue(row)
         try:
             while (item := await chunks.get()) is not None:
@@ -201,8 +217,8 @@ class _Resolve(RowListener):
 class _Forward(RowListener):
     """Hands a row's stream chunks to ``put``: chunks, then None at the end, or the error."""
 
-    def __init__(self, rules: RowDecoder, put: Callable[[Any], None]):
-        self.cursor = StreamCursor(rules)
+    def __init__(self, row: Row, put: Callable[[Any], None]):
+        self.cursor = StreamCursor(row.speculation.passages)
         self.put = put
 
     def progress(self, row: Row) -> None:
@@ -232,16 +248,63 @@ def _close_all() -> None:
         service.close()
 
 
-def shared_service(decoder: RowDecoder) -> BatchingService:
-    """The service of ``decoder``'s LM and key layer (made on first use, dropped with the LM).
-
-    ``decoder``: anything with the LM and key reader of its rows -- a decoder's
-    :class:`~nest_integrations.decoding.step.StepRules` or the decoder itself."""
-    lm = decoder.lm
-    key = (id(lm), decoder.reader.key_layer)
+def shared_service(shared: SharedLM) -> BatchingService:
+    """The service of ``shared``'s LM and key layer (made on first use, dropped with the LM):
+    every decoder of that LM and key layer gets the same one (``decoder.shared_lm``)."""
+    lm = shared.lm
+    key = (id(lm), shared.reader.key_layer)
     with _services_lock:
         service = _services.get(key)
         if service is None:
-            service = _services[key] = BatchingService()
+            service = _services[key] = BatchingService(shared)
             weakref.finalize(lm, _services.pop, key, None)
         return service
+
+
+class OneByOneService:
+    """:class:`BatchingService`'s methods for a model whose rows cannot share a batch (sliding-window
+    or chunked attention, an attention kernel without 4-D masks): each row decodes alone, as a
+    batch of one, in the calling thread (in a worker thread for :meth:`aresult` and
+    :meth:`astream`). One step loop serves both (:func:`~nest_integrations.decoding.batching.run_rows`).
+
+    Args:
+        shared: the LM the rows run on.
+    """
+
+    def __init__(self, shared: SharedLM):
+        self.shared = shared
+
+    def submit(self, row: Row) -> "Future[NestOutput]":
+        """Decode ``row`` now; the returned future holds its output (or its error)."""
+        future: "Future[NestOutput]" = Future()
+        try:
+            future.set_result(self.run_batch([row], 1)[0])
+        except Exception as error:
+            future.set_exception(error)
+        return future
+
+    async def aresult(self, row: Row) -> "NestOutput":
+        """Decode ``row`` in a worker thread, so the event loop goes on meanwhile."""
+        return (await asyncio.to_thread(self.run_batch, [row], 1))[0]
+
+    def run_batch(self, rows: Sequence[Row], max_batch: int) -> "list[NestOutput]":
+        """Decode ``rows`` one after another in this thread (``max_batch`` is ignored: one row per forward)."""
+        return batched_generate(rows, self.shared, max_batch=1)
+
+    def stream(self, row: Row) -> Iterator[StreamChunk]:
+        """Decode ``row`` in this thread, yielding its chunks as they are accepted (the last one
+        carries the output). Closing the iterator early abandons the row."""
+        cursor = StreamCursor(row.speculation.passages)
+        for _ in run_rows([row], self.shared, max_batch=1):
+            if (chunk := cursor.advance(row.gen)) is not None:
+                yield chunk
+        if row.error is not None:
+            raise row.error
+        assert row.output is not None
+        yield cursor.last(row.output)
+
+    async def astream(self, row: Row) -> AsyncIterator[StreamChunk]:
+        """:meth:`stream` stepped in a worker thread, one chunk at a time."""
+        chunks, done = self.stream(row), object()
+        while (chunk := await asyncio.to_thread(next, chunks, done)) is not done:
+            yield chunk  # type: ignore[misc]

@@ -1,50 +1,28 @@
-"""One generation's state, and the per-step interface the row scheduler drives.
+"""One generation's state and its output: :class:`Generation`, and the stream of its text.
 
-* :class:`Generation`: what one prompt's decoding holds between steps (its
-  config, accepted tokens and their text, candidate set, opening, stats).
-* :class:`Step`: the mixture quantities at the T positions one forward fed a row.
-* :class:`RowDecoder`: what the row scheduler (:mod:`~nest_integrations.decoding.batching`)
-  and the batching service (:mod:`~nest_integrations.decoding.batching_service`) need of the
-  decoder a row belongs to -- the LM it runs on and the per-step rules
-  ``propose`` (next token and draft), ``commit`` (append, stop rules),
-  ``mixture`` (p_M at the fed positions), ``verify`` (relaxed acceptance of the
-  draft) and ``build_output``. :class:`~nest_integrations.decoding.step.StepRules`
-  implements it (a :class:`~nest_integrations.decoding.decoder.NestDecoder`'s ``rules``).
+* :class:`Generation`: what one prompt's decoding holds between steps (its config, accepted
+  tokens and their text, candidate set, copy plan, stats), and the output built from it
+  (:meth:`Generation.output`: the text up to a stop string, its spans, attribution and stats).
 * :class:`StreamCursor` turns a generation's growing text into :class:`StreamChunk` s.
 
-These types sit below the decoder, its step rules, the scheduler and the service:
-the decoder drives the scheduler and the service with its rules, and neither of
-those imports the decoder or the rules.
+The proposer, the verifier, the row scheduler and the decoder read and write this state; it
+imports none of them. ``passages`` below is the datastore's passage list, which the token
+records' passage indices index (empty without a datastore: then nothing is copied).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Protocol, Sequence
-
-import torch
+from typing import Any, Optional, Sequence
 
 from nest_integrations.core.config import NestConfig
+from nest_integrations.corpus.passages import Passage
 from nest_integrations.store.candidates import CandidateSet
+from .copy_plan import CopyPlan
 from .output import FinishReason, GenerationStats, NestOutput, Span
-from .spans import TokenRecord, shift_spans
+from .spans import TokenRecord, build_spans, shift_spans, summarize
 
-if TYPE_CHECKING:  # pragma: no cover
-    from nest_integrations.model.key_reader import KeyReader
-    from nest_integrations.model.lm import LoadedLM
-
-__all__ = ["Generation", "RowDecoder", "Step", "StreamChunk", "StreamCursor"]
-
-
-@dataclass
-class Step:
-    """Mixture quantities at T positions: p_M (T, V), lambda (T,), neighbours."""
-
-    p_m: torch.Tensor
-    lam: torch.Tensor
-    values: torch.Tensor  # (T, r) long, -1 where there is no neighbour
-    entries: torch.Tensor  # (T, r) long
-    ratio: torch.Tensor  # (T,) RRC distance ratio, 1 where there is no neighbour
+__all__ = ["Generation", "StreamChunk", "StreamCursor"]
 
 
 @dataclass
@@ -59,32 +37,9 @@ class Generation:
     stats: GenerationStats = field(default_factory=GenerationStats)
     candidates: Optional[CandidateSet] = None
     finished: bool = False
-    opening: Optional[tuple[int, int]] = None
-    """(passage index, token position) proposed next, once: an answer window's start, or a name's passage start."""
-    window_end: Optional[tuple[int, int]] = None
-    """(passage index, last token position) of the answer window; copying it ends the answer,
-    or moves on to the next of ``next_windows``."""
-    copying_title: bool = False
-    """The planned copy that ``opening`` / ``window_end`` describe is a section's title, the label
-    of the window after it: its tokens are copied without the LM's check (``unchecked_draft``)."""
-    unchecked_draft: bool = False
-    """The draft proposed last is a section title's rest: :meth:`verify` accepts it whole."""
-    after_title: bool = False
-    """A section's title was just copied and its window opens now: a line break that opens the
-    window sets the title on a line of its own and is copied without the LM's check (an LM with
-    the passages in its prompt refuses it and writes on in its own words)."""
-    next_windows: list[tuple[tuple[int, int], Optional[tuple[int, int]], bool]] = field(default_factory=list)
-    """``(opening, window_end, title)`` of the copies still to make, in order
-    (:data:`~nest_integrations.decoding.prepare.PlannedOpening`)."""
-    planned: bool = False
-    """The answer copies planned windows, whole (``config.check_answer_windows`` off): the model
-    writes nothing in it, and a token of its own, once something is copied, ends the answer
-    (``answered``). Past the plan (a last window that runs on to its passage's end, a copy that
-    cannot go on), what a small LM writes is its own, and mostly invented."""
-    between_windows: bool = False
-    """An LM token now ends the answer (``answered``) instead of the LM writing on: an answer
-    window that closes an answer was just copied and the LM refuses the next one's opening, or
-    a copied line of code ended and its block has no fence to close it with."""
+    plan: CopyPlan = field(default_factory=CopyPlan)
+    """Where the answer's planned copies start and end (:mod:`~nest_integrations.decoding.prepare`
+    makes it before the first step); empty for a generation without one."""
     starts: dict[int, list[int]] = field(default_factory=dict)
     """Sentence starts (characters) of each candidate passage, computed when first needed."""
     lead_in: str = ""
@@ -94,54 +49,56 @@ class Generation:
         self.finished = True
         self.stats.finish_reason = reason
 
+    def end_planned_copy(self) -> None:
+        """The planned copy being made is done: the next one opens, or the answer ends (``answered``)."""
+        if not self.plan.next_copy():
+            self.finish("answered")
 
-class RowDecoder(Protocol):
-    """The per-step rules of a row, as the row scheduler and the batching service use them.
+    # ------------------------------------------------------------------ output
+    def final_text(self) -> str:
+        """``text`` up to the first stop string it holds."""
+        cut = min((self.text.find(s) for s in self.config.stop if s and s in self.text), default=-1)
+        return self.text[:cut] if cut >= 0 else self.text
 
-    Rows of different decoders share a batch when they share ``lm`` and the
-    ``reader``'s key layer. Each method is one rule of a step, applied to one row.
-    """
+    def stable_length(self) -> int:
+        """Characters that can be streamed: not past a possible stop-string start."""
+        text = self.final_text()
+        if len(text) < len(self.text) or self.finished:
+            return len(text)
+        text = text[: self.boundaries[-1] if self.boundaries else 0]
+        hold = 0
+        for stop in self.config.stop:
+            for n in range(min(len(stop) - 1, len(text)), 0, -1):
+                if text.endswith(stop[:n]):
+                    hold = max(hold, n)
+                    break
+        return len(text) - hold
 
-    lm: "LoadedLM"
-    """The LM whose forward passes the row takes part in."""
-    reader: "KeyReader"
-    """Reads the query vectors at the datastore's key layer during a forward."""
-    cache_arg: str
-    """The keyword under which the model's forward takes its KV cache."""
+    def spans(self, passages: Sequence[Passage]) -> tuple[list[Span], list[int]]:
+        """The spans tiling the text so far (up to a stop string), and each span's length in tokens."""
 
-    def propose(
-        self, gen: Generation, step: Step, row: int, continuation: Optional[tuple[int, int]],
-        generator: Optional[torch.Generator],
-    ) -> tuple[TokenRecord, list[TokenRecord]]:
-        """The next token (from p_M at position ``row`` of ``step``, or a copied span's
-        first token) and the draft that follows it."""
-        ...
+        def char_spans_of(pidx: int) -> Any:
+            assert self.candidates is not None
+            return self.candidates.passage(pidx).char_spans
 
-    def commit(self, gen: Generation, records: Sequence[TokenRecord]) -> None:
-        """Append accepted tokens and apply the stop rules."""
-        ...
+        # The last token owns whatever its decode left unassigned (a trailing partial character).
+        boundaries = self.boundaries[:-1] + [len(self.text)] if self.boundaries else []
+        return build_spans(self.final_text(), boundaries, self.records, passages, char_spans_of)
 
-    def mixture(self, logits: torch.Tensor, queries: torch.Tensor, gen: Generation) -> Step:
-        """p_M, lambda and neighbours at T positions from logits (T, V) and queries (T, d)."""
-        ...
-
-    def verify(
-        self, gen: Generation, step: Step, first: TokenRecord, draft: Sequence[TokenRecord]
-    ) -> tuple[int, Optional[tuple[int, int]]]:
-        """Commit the longest acceptable prefix of ``draft``; its length and where a copy goes on."""
-        ...
-
-    def build_output(self, gen: Generation) -> NestOutput:
-        """The finished generation's :class:`NestOutput`."""
-        ...
-
-    def stable_length(self, gen: Generation) -> int:
-        """Characters of ``gen.text`` that can be streamed."""
-        ...
-
-    def spans(self, gen: Generation) -> tuple[list[Span], list[int]]:
-        """The spans of the text so far and each one's length in tokens."""
-        ...
+    def output(self, passages: Sequence[Passage]) -> NestOutput:
+        """The output contract of this generation: final text, spans, attribution and stats."""
+        spans, lengths = self.spans(passages)
+        ratio, mean_span, sources = summarize(spans, lengths)
+        self.stats.new_tokens = len(self.records)
+        return NestOutput(
+            text=self.final_text(),
+            mode=self.config.mode,
+            spans=spans,
+            attribution_ratio=ratio,
+            mean_copied_span_tokens=mean_span,
+            sources=sources,
+            stats=self.stats,
+        )
 
 
 @dataclass
@@ -159,17 +116,18 @@ class StreamCursor:
     :class:`StreamChunk` s, each the newly stable text (never past a possible
     stop-string start) with its spans."""
 
-    def __init__(self, decoder: RowDecoder):
-        self.decoder = decoder
+    def __init__(self, passages: Sequence[Passage]):
+        self.passages = passages
+        """The datastore's passages, which the generation's token records index."""
         self.emitted = 0
         """Characters of the output already streamed."""
 
     def advance(self, gen: Generation) -> Optional[StreamChunk]:
         """The chunk of text that became stable since the last call, or None."""
-        stable = self.decoder.stable_length(gen)
+        stable = gen.stable_length()
         if stable <= self.emitted:
             return None
-        spans = self.decoder.spans(gen)[0]
+        spans = gen.spans(self.passages)[0]
         chunk = StreamChunk(gen.text[self.emitted : stable], shift_spans(spans, self.emitted, stable))
         self.emitted = stable
         return chunk

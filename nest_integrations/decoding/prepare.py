@@ -1,17 +1,30 @@
-"""Where an answer opens: the copy plan a generation starts with, made before its first step.
+"""A generation made ready before its first step: retrieval, gate, candidates and the copy plan.
 
-:func:`plan_opening` sets a chat request's :class:`~nest_integrations.decoding.generation.Generation`
-``opening`` (the first copy proposed), ``window_end`` and ``next_windows`` (the answer
-windows to copy, in order), and masks the candidate entries outside the windows;
-:class:`~nest_integrations.decoding.step.StepRules` consumes the plan step by step
-(``propose`` takes the opening, ``commit`` moves from one window to the next and
-ends the answer after the last). :meth:`~nest_integrations.decoding.decoder.NestDecoder.prepare_row`
-calls it once the candidate set is built.
+:class:`Preparer` runs the first stage of every generation in the caller's thread
+(:meth:`~nest_integrations.decoding.decoder.NestDecoder.prepare_row` and ``score`` call it):
+
+* retrieval, then the relevance gate: which retrieved passages may be copied at all
+  (:class:`~nest_integrations.policy.relevance.RelevanceGate`; none left: ``stats.fallback_reason``
+  says why, and a chat prompt gets a plain abstention, :mod:`~nest_integrations.decoding.abstention`,
+  or with ``fallback="lm"`` the LM's own answer);
+* for a question, when the gate kept anything, the answer windows of the retrieved passages that
+  the fitted selector ranks best (:func:`choose_answer_windows`);
+* the candidate set of the kept passages' (and the windows' passages') datastore entries, and
+  where the answer opens (:func:`plan_opening`).
+
+:func:`plan_opening` gives a chat request's :class:`~nest_integrations.decoding.generation.Generation`
+its :class:`~nest_integrations.decoding.copy_plan.CopyPlan` (the first copy proposed, the answer
+windows to copy, in order) and masks the candidate entries outside the windows; the
+:class:`~nest_integrations.decoding.proposer.SpanProposer` takes the openings and the
+:class:`~nest_integrations.decoding.verifier.SpanVerifier` moves from one window to the next and
+ends the answer after the last.
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional, Sequence
+import logging
+import time
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -19,14 +32,30 @@ from nest_integrations.corpus.markdown_structure import first_copyable, label_st
 from nest_integrations.core.config import NestConfig
 from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.passages import Passage
+from nest_integrations.policy.conversation import question_asked_now
 from nest_integrations.policy.copy_policy import Window, closes_answer, wants_focus
+from nest_integrations.policy.mentions import CorpusTerms
 from nest_integrations.policy.selection import DEFAULT_SELECTOR
-from nest_integrations.policy.relevance import subject_name
+from nest_integrations.policy.relevance import GateDecision, RelevanceGate, subject_name
 from nest_integrations.store.candidates import CandidateSet
-from nest_integrations.store.datastore import TokenDatastore
+from nest_integrations.store.datastore import EncodeStats, TokenDatastore
+from .abstention import abstention_text
+from .copy_plan import CopyPlan, PlannedOpening
 from .generation import Generation
+from .output import GenerationStats
+from .prompts import PromptLike, default_query, is_chat
+from .spans import TokenRecord
+from .verifier import SpanVerifier
 
-__all__ = ["PlannedCopy", "PlannedOpening", "choose_answer_windows", "plan_opening", "plan_windows", "token_range", "window_token_plan"]
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "PlannedCopy", "PlannedOpening", "Preparer", "ScoredPassages", "choose_answer_windows", "plan_opening", "plan_windows",
+    "token_range", "window_token_plan",
+]
+
+ScoredPassages = Sequence[tuple[Passage, float]]
+"""Pre-retrieved ``(Passage, score)`` pairs, best first."""
 
 
 def token_range(char_spans: np.ndarray, char_start: int, char_end: int) -> tuple[int, int]:
@@ -96,13 +125,6 @@ def window_token_plan(windows: Sequence[Window], tokens_of: Callable[[str], tupl
     return planned
 
 
-PlannedOpening = tuple[tuple[int, int], Optional[tuple[int, int]], bool]
-"""``(opening, end, title)`` of one planned copy in the decoder's terms: ``(passage index, first
-token)``, ``(passage index, last token)`` where copying moves on to the next one or ends the
-answer (None: the copy goes on past it), and whether it is a section's title
-(:class:`PlannedCopy`)."""
-
-
 def choose_answer_windows(query: str, retrieved: Sequence[Passage], relevance: Optional[Relevance], config: NestConfig) -> list[Window]:
     """The windows of the ``retrieved`` passages (best first) a question's answer copies:
     ``config.answer_windows`` of them, best first, chosen by
@@ -137,7 +159,7 @@ def plan_opening(gen: Generation, query: str, kept: list[Passage], datastore: To
     the decoder's :class:`~nest_integrations.policy.selection.AnswerSelector`): entries outside
     the windows are masked, copying a window's last token moves on to the next window, and
     copying the last window's last token ends the answer; the model writes nothing in such an
-    answer (``gen.planned``, unless ``check_answer_windows``). Without windows, a request about
+    answer (``gen.plan.whole``, unless ``check_answer_windows``). Without windows, a request about
     someone or something by name (:func:`subject_name`) opens at the start of the best kept
     passage, so a biography opens with its subject's own first sentence instead of a copy that
     starts mid-way. Other requests open wherever the kNN search leads (within the seam rules).
@@ -161,9 +183,156 @@ def plan_opening(gen: Generation, query: str, kept: list[Passage], datastore: To
                 candidates.mark_used(other, position, first - 1)
                 position = max(position, last + 1)
             candidates.mark_used(other, position, length - 1)
-        (gen.opening, gen.window_end, gen.copying_title), *gen.next_windows = planned
-        gen.planned = not gen.config.check_answer_windows
+        gen.plan = CopyPlan.of_copies(planned, whole=not gen.config.check_answer_windows)
     elif subject_name(query) is not None:
         pidx = datastore.index_of(kept[0].id)
         if pidx is not None and len(candidates.passage(pidx).token_ids):
-            gen.opening = (pidx, 0)
+            gen.plan = CopyPlan(opening=(pidx, 0))
+
+
+class Preparer:
+    """The first stage of a decoder's generations: retrieval, gate, candidates, copy plan or abstention.
+
+    Args:
+        tokenizer: the LM's tokenizer (encodes an abstention's text).
+        datastore: the token datastore the kept passages enter; None: nothing is copied.
+        retriever: the first stage, when passages are not given per call.
+        relevance: cosine of texts to a query, for the gate and the answer windows; None turns both off.
+        corpus_terms: the words of the whole corpus, for questions naming what it never mentions.
+        verifier: commits an abstention's tokens.
+        ensure_calibration: ``config -> seconds`` waited for the RRC calibration a config needs
+            (:meth:`~nest_integrations.decoding.decoder.NestDecoder.ensure_calibration`).
+    """
+
+    def __init__(
+        self, tokenizer: Any, datastore: Optional[TokenDatastore], retriever: Any, relevance: Optional[Relevance],
+        corpus_terms: Optional[CorpusTerms], verifier: SpanVerifier, ensure_calibration: Callable[[NestConfig], float],
+    ):
+        self.tokenizer = tokenizer
+        self.datastore = datastore
+        self.retriever = retriever
+        self.relevance = relevance
+        self.corpus_terms = corpus_terms
+        self.verifier = verifier
+        self.ensure_calibration = ensure_calibration
+
+    def prepare(self, gen: Generation, prompt: PromptLike, query: Optional[str], passages: Optional[ScoredPassages]) -> list[Passage]:
+        """First stage: retrieve, gate, build the candidate set and plan the opening
+        (:func:`plan_opening`); returns the prompt passages (rag modes). A datastore mode without
+        entries records why in ``stats.fallback_reason`` and abstains (:meth:`_abstains`) or
+        generates with the LM alone."""
+        config = gen.config
+        stats = gen.stats
+        context: list[Passage] = []
+        if config.mode == "base":
+            return context
+        t0 = time.perf_counter()
+        q = query if query is not None else default_query(prompt)
+        hits = self._retrieve(q, passages, config)
+        stats.retrieval_s = time.perf_counter() - t0
+        if config.uses_prompt_passages:
+            context = [p for p, _ in hits[: config.rag_passages]]
+        if not config.uses_datastore:
+            return context
+        stats.calibration_s = self.ensure_calibration(config)
+        unmentioned = self._unmentioned(prompt, q, config)
+        decision = GateDecision([]) if unmentioned else self._gate(q, hits, config)
+        windows = self._answer_windows(prompt, q, hits, config) if decision.kept else []
+        kept_ids = {p.id for p in decision.kept}
+        answering = {w.passage_id for w in windows} - kept_ids
+        gated = decision.kept + [p for p, _ in hits if p.id in answering]
+        stats.retrieval_s = time.perf_counter() - t0 - stats.calibration_s
+        stats.gate_retrieved, stats.gate_kept = len(hits), len(decision.kept)
+        gen.candidates = self._candidates(gated, stats)
+        if gen.candidates is None or len(gen.candidates) == 0:
+            gen.candidates = None
+            if passages is None and self.retriever is None:
+                stats.fallback_reason = "no_retriever"
+            elif not hits:
+                stats.fallback_reason = "nothing_retrieved"
+            elif unmentioned:
+                stats.fallback_reason = "not_mentioned"
+            elif decision.reason is not None:
+                stats.fallback_reason = decision.reason
+            else:
+                stats.fallback_reason = "empty_datastore"
+            if self._abstains(prompt, config, stats.fallback_reason):
+                self._abstain(gen, [p for p, _ in hits], unmentioned)
+            else:
+                logger.info("no datastore entries for this prompt (%s): generating with the LM alone", stats.fallback_reason)
+            return context
+        stats.copied_from_datastore = True
+        if config.mode not in ("nest", "ra_nest"):
+            return context
+        if is_chat(prompt, config):
+            plan_opening(gen, q, gated, self.datastore, windows)  # type: ignore[arg-type]
+        else:
+            gen.lead_in = str(prompt)
+        return context
+
+    def _retrieve(self, query: str, passages: Optional[ScoredPassages], config: NestConfig) -> list[tuple[Passage, float]]:
+        if passages is not None:
+            return list(passages)[: config.passage_k]
+        if self.retriever is None or not query.strip():
+            return []
+        return list(self.retriever.retrieve(query, config.passage_k))
+
+    def _gate(self, query: str, hits: list[tuple[Passage, float]], config: NestConfig) -> GateDecision:
+        """Passages allowed into the token datastore: those relevant to the query (:class:`RelevanceGate`),
+        or all of them when the gate is off (no relevance function, an empty query)."""
+        passages = [p for p, _ in hits]
+        if config.min_passage_relevance <= -1.0 or self.relevance is None or not hits or not query.strip():
+            return GateDecision(passages)
+        decision = RelevanceGate.from_config(config).decide(query, passages, self.relevance)
+        if len(decision.kept) < len(hits):
+            logger.info("relevance gate kept %d of %d passages", len(decision.kept), len(hits))
+        return decision
+
+    def _answer_windows(self, prompt: PromptLike, query: str, hits: ScoredPassages, config: NestConfig) -> list[Window]:
+        """The windows a question's answer copies in nest and ra_nest (``config.answer_windows`` of
+        them, best first), chosen among the retrieved passages (``hits``, best first) by
+        :func:`choose_answer_windows`; none for a prompt that is no chat request."""
+        if config.mode not in ("nest", "ra_nest") or not is_chat(prompt, config):
+            return []
+        return choose_answer_windows(query, [p for p, _ in hits], self.relevance, config)
+
+    def _unmentioned(self, prompt: PromptLike, query: str, config: NestConfig) -> list[str]:
+        """The names the question asked now gives that the corpus never mentions
+        (:meth:`~nest_integrations.policy.mentions.CorpusTerms.unmentioned`; a follow-up's ``query``
+        holds the earlier questions above it); none for a prompt that is no chat question, in a
+        mode that copies nothing, or when the decoder does not know its whole corpus."""
+        if self.corpus_terms is None or config.mode not in ("nest", "ra_nest") or not is_chat(prompt, config):
+            return []
+        return self.corpus_terms.unmentioned(question_asked_now(query))
+
+    @staticmethod
+    def _abstains(prompt: PromptLike, config: NestConfig, reason: Optional[str]) -> bool:
+        """Whether a generation with nothing to copy answers with a plain abstention
+        (:mod:`~nest_integrations.decoding.abstention`): a chat prompt in nest or ra_nest whose
+        retrieval found nothing, whose gate kept nothing, or that names something the corpus never
+        mentions, unless ``config.fallback`` is ``"lm"``."""
+        return (
+            config.fallback == "abstain" and config.mode in ("nest", "ra_nest") and is_chat(prompt, config)
+            and reason in ("nothing_retrieved", "nothing_relevant", "not_mentioned")
+        )
+
+    def _abstain(self, gen: Generation, retrieved: Sequence[Passage], unmentioned: Sequence[str] = ()) -> None:
+        """Finish ``gen`` before its first step with :func:`~nest_integrations.decoding.abstention.abstention_text`
+        of the ``retrieved`` passages and the ``unmentioned`` names (``finish_reason`` ``"not_covered"``,
+        nothing copied)."""
+        text = abstention_text(retrieved, unmentioned)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        self.verifier.commit(gen, [TokenRecord(int(token)) for token in ids])
+        gen.finish("not_covered")
+        logger.info("nothing answers this prompt (%s): the answer says so", gen.stats.fallback_reason)
+
+    def _candidates(self, passages: list[Passage], stats: GenerationStats) -> Optional[CandidateSet]:
+        if self.datastore is None or not passages:
+            return None
+        encode = EncodeStats()
+        indices = [self.datastore.add(p) for p in passages]
+        candidates = self.datastore.candidates(indices, stats=encode)
+        stats.encode_passes += encode.encode_passes
+        stats.encoded_passages += encode.encoded_passages
+        stats.encode_s += encode.encode_s
+        return candidates

@@ -1,0 +1,54 @@
+"""Where a copied source goes on: the next token of its passage, or the next chunk of its document.
+
+The proposer continues a copy with :func:`continue_at`; the verifier ends an answer at a
+source's end when :func:`continue_at` finds nothing after it (``stop_at_source_end``).
+``passages`` is the datastore's passage list, which candidate passage indices index.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.store.candidates import CandidateSet
+
+__all__ = ["continue_at", "next_chunk"]
+
+
+def continue_at(passages: Sequence[Passage], candidates: CandidateSet, pidx: int, pos: int) -> Optional[tuple[int, int]]:
+    """Where a copy that reached token ``pos`` of passage ``pidx`` goes on: that token,
+    or past a passage's end the first new token of the next chunk of its document
+    (:func:`next_chunk`); None when the source ends there."""
+    return (pidx, pos) if _has_token(candidates, pidx, pos) else next_chunk(passages, candidates, pidx)
+
+
+def next_chunk(passages: Sequence[Passage], candidates: CandidateSet, pidx: int) -> Optional[tuple[int, int]]:
+    """(passage index, token position) where the chunk after passage ``pidx`` in its
+    document starts anew, when that chunk is a candidate.
+
+    Chunks chain by ``doc_id`` and ``doc_char_start`` (the CLI's chunking,
+    LangChain's ``add_start_index``, LlamaIndex's ``start_char_idx``). The
+    next chunk starts at most 2 characters (whitespace) after this one ends,
+    or before it when the splitter overlaps chunks: its tokens that repeat
+    this chunk's end are skipped.
+    """
+    here = passages[pidx]
+    if not here.doc_id:
+        return None
+    following = [
+        q for q in candidates.passage_indices
+        if passages[q].doc_id == here.doc_id and here.doc_char_start < passages[q].doc_char_start <= here.doc_char_end + 2
+    ]
+    if not following:
+        return None
+    nxt = min(following, key=lambda q: passages[q].doc_char_start)
+    token_ends = passages[nxt].doc_char_start + candidates.passage(nxt).char_spans[:, 1]
+    pos = int(np.searchsorted(token_ends, here.doc_char_end, side="right"))
+    return (nxt, pos) if _has_token(candidates, nxt, pos) else None
+
+
+def _has_token(candidates: CandidateSet, pidx: int, pos: int) -> bool:
+    """Whether passage ``pidx`` has a token at position ``pos``."""
+    return pos < len(candidates.passage(pidx).token_ids)

@@ -1,0 +1,97 @@
+"""The copy plan of one generation: :class:`CopyPlan`, the planned copies an answer makes in turn.
+
+:mod:`~nest_integrations.decoding.prepare` makes the plan before the first step (the answer
+windows of a question, or a named subject's passage start); the
+:class:`~nest_integrations.decoding.proposer.SpanProposer` takes its openings and copies a planned
+window whole, and the :class:`~nest_integrations.decoding.verifier.SpanVerifier` moves from one
+planned copy to the next and ends the answer after the last. Positions are ``(passage index, token
+position)`` pairs naming datastore entries. Pure state: no LM, no datastore.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+__all__ = ["CopyPlan", "PlannedOpening"]
+
+PlannedOpening = tuple[tuple[int, int], Optional[tuple[int, int]], bool]
+"""``(opening, end, title)`` of one planned copy in the decoder's terms: ``(passage index, first
+token)``, ``(passage index, last token)`` where copying moves on to the next one or ends the
+answer (None: the copy goes on past it), and whether it is a section's title
+(:class:`~nest_integrations.decoding.prepare.PlannedCopy`)."""
+
+
+@dataclass
+class CopyPlan:
+    """Where an answer's planned copies start and end, and how the model may write between them.
+
+    Empty (the default) for a generation without a plan: nothing opens, nothing ends, the LM
+    writes as it likes.
+    """
+
+    opening: Optional[tuple[int, int]] = None
+    """(passage index, token position) proposed next, once: an answer window's start, or a name's passage start."""
+    window_end: Optional[tuple[int, int]] = None
+    """(passage index, last token position) of the planned copy being made; copying it ends the
+    answer, or moves on to the next of ``next_windows``."""
+    copying_title: bool = False
+    """The planned copy that ``opening`` / ``window_end`` describe is a section's title, the label
+    of the window after it: its tokens are copied without the LM's check."""
+    after_title: bool = False
+    """A section's title was just copied and its window opens now: a line break that opens the
+    window sets the title on a line of its own and is copied without the LM's check (an LM with
+    the passages in its prompt refuses it and writes on in its own words)."""
+    next_windows: list[PlannedOpening] = field(default_factory=list)
+    """The planned copies still to make, in order."""
+    whole: bool = False
+    """The answer copies its planned windows whole (``config.check_answer_windows`` off): the model
+    writes nothing in it, and a token of its own, once something is copied, ends the answer
+    (``answered``). Past the plan (a last window that runs on to its passage's end, a copy that
+    cannot go on), what a small LM writes is its own, and mostly invented."""
+    between_windows: bool = False
+    """An LM token now ends the answer (``answered``) instead of the LM writing on: an answer
+    window that closes an answer was just copied and the LM refuses the next one's opening, or
+    a copied line of code ended and its block has no fence to close it with."""
+
+    @classmethod
+    def of_copies(cls, planned: Sequence[PlannedOpening], whole: bool) -> "CopyPlan":
+        """The plan that makes the copies ``planned`` (at least one) in order; ``whole``: see :attr:`whole`."""
+        (opening, window_end, copying_title), *rest = planned
+        return cls(opening, window_end, copying_title, next_windows=list(rest), whole=whole)
+
+    def take_opening(self) -> Optional[tuple[int, int]]:
+        """The planned opening, once (None after it was taken, or without one)."""
+        opening, self.opening = self.opening, None
+        return opening
+
+    def copies_whole(self, pidx: int, pos: int) -> bool:
+        """Whether a copy from token ``pos`` of passage ``pidx`` goes on with a window copied
+        whole (:attr:`whole`): without the LM's check, repeats and all."""
+        end = self.window_end
+        return self.whole and end is not None and pidx == end[0] and pos <= end[1]
+
+    def ends_at(self, pidx: int, pos: int) -> bool:
+        """Whether token ``pos`` of passage ``pidx`` is the last of the planned copy being made."""
+        return self.window_end == (pidx, pos)
+
+    def next_copy(self) -> bool:
+        """The planned copy :attr:`window_end` names is done: move on to the next one. False when
+        none is left (the answer is done)."""
+        if not self.next_windows:
+            return False
+        self.between_windows = not self.copying_title  # a title is followed by its window, whatever the LM says
+        self.after_title = self.copying_title
+        (self.opening, self.window_end, self.copying_title), *self.next_windows = self.next_windows
+        return True
+
+    def end_with(self, pidx: int, last: int) -> None:
+        """Replace what is left of the plan by one copy that ends the answer at token ``last`` of
+        passage ``pidx`` (a copied code block's closing fence)."""
+        self.window_end, self.next_windows, self.copying_title = (pidx, last), [], False
+
+    def refuses_lm_token(self, started: bool) -> bool:
+        """Whether a token the LM writes now ends the answer: the LM refused the next window's
+        opening, or would write in a planned answer copied whole (``started``: the answer holds
+        a token already)."""
+        return self.between_windows or (self.whole and started)

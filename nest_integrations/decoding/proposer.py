@@ -1,0 +1,256 @@
+"""The proposer of NEST decoding: :class:`SpanProposer`, a row's next token and the draft after it.
+
+In ``nest`` / ``ra_nest`` a proposal is made from the p_M of the last accepted position (the
+last :class:`~nest_integrations.decoding.proposal.Verdict`), as a draft proposer makes one in
+speculative decoding: lambda > delta: one token from p_M; otherwise the passage continuation
+that starts at the neighbour value with the highest p_M (at most ``span_length`` tokens, never
+past the passage end). Its first token is checked against the current p_M; the rest is the
+draft, which the :class:`~nest_integrations.decoding.verifier.SpanVerifier` checks after the
+next forward. A fully accepted span is continued from the same passage without a new span
+selection, and copied entries are masked so a span is not copied twice.
+
+Beyond the paper, each decision is a small rule of its own:
+
+* where a copy may start: :func:`~nest_integrations.policy.copy_policy.acceptable_start`
+  (``seams``), preferring a source that continues the text so far;
+* where a copy ends: at most ``span_length`` tokens, never into Markdown a reader
+  does not see, never into a token already copied, never completing a repeated n-gram;
+* where the answer opens: the generation's :class:`~nest_integrations.decoding.copy_plan.CopyPlan`
+  (made by :mod:`~nest_integrations.decoding.prepare`): a planned window is copied whole, without
+  the relaxed check (``config.check_answer_windows`` off), a section's title unchecked above it;
+* inside copied code the LM writes nothing: the copy goes on to the line's end, or to the
+  block's closing fence.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from nest_integrations.core.config import NestConfig
+from nest_integrations.core.mixture import relaxed_accept_ratio
+from nest_integrations.corpus.markdown_structure import closing_fence, copyable_end, copyable_tokens, first_copyable, open_code_block, title_tokens
+from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
+from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
+from nest_integrations.store.datastore import TokenDatastore
+from nest_integrations.store.encoder import EncodedPassage
+from .chunk_chain import continue_at
+from .generation import Generation
+from .mixing import Mixture
+from .proposal import Proposal, Verdict
+from .spans import TokenRecord
+
+__all__ = ["SpanProposer"]
+
+_SEAM_TRIES = 32
+"""Neighbours tried, best p_M first, for one where a copy may start; beyond, the LM writes a token."""
+
+
+class SpanProposer:
+    """Proposes each row's next token and draft: copied spans of the candidate passages, or a token from p_M.
+
+    Stateless between calls apart from the :class:`Generation` it is given (its copy plan and
+    used-entry mask), so one object serves every row of a decoder, from any thread.
+    Positions are token indices into a candidate passage's ``token_ids``; a
+    ``(passage index, position)`` pair names one datastore entry.
+
+    Args:
+        datastore: the token datastore the candidate passages index into; None when the decoder
+            has none (then no generation has candidates and every token is the LM's).
+        eos_ids: token ids that end a generation (proposed when a planned answer ends on
+            markup a reader does not see).
+    """
+
+    def __init__(self, datastore: Optional[TokenDatastore], eos_ids: set[int]):
+        self.datastore = datastore
+        self.eos_ids = eos_ids
+
+    def propose(self, gen: Generation, verdict: Verdict, generator: Optional[torch.Generator]) -> Proposal:
+        """The next token and the draft that follows it, from the p_M at the next token's position
+        of ``verdict`` (``verdict.accepted``).
+
+        A copy is proposed (in ``nest`` / ``ra_nest`` with candidates) from, in this order: the
+        plan's opening (used once); ``verdict.continuation``, where the last copy goes on; the
+        best neighbour when lambda <= delta (:meth:`_select_span`). The copy's first token must
+        pass the relaxed check against this p_M (a section's title, and the line break that opens
+        its window after it, need not: ``plan.copying_title``, ``plan.after_title``); then it is
+        the next token and the rest of the copy, up to :meth:`_copy_end`, the draft. Otherwise the
+        next token is drawn from p_M (:meth:`_pick`, with tokens that would repeat an n-gram
+        masked) and the draft is empty.
+
+        Args:
+            generator: the row's sampling generator (``config.seed``), or None.
+        """
+        return self._propose(gen, verdict.mixture, verdict.accepted, verdict.continuation, generator)
+
+    def _propose(
+        self, gen: Generation, mixture: Mixture, at: int, continuation: Optional[tuple[int, int]], generator: Optional[torch.Generator]
+    ) -> Proposal:
+        """:meth:`propose` from position ``at`` of ``mixture``, a copy going on at ``continuation``."""
+        config, plan = gen.config, gen.plan
+        p_m = mixture.p_m[at]
+        proposal = None
+        unchecked = False  # the opening line break under a copied title, or a planned window copied whole
+        whole = False  # a planned window: its whole draft goes unchecked, not its first token alone
+        if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
+            if plan.opening is not None and plan.copying_title and plan.window_end is not None:
+                pidx, pos = plan.take_opening()  # type: ignore[misc]
+                encoded = gen.candidates.passage(pidx)
+                positions = title_tokens(self.datastore.passages[pidx].text, encoded.char_spans, pos, plan.window_end[1])  # type: ignore[union-attr]
+                title = [TokenRecord(int(encoded.token_ids[i]), pidx, i) for i in positions]
+                # A label a reader sees above the section, not a continuation to judge.
+                return Proposal(title[0], title[1:], unchecked=True)
+            if plan.opening is not None:
+                pidx, pos = plan.take_opening()  # type: ignore[misc]
+                text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
+                proposal = (pidx, self._opening_token(encoded, text, pos))
+                line_break = not text[slice(*encoded.char_spans[proposal[1]])].strip()
+                whole = plan.copies_whole(*proposal)
+                unchecked, plan.after_title = (plan.after_title and line_break) or whole, False
+            elif continuation is not None and (resumed := continue_at(self.datastore.passages, gen.candidates, *continuation)) is not None:  # type: ignore[union-attr]
+                proposal = resumed
+                if whole := plan.copies_whole(*proposal):
+                    unchecked = True
+                    proposal = self._past_hidden(gen, *proposal)
+                    if proposal is None:  # the rest of the window is markup a reader does not see
+                        gen.end_planned_copy()
+                        if gen.finished:  # commit takes nothing more
+                            return Proposal(TokenRecord(next(iter(self.eos_ids), 0)))
+                        return self._propose(gen, mixture, at, None, generator)
+            elif float(mixture.lam[at]) <= config.delta:
+                proposal = self._select_span(gen, p_m, mixture.values[at], mixture.entries[at])
+        if proposal is not None:
+            pidx, pos = proposal
+            tokens = gen.candidates.passage(pidx).token_ids  # type: ignore[union-attr]
+            end = self._copy_end(gen, pidx, pos)
+            span = [TokenRecord(int(tokens[i]), pidx, i) for i in range(pos, end)]
+            if span and unchecked:
+                return Proposal(span[0], span[1:], unchecked=whole)
+            first_ok = relaxed_accept_ratio(p_m[None], torch.tensor([span[0].token_id]), config.effective_gamma) if span else None
+            if first_ok is not None and float(first_ok[0]) > config.accept_threshold:
+                return Proposal(span[0], span[1:])
+        if config.mode in ("nest", "ra_nest") and (in_code := self._inside_copied_code(gen)) is not None:
+            return in_code
+        if config.mode in ("nest", "ra_nest") and (repeats := repeating_tokens(gen.ids, config.lm_repeat_ngram)):
+            p_m = p_m.index_fill(0, torch.tensor(sorted(repeats)), 0.0)
+        return Proposal(TokenRecord(self._pick(p_m, config, generator)))
+
+    def _past_hidden(self, gen: Generation, pidx: int, pos: int) -> Optional[tuple[int, int]]:
+        """Where the whole-window copy at token ``pos`` of passage ``pidx`` goes on: the first token
+        from ``pos`` to the window's last that a reader sees (markup such as an inline HTML tag is
+        skipped, not left for the LM to write around), or None when there is none."""
+        assert gen.candidates is not None and gen.plan.window_end is not None and self.datastore is not None
+        visible = copyable_tokens(self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans)
+        ahead = np.flatnonzero(visible[pos : gen.plan.window_end[1] + 1])
+        return (pidx, pos + int(ahead[0])) if len(ahead) else None
+
+    def _inside_copied_code(self, gen: Generation) -> Optional[Proposal]:
+        """Where the LM would write next while the answer's last token was copied from inside a
+        Markdown code block (:func:`~nest_integrations.corpus.markdown_structure.open_code_block`): the
+        next token and draft that keep the code the source's, all unchecked, or None outside code.
+
+        Model text spliced into copied code reads as the documentation's own (an option that
+        does not exist inside a copied command), so: mid-line, the copy goes on to the line's
+        end; at a line's end, the block's closing fence is copied and the answer ends there
+        (``answered``); a block without one (indented, or cut by the chunking) ends the answer
+        at the LM's token (``plan.between_windows``)."""
+        last = gen.records[-1] if gen.records else None
+        if last is None or last.passage_index is None or gen.candidates is None or self.datastore is None:
+            return None
+        pidx, pos = int(last.passage_index), int(last.position)  # type: ignore[arg-type]
+        text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)
+        copied_to = int(encoded.char_spans[pos, 1])
+        block = open_code_block(text, copied_to)
+        if block is None:
+            return None
+        line_end = text.find("\n", copied_to, block[1])
+        if text[copied_to : line_end if line_end >= 0 else block[1]].strip():  # mid-line
+            stop = int(np.searchsorted(encoded.char_spans[:, 0], line_end if line_end >= 0 else block[1], side="left"))
+            positions = range(pos + 1, max(stop, pos + 2))
+        elif (fence := closing_fence(text, block)) is not None:
+            fence_start = fence[0] + 1 if gen.text.rstrip(" \t").endswith("\n") else fence[0]
+            first = int(np.searchsorted(encoded.char_spans[:, 0], fence_start, side="left"))
+            last_token = int(np.searchsorted(encoded.char_spans[:, 0], fence[1], side="left")) - 1
+            positions = range(first, last_token + 1)
+            gen.plan.end_with(pidx, last_token)
+        else:
+            gen.plan.between_windows = True  # the LM's token ends the answer where the copied code line does
+            return None
+        span = [TokenRecord(int(encoded.token_ids[i]), pidx, i) for i in positions if i < len(encoded.token_ids)]
+        if not span:
+            gen.plan.between_windows = True
+            return None
+        return Proposal(span[0], span[1:], unchecked=True)
+
+    def _select_span(self, gen: Generation, p_m: torch.Tensor, values: torch.Tensor, entries: torch.Tensor) -> Optional[tuple[int, int]]:
+        """(passage index, start position) of the neighbour whose value has the highest p_M
+        among those where a copy may start (:meth:`_seam_ok`; the first ``_SEAM_TRIES``),
+        preferring one whose source continues the text so far (:meth:`_continues`)."""
+        assert gen.candidates is not None
+        live = values >= 0
+        if not bool(live.any()):
+            return None
+        probs = torch.where(live, p_m[values.clamp_min(0)], torch.full_like(values, -1.0, dtype=p_m.dtype))
+        order = probs.argsort(descending=True)[: int(live.sum())]
+        allowed = [
+            source for source in (gen.candidates.entry_source(int(entries[best])) for best in order[:_SEAM_TRIES].tolist())
+            if self._seam_ok(gen, *source)
+        ]
+        # A neighbour where its source really continues the text so far beats a mere sentence start.
+        return next((source for source in allowed if self._continues(gen, *source)), allowed[0] if allowed else None)
+
+    def _seam_ok(self, gen: Generation, pidx: int, pos: int) -> bool:
+        """Whether a copy from token ``pos`` of passage ``pidx`` may follow the text so far
+        (:func:`acceptable_start`; always when ``config.seams`` is off)."""
+        if not gen.config.seams:
+            return True
+        assert gen.candidates is not None and self.datastore is not None
+        text = self.datastore.passages[pidx].text
+        starts = gen.starts.setdefault(pidx, sentence_starts(text))
+        return acceptable_start(gen.lead_in + gen.text, text, int(gen.candidates.passage(pidx).char_spans[pos, 0]), starts)
+
+    def _continues(self, gen: Generation, pidx: int, pos: int) -> bool:
+        """Whether token ``pos`` of passage ``pidx`` starts where its source continues the text so far."""
+        assert gen.candidates is not None and self.datastore is not None
+        char_pos = int(gen.candidates.passage(pidx).char_spans[pos, 0])
+        return continues(gen.lead_in + gen.text, self.datastore.passages[pidx].text, char_pos)
+
+    @staticmethod
+    def _opening_token(encoded: EncodedPassage, text: str, pos: int) -> int:
+        """Where a copy planned at token ``pos`` starts: ``pos`` when it is the line break
+        before a later answer window, else the first token there a copy may start with (an
+        opening planned at a Markdown heading starts below it: :func:`first_copyable`)."""
+        if not text[slice(*encoded.char_spans[pos])].strip():
+            return pos
+        return first_copyable(text, encoded.char_spans, pos)
+
+    def _copy_end(self, gen: Generation, pidx: int, pos: int) -> int:
+        """Where a copy from token ``pos`` of passage ``pidx`` must end (exclusive): at most
+        ``span_length`` tokens, never past the passage, never into Markdown a reader does not
+        see (:func:`~nest_integrations.corpus.markdown_structure.copyable_end`), never into a token this
+        answer has already copied (a used entry), never completing a run of ``repeat_ngram`` tokens the
+        answer already holds (:func:`~nest_integrations.policy.repetition.repeat_free_length`)."""
+        candidates, config = gen.candidates, gen.config
+        assert candidates is not None
+        tokens = candidates.passage(pidx).token_ids
+        end = min(len(tokens), pos + config.span_length)
+        end = copyable_end(self.datastore.passages[pidx].text, candidates.passage(pidx).char_spans, pos, end)  # type: ignore[union-attr]
+        end = next((i for i in range(pos, end) if candidates.is_used(pidx, i)), end)
+        if gen.plan.copies_whole(pidx, pos):
+            return end  # the planned window is the source's text, repeats and all
+        return pos + repeat_free_length(gen.ids, [int(t) for t in tokens[pos:end]], config.repeat_ngram)
+
+    @staticmethod
+    def _pick(p_m: torch.Tensor, config: NestConfig, generator: Optional[torch.Generator]) -> int:
+        """A token id from p_M (V,): its argmax when greedy, else sampled at ``temperature`` within ``top_p``."""
+        if not config.do_sample or config.temperature == 0:
+            return int(p_m.argmax())
+        probs = p_m.pow(1.0 / config.temperature)
+        probs = probs / probs.sum()
+        if config.top_p < 1.0:
+            sorted_p, order = probs.sort(descending=True)
+            keep = sorted_p.cumsum(0) - sorted_p < config.top_p
+            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+        return int(torch.multinomial(probs, 1, generator=generator))

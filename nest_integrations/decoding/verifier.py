@@ -1,0 +1,127 @@
+"""The verifier of NEST decoding: :class:`SpanVerifier`, relaxed acceptance of a draft, the commit and the stop rules.
+
+The row scheduler feeds a :class:`~nest_integrations.decoding.proposal.Proposal`'s first token
+and its draft to the LM in **one** forward, their kNN lookups done as one batched search; the
+draft is accepted while ``min(1, p_M(x_i) / (gamma * max p_M)) > 0.5``, as a verifier accepts a
+draft in speculative decoding. The p_M at the first rejected position is the next proposal's
+distribution, so every forward advances by at least one token (the scheduler crops the row's KV
+columns back to it). Accepted tokens join the text (:meth:`SpanVerifier.commit`) and the stop
+rules apply:
+
+* EOS, a stop string, ``max_new_tokens``;
+* copying the last token of the planned copies
+  (:class:`~nest_integrations.decoding.copy_plan.CopyPlan`; ``answered``), or an LM token where
+  the plan refuses one;
+* copying the last token of a passage whose document's next chunk was not retrieved, or of a
+  Markdown section (``stop_at_source_end``): what a small LM writes after a fully copied source
+  is its own, and mostly invented. A copy reaching a chunk's end goes on into the next chunk
+  of its document when that was retrieved.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+from nest_integrations.core.mixture import accepted_prefix_length, relaxed_accept_ratio
+from nest_integrations.corpus.markdown_structure import section_ends_at
+from nest_integrations.store.candidates import CandidateSet
+from nest_integrations.store.datastore import TokenDatastore
+from .chunk_chain import continue_at
+from .generation import Generation
+from .mixing import Mixture
+from .proposal import Proposal, Verdict
+from .spans import TokenRecord
+
+__all__ = ["SpanVerifier"]
+
+
+class SpanVerifier:
+    """Checks each row's draft against the mixture, commits what is accepted and applies the stop rules.
+
+    Stateless between calls apart from the :class:`Generation` it is given, so one object serves
+    every row of a decoder, from any thread.
+
+    Args:
+        tokenizer: the LM's tokenizer (decodes the accepted tokens).
+        datastore: the token datastore the candidate passages index into; None when the
+            decoder has none.
+        eos_ids: token ids that end a generation.
+    """
+
+    def __init__(self, tokenizer: Any, datastore: Optional[TokenDatastore], eos_ids: set[int]):
+        self.tokenizer = tokenizer
+        self.datastore = datastore
+        self.eos_ids = eos_ids
+
+    def verify(self, gen: Generation, proposal: Proposal, mixture: Mixture) -> Verdict:
+        """Verify ``proposal.draft`` by relaxed speculative acceptance and commit its longest
+        acceptable prefix (all of it for an unchecked draft).
+
+        Args:
+            proposal: what was fed for this row; its first token is already committed.
+            mixture: the mixture at the 1 + len(draft) positions fed for this row: position i
+                holds p_M after ``first`` and ``draft[:i]``.
+
+        Returns the :class:`Verdict`: the accepted length (also where in ``mixture`` the next
+        token's distribution sits) and where a copy goes on without a new span selection.
+        """
+        config, first, draft = gen.config, proposal.first, proposal.draft
+        accepted = 0
+        if draft and proposal.unchecked:
+            accepted = len(draft)
+            self.commit(gen, draft)
+        elif draft:
+            ratios = relaxed_accept_ratio(mixture.p_m[: len(draft)], torch.tensor([r.token_id for r in draft]), config.effective_gamma)
+            accepted = accepted_prefix_length(ratios, config.accept_threshold)
+            self.commit(gen, draft[:accepted])
+        continuation = None
+        if draft and accepted == len(draft) and draft[-1].passage_index is not None:
+            continuation = (draft[-1].passage_index, draft[-1].position + 1)
+        elif not draft and first.passage_index is not None:
+            continuation = (first.passage_index, first.position + 1)
+        return Verdict(mixture, accepted, continuation)  # type: ignore[arg-type]
+
+    def commit(self, gen: Generation, records: Sequence[TokenRecord]) -> None:
+        """Append accepted tokens; stop at EOS, a stop string, max_new_tokens, the end of the source,
+        the last planned copy's end, or an LM token the copy plan refuses."""
+        if gen.finished:
+            return
+        for record in records:
+            if record.token_id in self.eos_ids:
+                gen.finish("eos")
+                return
+            if record.passage_index is None and gen.plan.refuses_lm_token(bool(gen.records)):
+                gen.finish("answered")  # the LM refused the next window, or would write in a planned answer
+                return
+            gen.plan.between_windows = False
+            gen.records.append(record)
+            gen.ids.append(record.token_id)
+            text = self.tokenizer.decode(gen.ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            # A token ending inside a multi-byte character decodes to U+FFFD until
+            # the next token completes it; it owns no characters until then.
+            partial = text.endswith("\ufffd")
+            gen.boundaries.append((gen.boundaries[-1] if gen.boundaries else 0) if partial else len(text))
+            gen.text = text
+            copied = record.passage_index is not None and gen.candidates is not None
+            if copied:
+                gen.candidates.mark_used(record.passage_index, record.position, record.position)  # type: ignore[union-attr, arg-type]
+            if any(s in gen.text for s in gen.config.stop):
+                gen.finish("stop")
+            elif len(gen.records) >= gen.config.max_new_tokens:
+                gen.finish("length")
+            elif copied and gen.plan.ends_at(record.passage_index, record.position):  # type: ignore[arg-type]
+                gen.end_planned_copy()
+            elif copied and gen.config.stop_at_source_end and self._source_exhausted(gen.candidates, record):  # type: ignore[arg-type]
+                gen.finish("source_end")
+            if gen.finished:
+                return
+
+    def _source_exhausted(self, candidates: CandidateSet, record: TokenRecord) -> bool:
+        """Whether ``record`` copied the last token of its passage and no candidate
+        passage continues it (the next chunk of the same document), or the last token
+        of a Markdown section (a heading follows: :func:`section_ends_at`)."""
+        pidx, pos = int(record.passage_index), int(record.position)  # type: ignore[arg-type]
+        passages = self.datastore.passages  # type: ignore[union-attr]
+        return continue_at(passages, candidates, pidx, pos + 1) is None or section_ends_at(passages[pidx].text, int(candidates.passage(pidx).char_spans[pos, 1]))
