@@ -45,6 +45,6 @@ class Verdict:
     accepted: int = 0
     """Draft tokens accepted (0 after a prefill): also the position of ``mixture`` that holds the
     next token's distribution, the first rejected one (or the one after the whole draft)."""
-    continuation: Optional[tuple[int, int]] = None
+    resume_at: Optional[tuple[int, int]] = None
     """``(passage index, position)`` where a copy goes on without a new span selection: after a
     fully accepted draft, or after a copied single token; None after an LM token or a rejected draft."""

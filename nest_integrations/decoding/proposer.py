@@ -72,7 +72,7 @@ class SpanProposer:
         of ``verdict`` (``verdict.accepted``).
 
         A copy is proposed (in ``nest`` / ``ra_nest`` with candidates) from, in this order: the
-        plan's opening (used once); ``verdict.continuation``, where the last copy goes on; the
+        plan's opening (used once); ``verdict.resume_at``, where the last copy goes on; the
         best neighbour when lambda <= delta (:meth:`_select_span`). The copy's first token must
         pass the relaxed check against this p_M (a section's title, and the line break that opens
         its window after it, need not: ``plan.copying_title``, ``plan.after_title``); then it is
@@ -83,12 +83,12 @@ class SpanProposer:
         Args:
             generator: the row's sampling generator (``config.seed``), or None.
         """
-        return self._propose(gen, verdict.mixture, verdict.accepted, verdict.continuation, generator)
+        return self._propose(gen, verdict.mixture, verdict.accepted, verdict.resume_at, generator)
 
     def _propose(
-        self, gen: Generation, mixture: Mixture, at: int, continuation: Optional[tuple[int, int]], generator: Optional[torch.Generator]
+        self, gen: Generation, mixture: Mixture, at: int, resume_at: Optional[tuple[int, int]], generator: Optional[torch.Generator]
     ) -> Proposal:
-        """:meth:`propose` from position ``at`` of ``mixture``, a copy going on at ``continuation``."""
+        """:meth:`propose` from position ``at`` of ``mixture``, a copy going on at ``resume_at``."""
         config, plan = gen.config, gen.plan
         p_m = mixture.p_m[at]
         proposal = None
@@ -109,7 +109,7 @@ class SpanProposer:
                 line_break = not text[slice(*encoded.char_spans[proposal[1]])].strip()
                 whole = plan.copies_whole(*proposal)
                 unchecked, plan.after_title = (plan.after_title and line_break) or whole, False
-            elif continuation is not None and (resumed := continue_at(self.datastore.passages, gen.candidates, *continuation)) is not None:  # type: ignore[union-attr]
+            elif resume_at is not None and (resumed := continue_at(self.datastore.passages, gen.candidates, *resume_at)) is not None:  # type: ignore[union-attr]
                 proposal = resumed
                 if whole := plan.copies_whole(*proposal):
                     unchecked = True

@@ -76,12 +76,12 @@ class SpanVerifier:
             ratios = relaxed_accept_ratio(mixture.p_m[: len(draft)], torch.tensor([r.token_id for r in draft]), config.effective_gamma)
             accepted = accepted_prefix_length(ratios, config.accept_threshold)
             self.commit(gen, draft[:accepted])
-        continuation = None
+        resume_at = None
         if draft and accepted == len(draft) and draft[-1].passage_index is not None:
-            continuation = (draft[-1].passage_index, draft[-1].position + 1)
+            resume_at = (draft[-1].passage_index, draft[-1].position + 1)
         elif not draft and first.passage_index is not None:
-            continuation = (first.passage_index, first.position + 1)
-        return Verdict(mixture, accepted, continuation)  # type: ignore[arg-type]
+            resume_at = (first.passage_index, first.position + 1)
+        return Verdict(mixture, accepted, resume_at)  # type: ignore[arg-type]
 
     def commit(self, gen: Generation, records: Sequence[TokenRecord]) -> None:
         """Append accepted tokens; stop at EOS, a stop string, max_new_tokens, the end of the source,
