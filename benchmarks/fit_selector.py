@@ -29,10 +29,10 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
-from nest_integrations.evaluation.metrics import answer_recall
-from nest_integrations.evaluation.runner import load_items
-from nest_integrations.evaluation.tasks import TASKS
-from nest_integrations.index.nest_index import NestIndex
+from nest_benchmarks.metrics import answer_recall
+from nest_benchmarks.runner import load_items
+from nest_benchmarks.tasks import TASKS
+from nest_integrations import NestIndex
 from nest_integrations.policy.selection import FEATURES, AnswerSelector, candidate_windows, window_features
 
 PASSAGE_K = 8

@@ -11,10 +11,10 @@ results/selector-fit/coverage.md come from it.
 
 import sys
 
-from nest_integrations.evaluation.metrics import answer_recall
-from nest_integrations.evaluation.runner import load_items
-from nest_integrations.evaluation.tasks import TASKS
-from nest_integrations.index.nest_index import NestIndex
+from nest_benchmarks.metrics import answer_recall
+from nest_benchmarks.runner import load_items
+from nest_benchmarks.tasks import TASKS
+from nest_integrations import NestIndex
 from nest_integrations.policy.relevance import RelevanceGate, passage_similarities
 
 FLOORS = (0.5, 0.34, 0.25, 0.0)

@@ -7,8 +7,10 @@ Run from anywhere with the development environment's Python (``.ci/run`` does, a
 
 Four steps, each timed, the first failure ending the run with a non-zero status:
 
-1. ``python -m build`` makes the sdist and the wheel into a temporary folder and
-   ``twine check --strict`` reads their metadata (what PyPI would show).
+1. ``python -m build`` makes the sdist and the wheel into a temporary folder,
+   ``twine check --strict`` reads their metadata (what PyPI would show), and the wheel is
+   read for files of the benchmarks project (``benchmarks/``: the benches, the evaluation
+   runner, the Fastify and Pino documents), which the library must not ship.
 2. The ``bash`` block after ``<!-- install:venv -->`` in README.md runs as it is, from the
    repository root, in a new virtualenv in a temporary folder (activated with its
    ``bin/activate``). pip's own cache is used, so a second run downloads nothing.
@@ -18,7 +20,8 @@ Four steps, each timed, the first failure ending the run with a non-zero status:
    LangChain and LlamaIndex integrations embed with the bundled MiniLM.
 4. ``nest --help`` runs from that folder.
 
-``--keep`` leaves the temporary folder in place (its path is printed) to look into a failure.
+``--keep`` leaves the temporary folder in place (its path is printed) to look into a failure;
+``--wheel-only`` runs step 1's build and reads the wheel's files (seconds, no install).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,6 +73,34 @@ assert len(default_embeddings().embed_query("quill cache")) == 384
 assert len(default_embed_model().get_text_embedding("quill cache")) == 384
 print(f"{installed.parent}: {index.lm.name} answered {out.text!r} (attribution {out.attribution_ratio:.2f})")
 '''
+
+
+BENCHMARK_FILE = re.compile(r"^(nest_integrations/evaluation|nest_benchmarks)/|fastify|pino", re.IGNORECASE)
+"""A wheel member of the benchmarks project: its package (or the library's former
+``evaluation`` folder) or another project's documents (Fastify's, Pino's)."""
+
+
+def benchmark_files(members: Iterable[str]) -> list[str]:
+    """The names among ``members`` (a wheel's, as ``zipfile`` lists them) that belong to the
+    benchmarks project rather than the library (:data:`BENCHMARK_FILE`)."""
+    return [name for name in members if BENCHMARK_FILE.search(name)]
+
+
+def check_wheel_files(dist: Path) -> None:
+    """The library's wheel in ``dist`` holds none of the benchmarks project's files.
+
+    Raises:
+        SystemExit: no wheel in ``dist``, or a benchmark file in it (the first few named).
+    """
+    print("== wheel files", flush=True)
+    wheels = sorted(dist.glob("*.whl"))
+    if not wheels:
+        raise SystemExit(f"check_install: no wheel in {dist}")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        members = wheel.namelist()
+    if strays := benchmark_files(members):
+        raise SystemExit(f"check_install: {wheels[0].name} ships {len(strays)} file(s) of the benchmarks project: {', '.join(strays[:5])}")
+    print(f"== wheel files: {len(members)} in {wheels[0].name}, none of the benchmarks project", flush=True)
 
 
 def install_block(readme_text: str) -> str:
@@ -122,9 +155,10 @@ def check(work: Path) -> dict[str, float]:
     """The four steps in ``work`` (an empty folder outside the checkout); each step's seconds."""
     times: dict[str, float] = {}
     dist = work / "dist"
-    times["build"] = step("build sdist and wheel", [sys.executable, "-m", "build", "--outdir", str(dist), str(REPO)], cwd=work, timeout_s=STEP_TIMEOUT_S)
+    times["build"] = step("build sdist and wheel", build_command(dist), cwd=work, timeout_s=STEP_TIMEOUT_S)
     artifacts = sorted(str(p) for p in dist.iterdir())
     times["twine"] = step("twine check", [sys.executable, "-m", "twine", "check", "--strict", *artifacts], cwd=work, timeout_s=STEP_TIMEOUT_S)
+    check_wheel_files(dist)
 
     venv = work / "venv"
     times["venv"] = step("new virtualenv", [sys.executable, "-m", "venv", str(venv)], cwd=work, timeout_s=STEP_TIMEOUT_S)
@@ -142,15 +176,31 @@ def check(work: Path) -> dict[str, float]:
     return times
 
 
+def build_command(dist: Path) -> list[str]:
+    """``python -m build`` of the checkout into ``dist``: the sdist, then the wheel built from
+    the sdist (so a stale ``build/`` folder in the checkout cannot leak into the wheel)."""
+    return [sys.executable, "-m", "build", "--outdir", str(dist), str(REPO)]
+
+
+def check_wheel(work: Path) -> dict[str, float]:
+    """Step 1 without twine: the sdist and the wheel built into ``work``, the wheel's files
+    checked (:func:`check_wheel_files`)."""
+    dist = work / "dist"
+    seconds = step("build sdist and wheel", build_command(dist), cwd=work, timeout_s=STEP_TIMEOUT_S)
+    check_wheel_files(dist)
+    return {"build": seconds}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true", help="Leave the temporary folder in place.")
+    parser.add_argument("--wheel-only", action="store_true", help="Only build the sdist and wheel and check the wheel's files.")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="nest-install-check-"))
     if work.resolve().is_relative_to(REPO):
         raise SystemExit(f"check_install: the temporary folder {work} is inside the checkout; set TMPDIR elsewhere")
     try:
-        times = check(work)
+        times = check_wheel(work) if args.wheel_only else check(work)
     finally:
         if args.keep:
             print(f"check_install: kept {work}")

@@ -1,7 +1,10 @@
 """``nest bench`` as subcommands: each bench its own command, the spellings of the last release
-hidden and deprecated but running the new command, and options of a subcommand after it."""
+hidden and deprecated but running the new command, and options of a subcommand after it; and
+``nest eval`` and ``nest bench`` without the benchmarks project they run."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -51,7 +54,7 @@ def test_the_new_subcommands_give_the_same_defaults_without_a_warning(monkeypatc
 
 def test_an_old_bench_command_warns_and_runs_the_subcommand(monkeypatch, tmp_path):
     calls = []
-    monkeypatch.setattr("nest_integrations.evaluation.gate_bench.gate_report", lambda index, **kw: calls.append(kw))
+    monkeypatch.setattr("nest_benchmarks.gate_bench.gate_report", lambda index, **kw: calls.append(kw))
     monkeypatch.setattr(bench_cli, "load_index", lambda datastore: "index")
     out = tmp_path / "gate"
     out.mkdir()
@@ -70,3 +73,16 @@ def test_options_before_the_subcommand_are_refused():
 def test_scale_refuses_the_options_of_the_other_benches_in_the_old_spelling():
     result = CliRunner().invoke(app, ["bench", "--scale", "--batching"])
     assert result.exit_code == 2 and "do not apply with --scale" in result.output
+
+
+@pytest.mark.parametrize(
+    "argv", [["eval", "--task", "bio"], ["bench", "gate", "--n", "5"], ["bench", "--scale"], ["bench-gate", "--n", "5"]],
+    ids=["eval", "bench gate", "old bench --scale", "old bench-gate"],
+)
+def test_without_the_benchmarks_project_a_command_names_its_install_command_in_one_line(monkeypatch, argv):
+    monkeypatch.setitem(sys.modules, "nest_benchmarks", None)  # what find_spec sees when it is not installed
+    monkeypatch.setattr(bench_cli, "load_index", lambda *args: pytest.fail("a bench ran without its project"))
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "pip install -e benchmarks" in result.stderr, result.stderr
+    assert f"`nest {argv[0]}` runs the benchmarks project" in result.stderr and "Traceback" not in result.stderr

@@ -195,53 +195,6 @@ def test_the_client_path_imports_neither_torch_nor_transformers(index_folder):
     assert "HEAVY:\n" in done.stderr
 
 
-def test_the_startup_bench_times_served_runs_beside_warm_ones(monkeypatch, tmp_path):
-    from types import SimpleNamespace
-
-    from nest_integrations.evaluation import startup_bench
-
-    index = tmp_path / "index"
-    index.mkdir()
-    (index / "manifest.json").write_text("{}")
-    commands = []
-
-    def fake_run(command, env, capture_output, text):
-        commands.append(command)
-        served = command[-2:] != ["--server", "never"]
-        with open(env["TRACE"], "w") as handle:
-            json.dump({"phases": {} if served else {"imports": 5.0}, "marks": {"command": 0.3, "first_token": 1.0 if served else 8.0, "end": 1.2}}, handle)
-        return SimpleNamespace(returncode=0, stdout='{"text": "same"}\n', stderr="")
-
-    class FakeServer:  # listens where it is told, as nest serve does
-        def __init__(self, command, env, stdout, stderr, text):
-            self.command, self.signals = command, []
-            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.listener.bind(command[command.index("--socket") + 1])
-            self.listener.listen()
-
-        def poll(self):
-            return None
-
-        def send_signal(self, signum):
-            self.signals.append(signum)
-            self.listener.close()
-
-        def communicate(self, timeout=None):
-            return "", ""
-
-    monkeypatch.setattr(startup_bench.subprocess, "run", fake_run)
-    monkeypatch.setattr(startup_bench.subprocess, "Popen", FakeServer)
-    bench = startup_bench.run_startup_bench(
-        prompt="Who?", runs=2, cold=False, served=True, out_dir=tmp_path / "out", index_folder=index, trace_variables=("TRACE", "T0"),
-    )
-    assert [r["run"] for r in bench["runs"]] == ["warm 1", "warm 2", "served 1", "served 2"]
-    assert commands[-1][-2] == "--server" and commands[-1][-1].endswith("serve.sock")
-    assert bench["served"]["median"]["first_token"] == 1.0 and bench["served"]["speedup"] == 8.0
-    assert bench["goal"]["served_met"] and not bench["goal"]["met"]
-    table = (tmp_path / "out" / "startup.md").read_text()
-    assert "| served median | 0.300 | – |" in table and "Served first token <= 3.0 s: met" in table
-
-
 def test_a_server_stops_itself_when_idle_and_not_before(index_folder):
     assert [idle_timeout(value) for value in (None, "none", "0", "2.5")] == [None, None, None, 2.5]
     for wrong in ("-1", "soon", "inf"):

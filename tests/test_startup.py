@@ -1,19 +1,17 @@
 """Start-up of the ``nest`` command: no heavy import before a command needs it, no loading bars
-without -v, the start-up trace ``nest bench startup`` reads, and the bench's report."""
+without -v, and the start-up trace ``nest bench startup`` reads (the bench's own report:
+benchmarks/tests/test_startup_bench.py)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from types import SimpleNamespace
 
-import pytest
 from typer.testing import CliRunner
 
 from nest_integrations.cli import app
 from nest_integrations.cli import common
-from nest_integrations.evaluation import startup_bench
 
 
 def test_the_cli_imports_neither_torch_nor_transformers_until_a_command_needs_them():
@@ -82,53 +80,3 @@ def test_verbose_before_the_command_stays_on(monkeypatch, tiny_lm, small_passage
         assert hf_logging.is_progress_bar_enabled()
     finally:
         common.setup_logging(False)
-
-
-def test_the_bench_reports_cold_and_warm_runs(monkeypatch, tmp_path):
-    index = tmp_path / "index"
-    index.mkdir()
-    (index / "manifest.json").write_text("{}")
-    seen = []
-
-    def fake_run(command, env, capture_output, text):
-        seen.append((command, env["NEST_CACHE_DIR"]))
-        trace = {"phases": {"imports": 1.0, "lm": 0.5, "embedder": 0.4, "index": 0.2, "generation": 0.9},
-                 "marks": {"command": 0.2, "first_token": 2.5 if len(seen) > 1 else 9.0, "end": 3.0}}
-        with open(env["TRACE"], "w") as handle:
-            json.dump(trace, handle)
-        return SimpleNamespace(returncode=0, stdout='{"text": "same"}\n', stderr="")
-
-    monkeypatch.setattr(startup_bench.subprocess, "run", fake_run)
-    bench = startup_bench.run_startup_bench(
-        prompt="Who?", runs=2, out_dir=tmp_path / "out", index_folder=index, trace_variables=("TRACE", "T0"),
-    )
-    assert [r["run"] for r in bench["runs"]] == ["cold", "warm 1", "warm 2"]
-    assert len({cache for _, cache in seen}) == 1 and "--datastore" in seen[0][0]
-    assert bench["warm_median"]["first_token"] == 2.5 and bench["goal"]["met"] and bench["texts_equal"]
-    assert all(run["exit"] is not None for run in bench["runs"])  # the time from the "end" mark to the exit
-    table = (tmp_path / "out" / "startup.md").read_text()
-    assert "| cold |" in table and "| warm median |" in table and "met" in table
-
-
-def test_a_phase_no_run_had_is_a_dash(monkeypatch, tmp_path):
-    index = tmp_path / "index"
-    index.mkdir()
-    (index / "manifest.json").write_text("{}")
-
-    def fake_run(command, env, capture_output, text):
-        with open(env["TRACE"], "w") as handle:  # an index without the bundled embedder, an answer without text
-            json.dump({"phases": {"imports": 1.0, "lm": 0.5, "index": 0.2}, "marks": {"command": 0.2}}, handle)
-        return SimpleNamespace(returncode=0, stdout='{"text": ""}\n', stderr="")
-
-    monkeypatch.setattr(startup_bench.subprocess, "run", fake_run)
-    bench = startup_bench.run_startup_bench(
-        prompt="Who?", runs=1, cold=False, out_dir=tmp_path / "out", index_folder=index, trace_variables=("TRACE", "T0"),
-    )
-    assert [r["run"] for r in bench["runs"]] == ["warm 1"]
-    assert bench["warm_median"]["embedder"] is None and not bench["goal"]["met"]
-    assert "| warm median | 0.200 | 1.000 | 0.500 | – |" in (tmp_path / "out" / "startup.md").read_text()
-
-
-def test_the_bench_needs_an_index(tmp_path):
-    with pytest.raises(ValueError, match="no index"):
-        startup_bench.run_startup_bench(prompt="Who?", out_dir=tmp_path / "out", index_folder=tmp_path, trace_variables=("A", "B"))

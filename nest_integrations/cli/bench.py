@@ -3,10 +3,11 @@
 ``speed`` (the modes against plain transformers generate), ``batching`` (throughput), ``scale``
 (first stage against corpus size), ``ray``, ``keys`` (compressed keys), ``store`` (the quick
 starts' saved stores), ``gate`` (the relevance gate), ``windows`` (the answer windows the
-decoder plans), ``device`` (an accelerator), ``startup`` (the command's own start-up). The
-spellings of earlier releases (``nest bench`` with ``--batching`` / ``--scale``, ``nest
-bench-ray``...) still run, hidden, with a deprecation warning on stderr; they go in the next
-release.
+decoder plans), ``device`` (an accelerator), ``startup`` (the command's own start-up). Each
+runs the benchmarks project (``nest_benchmarks``, imported when the subcommand runs; without it
+the command fails naming its install command). The spellings of earlier releases (``nest
+bench`` with ``--batching`` / ``--scale``, ``nest bench-ray``...) still run, hidden, with a
+deprecation warning on stderr; they go in the next release.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import typer
 from nest_integrations.store.key_codec import CODEC_HELP
 from .common import (
     STARTUP_T0_ENV, STARTUP_TRACE_ENV, comma_list, console, default_index_path, docs_index, fail, given, load_index, numbers,
+    require_benchmarks,
 )
 
 bench_app = typer.Typer(
@@ -48,7 +50,7 @@ def run_speed(datastore: Optional[Path], n: int, max_new_tokens: int, out: Path,
         fail(f"unknown --sweep {sweep!r}; choose from {', '.join(SWEEPS)}")
     if sweep and not values:
         fail("--sweep needs --values")
-    from nest_integrations.evaluation.bench import run_bench, run_sweep
+    from nest_benchmarks.bench import run_bench, run_sweep
 
     index = load_index(datastore)
     try:
@@ -62,7 +64,7 @@ def run_speed(datastore: Optional[Path], n: int, max_new_tokens: int, out: Path,
 
 def run_batching(datastore: Optional[Path], n: int, max_new_tokens: int, out: Path, seed: int, repeats: int, kinds: str) -> None:
     """The throughput table of ``nest bench batching``."""
-    from nest_integrations.evaluation.throughput import run_throughput
+    from nest_benchmarks.throughput import run_throughput
 
     index = load_index(datastore)
     try:
@@ -75,7 +77,7 @@ def run_batching(datastore: Optional[Path], n: int, max_new_tokens: int, out: Pa
 def run_scale(n: int, max_new_tokens: int, out: Path, sizes: str, scale_indexes: str, hnsw_max: int) -> None:
     """The scaling table of ``nest bench scale``."""
     size_list = numbers(sizes, int, "--sizes")
-    from nest_integrations.evaluation.scale_bench import run_scale_bench
+    from nest_benchmarks.scale_bench import run_scale_bench
     from nest_integrations.model.lm import cache_dir
 
     try:
@@ -157,6 +159,7 @@ def bench(
     hnsw_max: int = typer.Option(100_000, min=1, hidden=True),
 ) -> None:
     """Benchmarks, one subcommand each; every one writes JSON and Markdown to --out."""
+    require_benchmarks("nest bench")
     options = [name for name in ctx.params if name != "ctx"]
     if ctx.invoked_subcommand is not None:
         if stray := given(ctx, *options):
@@ -190,7 +193,7 @@ def ray(
     out: Path = typer.Option(Path("runs/ray"), help="Output folder (ray.json, ray.md)."),
 ) -> None:
     """Ray against one process: index build and batch generation, timed in one run."""
-    from nest_integrations.evaluation.ray_bench import run_ray_bench
+    from nest_benchmarks.ray_bench import run_ray_bench
 
     try:
         run_ray_bench(
@@ -218,7 +221,7 @@ def keys(
     out: Path = typer.Option(Path("runs/bench-keys"), help="Output folder (key_bench.json, key_bench.md)."),
 ) -> None:
     """Compressed keys vs float16: bytes per token, neighbour agreement, lambda change, search speed."""
-    from nest_integrations.evaluation.key_bench import QUERY_MODES, run_key_bench
+    from nest_benchmarks.key_bench import QUERY_MODES, run_key_bench
     from nest_integrations.store.key_codec import parse_spec
 
     try:
@@ -253,7 +256,7 @@ def store(
 ) -> None:
     """NEST against in-context RAG through the README's LangChain and LlamaIndex quick starts, on stores
     with precomputed keys, saved and loaded memory-mapped (wall time per question, recall)."""
-    from nest_integrations.evaluation.store_bench import INTEGRATIONS, README_CHUNK_SIZE, README_MAX_NEW_TOKENS, run_store_bench
+    from nest_benchmarks.store_bench import INTEGRATIONS, README_CHUNK_SIZE, README_MAX_NEW_TOKENS, run_store_bench
 
     chosen = comma_list(integrations)
     if not chosen or set(chosen) - set(INTEGRATIONS):
@@ -277,7 +280,7 @@ def gate(
     out: Path = typer.Option(Path("runs/bench-gate"), help="Output folder (gate.json, gate.md)."),
 ) -> None:
     """What the relevance gate keeps for biographies, with the summary present and removed (no generation)."""
-    from nest_integrations.evaluation.gate_bench import gate_report
+    from nest_benchmarks.gate_bench import gate_report
 
     index = load_index(datastore)
     try:
@@ -309,9 +312,9 @@ def windows(
 ) -> None:
     """Whether the gold answer is in the answer windows the decoder plans to copy, per domain: the
     first stage, the relevance gate and the window plan as in the decoder, no generation."""
-    from nest_integrations.evaluation.runner import DOCS_DOMAIN_CHUNKINGS, load_items, run_config
-    from nest_integrations.evaluation.tasks import TASK_MAX_NEW_TOKENS
-    from nest_integrations.evaluation.window_bench import domain_report, write_window_bench
+    from nest_benchmarks.runner import DOCS_DOMAIN_CHUNKINGS, docs_domain_passages, load_items, run_config
+    from nest_benchmarks.tasks import TASK_MAX_NEW_TOKENS
+    from nest_benchmarks.window_bench import domain_report, write_window_bench
 
     if unknown := [d for d in domains if d not in WINDOW_DOMAINS]:
         fail(f"unknown --domain {', '.join(unknown)}; choose from {', '.join(WINDOW_DOMAINS)}")
@@ -322,7 +325,8 @@ def windows(
     config = run_config(None, max_new_tokens or max(TASK_MAX_NEW_TOKENS[d] for d in domains))
     reports, model = {}, ""
     for domain in domains:
-        index = load_index(docs_index(domain, docs_chunking) if domain in DOCS_DOMAIN_CHUNKINGS else None)
+        folder = docs_index(domain, docs_chunking, docs_domain_passages(domain, docs_chunking)) if domain in DOCS_DOMAIN_CHUNKINGS else None
+        index = load_index(folder)
         try:
             items = load_items(domain, limit, seed=seed, passages=index.passages)
         except ValueError as err:
@@ -344,7 +348,7 @@ def device(
     out: Path = typer.Option(Path("runs/device-bench"), help="Output folder (device_bench.json, device_bench.md)."),
 ) -> None:
     """NEST (base and nest modes) against the LM's own greedy generate, per model and dtype, on a device."""
-    from nest_integrations.evaluation.device_bench import check_device, check_dtypes, run_device_bench
+    from nest_benchmarks.device_bench import check_device, check_dtypes, run_device_bench
 
     if not comma_list(models):
         fail("--models is empty")
@@ -378,7 +382,7 @@ def startup(
     """Start-up of `nest generate` over the default index, each run a fresh process: cold (the
     converted LM and its fingerprint rebuilt in a fresh cache), warm, per phase, and served (a
     `nest serve` of the index answers)."""
-    from nest_integrations.evaluation.startup_bench import run_startup_bench
+    from nest_benchmarks.startup_bench import run_startup_bench
 
     try:
         run_startup_bench(
@@ -394,6 +398,7 @@ def _alias(old: str, new: str, command: Callable[..., Any]) -> None:
     """Register ``nest OLD`` as a hidden, deprecated spelling of ``nest bench NEW``: same options."""
 
     def run(*args: Any, **kwargs: Any) -> None:
+        require_benchmarks(f"nest {old}")
         deprecated(f"nest {old}", f"nest bench {new}")
         command(*args, **kwargs)
 

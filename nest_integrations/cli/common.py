@@ -1,6 +1,6 @@
 """What the ``nest`` commands share: the consoles, failing, logging, option parsing, the
-default index and the documentation domains' indexes, and the start-up trace that ``nest bench
-startup`` reads.
+default index and the documentation domains' indexes, the check that the benchmarks project is
+installed (``nest eval``, ``nest bench``), and the start-up trace that ``nest bench startup`` reads.
 
 Imports only what every command needs (typer, rich): each command imports its own
 libraries (torch, transformers, FAISS...) when it runs, so ``nest --help`` or a
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import atexit
 import gc
+import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -19,10 +21,13 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, Iterator, NoReturn, Optional, Sequence
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:  # pragma: no cover - run time needs no passage class here
+    from nest_integrations.corpus.passages import Passage
 
 console = Console()
 err_console = Console(stderr=True)
@@ -54,10 +59,27 @@ def model_tag(model: Optional[str]) -> str:
     return "-" + (embedded.cache_name if embedded else re.sub(r"[^A-Za-z0-9_.-]+", "_", model))
 
 
-def fail(message: str) -> NoReturn:
-    """Print ``error: message`` to stderr and exit with status 2."""
-    err_console.print(f"[red]error:[/red] {message}")
+def fail(message: str, *, one_line: bool = False) -> NoReturn:
+    """Print ``error: message`` to stderr and exit with status 2; ``one_line``: unwrapped at the
+    console's width (a command to copy stays whole)."""
+    err_console.print(f"[red]error:[/red] {message}", soft_wrap=one_line)
     raise typer.Exit(code=2)
+
+
+BENCHMARKS_PACKAGE = "nest_benchmarks"
+"""The benchmarks project's package (the repository's ``benchmarks/``): the tasks, metrics, runner
+and benches that ``nest eval`` and ``nest bench`` run, and the documents they run on."""
+BENCHMARKS_INSTALL = "pip install -e benchmarks"
+"""The command that installs it, from the repository's root (``make setup`` runs it)."""
+
+
+def require_benchmarks(command: str) -> None:
+    """Fail, in one line naming :data:`BENCHMARKS_INSTALL`, unless :data:`BENCHMARKS_PACKAGE` can
+    be imported: the library does not ship it, and ``command`` (``nest eval``, ``nest bench``)
+    imports it when it runs."""
+    if importlib.util.find_spec(BENCHMARKS_PACKAGE) is None:
+        fail(f"`{command}` runs the benchmarks project, which is not installed: `{BENCHMARKS_INSTALL}` "
+             "from the repository's root installs it", one_line=True)
 
 
 def setup_logging(verbose: bool) -> None:
@@ -224,15 +246,22 @@ def build_default_index(folder: Path, model: Optional[str] = None) -> None:
     index.save(folder)
 
 
-def docs_index(task: str, chunking: str, model: Optional[str] = None) -> Path:
-    """The folder of a documentation task's default index, built into the cache once per
-    version of its passages (docs: standard-library docstrings; markdown-docs: Fastify's docs;
-    markdown-docs-pino: Pino's docs)."""
-    from nest_integrations.evaluation.runner import docs_domain_passages, passages_fingerprint
+def passages_fingerprint(passages: Sequence[Passage]) -> str:
+    """12 hex digits of SHA-256 over the passages' ids and texts, in order: a cached
+    index named with it is rebuilt when the documents or their chunking change."""
+    digest = hashlib.sha256()
+    for passage in passages:
+        digest.update(f"{len(passage.id)}:{passage.id}{len(passage.text)}:{passage.text}".encode())
+    return digest.hexdigest()[:12]
+
+
+def docs_index(task: str, chunking: str, passages: Sequence[Passage], model: Optional[str] = None) -> Path:
+    """The folder of a documentation domain's default index over ``passages`` (the benchmarks
+    project's ``nest_benchmarks.runner.docs_domain_passages(task, chunking)``, which ``nest eval``
+    and ``nest bench`` pass), built into the cache once per version of its passages."""
     from nest_integrations.index.nest_index import NestIndex
     from nest_integrations.model.lm import cache_dir, load_lm
 
-    passages = docs_domain_passages(task, chunking)
     folder = cache_dir() / "indexes" / f"{task}-{chunking}-{passages_fingerprint(passages)}{model_tag(model)}"
     if not (folder / "manifest.json").exists():
         console.print(f"Building the {task} index ({len(passages)} passages, {chunking}) in {folder} (once)...")

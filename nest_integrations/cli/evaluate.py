@@ -1,4 +1,6 @@
-"""``nest eval``: the modes compared on the same items of a task."""
+"""``nest eval``: the modes compared on the same items of a task, run by the benchmarks project
+(``nest_benchmarks``, imported when the command runs; without it the command fails naming
+its install command)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Optional
 import typer
 
 from nest_integrations.store.key_codec import CODEC_HELP
-from .common import comma_list, console, docs_index, fail, load_index
+from .common import comma_list, console, docs_index, fail, load_index, require_benchmarks
 
 app = typer.Typer()
 """The command of this module, merged into ``nest``."""
@@ -49,10 +51,12 @@ def evaluate(
     nest eval --task bio; nest eval --task wiki-qa; nest eval --task docs [--docs-chunking splitter];
     nest eval --task markdown-docs [--docs-chunking splitter|sentence]; nest eval --task markdown-docs-pino.
     """
+    require_benchmarks("nest eval")
+    from nest_benchmarks.runner import DOCS_DOMAIN_CHUNKINGS, docs_domain_passages, run_eval
+    from nest_benchmarks.tasks import FILE_TASKS, QA_TASKS, TASKS
+    from nest_benchmarks.window_bench import write_funnel
+
     from nest_integrations.core.config import MODES
-    from nest_integrations.evaluation.runner import DOCS_DOMAIN_CHUNKINGS, run_eval
-    from nest_integrations.evaluation.tasks import FILE_TASKS, QA_TASKS, TASKS
-    from nest_integrations.evaluation.window_bench import write_funnel
 
     if task not in TASKS:
         fail(f"unknown --task {task!r}; choose from {', '.join(TASKS)}")
@@ -73,7 +77,7 @@ def evaluate(
     if docs_chunking not in chunkings:
         fail(f"unknown --docs-chunking {docs_chunking!r} for {task}; choose from {', '.join(chunkings)}")
     if task in DOCS_DOMAIN_CHUNKINGS and datastore is None:
-        datastore = docs_index(task, docs_chunking, model)
+        datastore = docs_index(task, docs_chunking, docs_domain_passages(task, docs_chunking), model)
     index = load_index(datastore, model)
     try:
         if key_compression is not None:

@@ -42,9 +42,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from nest_benchmarks.key_bench import decoding_queries
+from nest_benchmarks.runner import markdown_table, write_json
 from nest_integrations import NestConfig, NestIndex, load_lm, load_wikipedia_summaries
-from nest_integrations.evaluation.key_bench import decoding_queries
-from nest_integrations.evaluation.runner import markdown_table, write_json
 from nest_integrations.store.candidates import CandidateSet
 from nest_integrations.store.encoder import EncodedPassage, PassageEncoder
 from nest_integrations.store.key_precision import ENV_VAR, cpu_has_bf16

@@ -2,7 +2,7 @@
 
 The store: ``--corpus wiki``, ``--docs`` Wikipedia summaries of people (the
 bundled corpus), or ``--corpus docs``, the standard-library documentation of
-``nest eval --task docs`` (:func:`nest_integrations.evaluation.docs_corpus.docs_corpus`),
+``nest eval --task docs`` (:func:`nest_benchmarks.docs_corpus.docs_corpus`),
 split by LangChain's RecursiveCharacterTextSplitter at its default 4,000-character
 chunks, embedded by the bundled all-MiniLM-L6-v2, keyed by the default LM. Measured:
 
@@ -37,9 +37,9 @@ from typing import Any
 from langchain_core.documents import Document
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
+from nest_benchmarks.docs_corpus import docs_corpus
+from nest_benchmarks.runner import markdown_table, write_json
 from nest_integrations import Passage, load_lm, load_wikipedia_summaries
-from nest_integrations.evaluation.docs_corpus import docs_corpus
-from nest_integrations.evaluation.runner import markdown_table, write_json
 from nest_integrations.langchain import NestLLM, NestVectorStore, default_embeddings
 
 
@@ -63,7 +63,7 @@ def corpus_and_questions(corpus: str, docs: int, questions: int) -> tuple[list[P
         passages = load_wikipedia_summaries(topic="People", limit=docs)
         return passages, [(f"Tell me a bio of {p.title}.", p.title) for p in passages[:questions]]
     passages = docs_corpus()
-    items = [json.loads(line) for line in (files("nest_integrations.evaluation") / "data" / "docs_qa.jsonl").read_text().splitlines()]
+    items = [json.loads(line) for line in (files("nest_benchmarks") / "data" / "docs_qa.jsonl").read_text().splitlines()]
     first_per_module = list({item["doc_id"]: item for item in reversed(items)}.values())[::-1]
     return passages, [(item["question"], item["question"]) for item in first_per_module[:questions]]
 

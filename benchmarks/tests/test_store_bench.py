@@ -8,8 +8,8 @@ import json
 import pytest
 from conftest import make_tiny_lm
 
-from nest_integrations.evaluation.store_bench import run_store_bench
-from nest_integrations.evaluation.tasks import EvalItem
+from nest_benchmarks.store_bench import run_store_bench
+from nest_benchmarks.tasks import EvalItem
 
 pytest.importorskip("langchain_text_splitters")
 pytest.importorskip("llama_index.core")

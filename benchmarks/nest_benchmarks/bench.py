@@ -25,7 +25,7 @@ chat-formatted prompts (what is compared is recorded in ``bench.json``):
 * batching: the LM alone, every prompt in one left-padded HF ``generate``
   batch vs one prompt at a time (NEST's own batched decoding, concurrent
   callers and the lossless peers are measured by ``nest bench batching``,
-  :mod:`~nest_integrations.evaluation.throughput`);
+  :mod:`~nest_benchmarks.throughput`);
 * memory: peak resident set size and bytes per stored key and per entry.
 
 All runs of one prompt (modes, lazy, precomputed, HF) run back to back, so load
@@ -48,11 +48,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from nest_integrations.corpus.passages import Passage
-from nest_integrations.decoding.decoder import NestDecoder
-from nest_integrations.decoding.output import GenerationStats
-from nest_integrations.index.nest_index import NestIndex
-from nest_integrations.model.lm import LoadedLM
+from nest_integrations import GenerationStats, LoadedLM, NestDecoder, NestIndex, Passage
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.key_precision import encoding_model
 from nest_integrations.store.key_sources import PrecomputedKeys
@@ -603,7 +599,7 @@ def run_sweep(
     """Quality and speed of ``mode`` on ``n`` biography items for each value of ``param``.
 
     Every value runs on the same items and first-stage hits (present
-    condition, timed as in :func:`~nest_integrations.evaluation.runner.run_eval`).
+    condition, timed as in :func:`~nest_benchmarks.runner.run_eval`).
 
     Args:
         param: ``"gamma"``, ``"delta"`` or ``"alpha"``.

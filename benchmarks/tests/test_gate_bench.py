@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from nest_integrations.corpus.loaders import load_wikipedia_summaries
-from nest_integrations.evaluation.gate_bench import gate_report
+from nest_benchmarks.gate_bench import gate_report
 from nest_integrations.index.nest_index import NestIndex
 
 

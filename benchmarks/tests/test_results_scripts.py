@@ -1,5 +1,6 @@
-"""Every script under ``results/`` still runs against the package: it imports, defines ``main``,
-and every ``nest_integrations`` name it imports exists; and every ``results/`` path the package's
+"""Every script under ``results/`` and ``benchmarks/`` still runs against the library and the
+benchmarks project: it imports, defines ``main``, and every ``nest_integrations`` and
+``nest_benchmarks`` name it imports exists; and every ``results/`` path the two packages'
 docstrings and comments cite as evidence is there.
 
 The docs cite these scripts' output files as the evidence for defaults and figures, so a module
@@ -22,19 +23,22 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = sorted((ROOT / "results").rglob("*.py"))
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted((ROOT / "results").rglob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
+PACKAGES = ("nest_integrations", "nest_benchmarks")
+"""The packages whose imports are checked: the library and the benchmarks project."""
+PACKAGE_DIRS = (ROOT / "nest_integrations", ROOT / "benchmarks" / "nest_benchmarks")
 RESULTS_PATH = re.compile(r"(?<![\w/.-])results/[\w./-]*[\w/]")
 
 
 def package_imports(source: str) -> list[tuple[int, str, str | None]]:
-    """``(line, module, name)`` for every absolute import of ``nest_integrations`` anywhere in
+    """``(line, module, name)`` for every absolute import of one of :data:`PACKAGES` anywhere in
     ``source`` (function bodies included); ``name`` is None for ``import module``."""
     found: list[tuple[int, str, str | None]] = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name, None) for alias in node.names if alias.name.split(".")[0] == "nest_integrations"]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "nest_integrations":
+            found += [(node.lineno, alias.name, None) for alias in node.names if alias.name.split(".")[0] in PACKAGES]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in PACKAGES:
             found += [(node.lineno, node.module, alias.name) for alias in node.names]
     return found
 
@@ -45,8 +49,10 @@ def unresolved(module: str, name: str | None) -> str | None:
         imported = importlib.import_module(module)
     except ImportError as err:
         return f"{module}: {err}"
-    if name is None or hasattr(imported, name) or importlib.util.find_spec(f"{module}.{name}") is not None:
+    if name is None or hasattr(imported, name):
         return None
+    if hasattr(imported, "__path__") and importlib.util.find_spec(f"{module}.{name}") is not None:
+        return None  # a submodule of a package, not imported yet
     return f"{module} has no {name}"
 
 
@@ -72,10 +78,17 @@ def test_script_package_imports_exist(script: Path) -> None:
 
 
 def test_package_imports_are_read_inside_functions() -> None:
-    source = "import os\n\ndef main():\n    from nest_integrations.index import NoSuchName\n    import nest_integrations.no_such_module\n"
+    source = (
+        "import os\n\ndef main():\n    from nest_integrations.index import NoSuchName\n    import nest_integrations.no_such_module\n"
+        "    from nest_benchmarks.runner import no_such_function\n"
+    )
     found = package_imports(source)
-    assert found == [(4, "nest_integrations.index", "NoSuchName"), (5, "nest_integrations.no_such_module", None)]
-    assert [unresolved(module, name) is not None for _, module, name in found] == [True, True]
+    assert found == [
+        (4, "nest_integrations.index", "NoSuchName"),
+        (5, "nest_integrations.no_such_module", None),
+        (6, "nest_benchmarks.runner", "no_such_function"),
+    ]
+    assert [unresolved(module, name) is not None for _, module, name in found] == [True, True, True]
 
 
 def cited_results_paths(source: str) -> list[tuple[int, str]]:
@@ -92,7 +105,8 @@ def cited_results_paths(source: str) -> list[tuple[int, str]]:
 def test_cited_results_paths_exist() -> None:
     missing = [
         f"{module.relative_to(ROOT)}:{line}: {path}"
-        for module in sorted((ROOT / "nest_integrations").rglob("*.py"))
+        for folder in PACKAGE_DIRS
+        for module in sorted(folder.rglob("*.py"))
         for line, path in cited_results_paths(module.read_text(encoding="utf-8"))
         if not (ROOT / path).exists()
     ]

@@ -39,9 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from nest_integrations import NestDecoder, NestIndex
 from nest_integrations.core.mixture import rrc_lambda
-from nest_integrations.decoding.decoder import NestDecoder
-from nest_integrations.index.nest_index import NestIndex
 from nest_integrations.store.candidates import CandidateSet
 from nest_integrations.store.datastore import store_keys
 from nest_integrations.store.encoder import EncodedPassage

@@ -33,8 +33,8 @@ import platform
 import re
 from collections.abc import Sequence
 
+from nest_integrations import Passage
 from nest_integrations.corpus.chunking import DEFAULT_CHUNK_TOKENS, chunk_passages
-from nest_integrations.corpus.passages import Passage
 
 __all__ = [
     "DOCS_CHUNKINGS",

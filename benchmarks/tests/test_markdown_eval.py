@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from nest_integrations.evaluation.markdown_docs import (
+from nest_benchmarks.markdown_docs import (
     FASTIFY_DOCS_DIR,
     FASTIFY_QA_PATH,
     MARKDOWN_CHUNKINGS,
@@ -19,7 +19,7 @@ from nest_integrations.evaluation.markdown_docs import (
     markdown_passages,
     pino_documents,
 )
-from nest_integrations.evaluation.metrics import (
+from nest_benchmarks.metrics import (
     copied_markup,
     is_repetitive,
     markup_ranges,
@@ -27,15 +27,14 @@ from nest_integrations.evaluation.metrics import (
     repeated_ngram,
     unanswerable_scores,
 )
-from nest_integrations.evaluation.runner import (
+from nest_benchmarks.runner import (
     docs_domain_passages,
     load_items,
-    passages_fingerprint,
     run_eval,
     score_item,
     summarize_records,
 )
-from nest_integrations.evaluation.tasks import (
+from nest_benchmarks.tasks import (
     MARKDOWN_QA_KINDS,
     QA_TASKS,
     TASK_MAX_NEW_TOKENS,
@@ -43,6 +42,7 @@ from nest_integrations.evaluation.tasks import (
     markdown_docs_pino_items,
     markdown_qa_items,
 )
+from nest_integrations.cli.common import passages_fingerprint
 from nest_integrations.index.nest_index import NestIndex
 
 

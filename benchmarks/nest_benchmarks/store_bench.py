@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from nest_integrations.model.lm import LoadedLM
+from nest_integrations import LoadedLM
 from .markdown_docs import FASTIFY_DOCS_DIR
 from .metrics import aggregate, answer_recall
 from .runner import doc_positions_of, format_cell, markdown_table, ratio, score_item, write_json
@@ -493,7 +493,7 @@ def run_store_bench(
     if not items:
         raise ValueError("no questions to ask")
     if lm is None:
-        from nest_integrations.model.lm import load_lm
+        from nest_integrations import load_lm
 
         lm = load_lm("default")
     from nest_integrations.store.key_precision import encoding_dtype

@@ -1,4 +1,4 @@
-"""Tests for nest_integrations.evaluation.metrics on hand-made cases."""
+"""Tests for nest_benchmarks.metrics on hand-made cases."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from nest_integrations.evaluation.metrics import (
+from nest_benchmarks.metrics import (
     aggregate,
     answer_recall,
     fragment_answer,

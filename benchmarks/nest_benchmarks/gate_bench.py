@@ -3,7 +3,7 @@
 For each biography item the first stage retrieves ``k`` passages twice: as usual
 (``present``) and with the person's own summary removed (``absent``, as
 ``nest eval``'s absent condition). The gate then decides, exactly as the decoder
-does (:meth:`NestDecoder._gate` through the index's relevance function):
+does (its :class:`~nest_integrations.policy.relevance.RelevanceGate` over the index's relevance function):
 
 * present: whether the person's own summary is kept (a miss makes NEST write
   with the LM alone), and whether another person's passage is kept beside it;
@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from nest_integrations.core.config import NestConfig
+from nest_integrations import NestConfig
 from nest_integrations.policy.relevance import RelevanceGate
 from .runner import first_stage, gold_passage_ids
 from .tasks import bio_items

@@ -10,10 +10,10 @@ import pytest
 
 from nest_integrations.core.config import MODES
 from nest_integrations.corpus.loaders import load_wikipedia_summaries
-from nest_integrations.evaluation.bench import BENCH_MODES, run_bench, run_sweep
-from nest_integrations.evaluation.docs_corpus import docs_passages
-from nest_integrations.evaluation.runner import TASK_METRICS, run_eval, score_item, summarize_records
-from nest_integrations.evaluation.tasks import TASK_MAX_NEW_TOKENS, EvalItem
+from nest_benchmarks.bench import BENCH_MODES, run_bench, run_sweep
+from nest_benchmarks.docs_corpus import docs_passages
+from nest_benchmarks.runner import TASK_METRICS, run_eval, score_item, summarize_records
+from nest_benchmarks.tasks import TASK_MAX_NEW_TOKENS, EvalItem
 from nest_integrations.index.nest_index import NestIndex
 
 MAX_NEW = 8

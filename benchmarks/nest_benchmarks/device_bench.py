@@ -43,11 +43,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from nest_integrations.corpus.loaders import load_wikipedia_summaries
-from nest_integrations.corpus.passages import Passage
-from nest_integrations.decoding.decoder import NestDecoder
-from nest_integrations.index.nest_index import NestIndex
-from nest_integrations.model.lm import LoadedLM, load_lm
+from nest_integrations import LoadedLM, NestDecoder, NestIndex, Passage, load_lm, load_wikipedia_summaries
 from .bench import hf_generate, peak_rss_mib, prompt_ids
 from .metrics import tokens_per_forward
 from .runner import markdown_table, ratio, run_metadata, write_json

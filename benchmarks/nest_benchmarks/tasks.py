@@ -53,9 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from nest_integrations import Passage, load_wikipedia_summaries
 from nest_integrations.core.jsonl import iter_jsonl
-from nest_integrations.corpus.loaders import load_wikipedia_summaries
-from nest_integrations.corpus.passages import Passage
 from nest_integrations.policy.conversation import retrieval_query
 
 __all__ = [
@@ -579,7 +578,7 @@ def docs_items(n: int | None = None, seed: int = 0) -> list[EvalItem]:
     """Natural questions about the standard-library documentation corpus.
 
     The questions (:data:`DOCS_QA_PATH`) are answered by the docstrings of
-    :func:`~nest_integrations.evaluation.docs_corpus.docs_corpus`; the gold
+    :func:`~nest_benchmarks.docs_corpus.docs_corpus`; the gold
     answers are short strings a good answer must contain (a function,
     parameter or constant name, a default value).
 

@@ -32,9 +32,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from nest_integrations.core.config import NestConfig
-from nest_integrations.corpus.passages import Passage
-from nest_integrations.index.nest_index import NestIndex
+from nest_integrations import NestConfig, NestIndex, Passage
 from nest_integrations.corpus.markdown_structure import copyable_tokens, title_tokens
 from nest_integrations.decoding.prepare import PlannedCopy, choose_answer_windows, window_token_plan
 from nest_integrations.policy.relevance import RelevanceGate

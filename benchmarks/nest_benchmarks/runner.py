@@ -16,11 +16,11 @@ Domains and their commands (all five modes on the same items):
   ``nest eval --task docs`` over whole documents, ``nest eval --task docs
   --docs-chunking splitter`` over LangChain's default splitter chunks (the
   index is built once into the cache, see
-  :func:`~nest_integrations.evaluation.docs_corpus.docs_passages`);
+  :func:`~nest_benchmarks.docs_corpus.docs_passages`);
 * Markdown documentation as users keep it (the Fastify reference docs, with
   follow-up and unanswerable questions): ``nest eval --task markdown-docs``
   with ``--docs-chunking cli``, ``splitter`` (LangChain) or ``sentence``
-  (LlamaIndex), see :func:`~nest_integrations.evaluation.markdown_docs.markdown_passages`;
+  (LlamaIndex), see :func:`~nest_benchmarks.markdown_docs.markdown_passages`;
   the same over a second project's docs (the Pino logger's API reference):
   ``nest eval --task markdown-docs-pino``.
 
@@ -52,7 +52,6 @@ Protocol (documented in every summary under ``"protocol"``):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -66,10 +65,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from nest_integrations.core.config import MODES, NestConfig
-from nest_integrations.corpus.passages import Passage
-from nest_integrations.decoding.decoder import NestDecoder, ScoredPassages
-from nest_integrations.index.nest_index import NestIndex
+from nest_integrations import NestConfig, NestDecoder, NestIndex, Passage
+from nest_integrations.core.config import MODES
+from nest_integrations.decoding.decoder import ScoredPassages
 from nest_integrations.store.datastore import TokenDatastore
 from .docs_corpus import DOCS_CHUNKINGS, docs_passages
 from .markdown_docs import MARKDOWN_CHUNKINGS, markdown_passages
@@ -99,7 +97,6 @@ __all__ = [
     "TASK_METRICS",
     "docs_domain_passages",
     "evaluate_item",
-    "passages_fingerprint",
     "perplexity",
     "run_eval",
     "score_item",
@@ -331,15 +328,6 @@ def docs_domain_passages(task: str, chunking: str) -> list[Passage]:
     if task == "docs":
         return docs_passages(chunking)
     return markdown_passages(chunking, MARKDOWN_TASK_DOCS_SETS[task])
-
-
-def passages_fingerprint(passages: Sequence[Passage]) -> str:
-    """12 hex digits of SHA-256 over the passages' ids and texts, in order: a cached
-    index named with it is rebuilt when the documents or their chunking change."""
-    digest = hashlib.sha256()
-    for passage in passages:
-        digest.update(f"{len(passage.id)}:{passage.id}{len(passage.text)}:{passage.text}".encode())
-    return digest.hexdigest()[:12]
 
 
 def gold_passage_ids(passages: Sequence[Passage], gold_id: str) -> list[str]:

@@ -1,4 +1,6 @@
-"""Evaluation of NEST generations: metrics and task (item) builders."""
+"""The benchmarks of nest_integrations, a project beside the library (``pip install -e benchmarks``):
+the evaluation tasks and metrics, the runner behind ``nest eval``, the benches behind ``nest bench``,
+and the documents and questions they run on (``data/``, package data of this package)."""
 
 from .metrics import (
     aggregate,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from nest_integrations.corpus.loaders import load_wikipedia_summaries
-from nest_integrations.evaluation.scale_bench import duplicated, run_scale_bench
+from nest_benchmarks.scale_bench import duplicated, run_scale_bench
 from nest_integrations.retrieval import load_embedder
 
 
@@ -56,7 +56,7 @@ def test_bad_sizes_are_refused(tmp_path, tiny_lm):
 
 
 def test_corpus_embeddings_are_cached_per_corpus_and_embedder(base, tmp_path):
-    from nest_integrations.evaluation.scale_bench import corpus_embeddings
+    from nest_benchmarks.scale_bench import corpus_embeddings
 
     class Counting:
         calls = 0

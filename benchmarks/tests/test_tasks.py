@@ -1,4 +1,4 @@
-"""Tests for nest_integrations.evaluation.tasks."""
+"""Tests for nest_benchmarks.tasks."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import pytest
 
 from nest_integrations.corpus.loaders import load_wikipedia_summaries
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.evaluation.docs_corpus import (
+from nest_benchmarks.docs_corpus import (
     DOCS_CHUNKINGS,
     DOCS_MODULES,
     docs_corpus,
     docs_passages,
     docs_splitter_chunks,
 )
-from nest_integrations.evaluation.metrics import answer_recall
-from nest_integrations.evaluation.tasks import (
+from nest_benchmarks.metrics import answer_recall
+from nest_benchmarks.tasks import (
     QA_TASKS,
     TASK_MAX_NEW_TOKENS,
     TASKS,

@@ -40,9 +40,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from nest_integrations import Passage, load_documents
 from nest_integrations.corpus.chunking import DEFAULT_CHUNK_TOKENS, chunk_passages
-from nest_integrations.corpus.loaders import load_documents
-from nest_integrations.corpus.passages import Passage
 
 __all__ = [
     "FASTIFY_DOCS_DIR",

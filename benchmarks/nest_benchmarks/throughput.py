@@ -48,7 +48,7 @@ row, ``LM batch 1`` for the batched LM, ``RAG`` for prompt lookup).
 
 Quality per configuration: mean ROUGE-1 F1 against the reference over the
 biography items and mean answer recall over the question items
-(:mod:`~nest_integrations.evaluation.metrics`).
+(:mod:`~nest_benchmarks.metrics`).
 
 Prompt set (:func:`throughput_items`): ``n`` items drawn with ``seed``, by default a
 third of each kind of :data:`PROMPT_KINDS`, interleaved so every batch mixes them:
@@ -84,9 +84,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from nest_integrations.corpus.loaders import load_wikipedia_summaries
-from nest_integrations.decoding.decoder import NestDecoder
-from nest_integrations.index.nest_index import NestIndex
+from nest_integrations import NestDecoder, NestIndex, load_wikipedia_summaries
 from nest_integrations.model.lm import cache_argument
 from .bench import hf_generate, peak_rss_mib, precomputed_datastore, prompt_ids
 from .metrics import aggregate, answer_recall, rouge_scores

@@ -11,8 +11,8 @@ import torch
 from typer.testing import CliRunner
 
 from nest_integrations.cli import app
-from nest_integrations.evaluation import device_bench
-from nest_integrations.evaluation.device_bench import run_device_bench
+from nest_benchmarks import device_bench
+from nest_benchmarks.device_bench import run_device_bench
 from nest_integrations.index.nest_index import NestIndex
 
 

@@ -10,10 +10,10 @@ import pytest
 from nest_integrations.corpus.chunking import sentence_spans
 from nest_integrations.corpus.loaders import load_wikipedia_summaries
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.evaluation import tasks
-from nest_integrations.evaluation.metrics import answer_recall
-from nest_integrations.evaluation.runner import load_items, run_eval
-from nest_integrations.evaluation.tasks import (
+from nest_benchmarks import tasks
+from nest_benchmarks.metrics import answer_recall
+from nest_benchmarks.runner import load_items, run_eval
+from nest_benchmarks.tasks import (
     QA_TASKS,
     TASK_MAX_NEW_TOKENS,
     WIKI_QA_HARD_PATH,

@@ -48,9 +48,8 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
-from nest_integrations.core.config import NestConfig
+from nest_integrations import NestConfig, Passage
 from nest_integrations.core.similarity import unit_rows
-from nest_integrations.corpus.passages import Passage
 from nest_integrations.retrieval.base import index_text
 from nest_integrations.retrieval.dense import DenseRetriever, embed_texts, resolve_embedder
 from .runner import decoder_over, fresh_lazy_datastore, load_items, markdown_table, ratio, write_json
@@ -141,7 +140,7 @@ def _recall(found: np.ndarray, exact: np.ndarray) -> float:
 
 def _nest_latency(dense: DenseRetriever, lm: Any, items: Sequence[Any], config: NestConfig) -> dict[str, Any]:
     """Sums over ``nest`` generations of ``items``, each over a fresh lazy datastore."""
-    from nest_integrations.index.nest_index import NestIndex
+    from nest_integrations import NestIndex
 
     index = NestIndex(lm, dense.passages, dense, retriever_kind="dense")
     totals = {"new_tokens": 0, "wall_s": 0.0, "retrieval_s": 0.0, "encode_s": 0.0, "encoded_passages": 0}
@@ -244,8 +243,7 @@ def run_scale_bench(
         ValueError: empty or non-increasing sizes, an unknown index, too few
             queries/prompts for the corpus.
     """
-    from nest_integrations.corpus.loaders import load_wikipedia_summaries
-    from nest_integrations.model.lm import load_lm
+    from nest_integrations import load_lm, load_wikipedia_summaries
 
     sizes = [int(s) for s in sizes]
     if not sizes or any(s < 1 for s in sizes) or sizes != sorted(set(sizes)):

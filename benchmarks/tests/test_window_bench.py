@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from nest_integrations.cli import app
 from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.evaluation.tasks import EvalItem
-from nest_integrations.evaluation.window_bench import domain_report, write_window_bench
+from nest_benchmarks.tasks import EvalItem
+from nest_benchmarks.window_bench import domain_report, write_window_bench
 from nest_integrations.index.nest_index import NestIndex
 
 PASSAGES = [

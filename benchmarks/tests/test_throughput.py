@@ -7,7 +7,7 @@ import json
 import pytest
 
 from nest_integrations.corpus.loaders import load_wikipedia_summaries
-from nest_integrations.evaluation.throughput import PROMPT_KINDS, run_throughput, throughput_items
+from nest_benchmarks.throughput import PROMPT_KINDS, run_throughput, throughput_items
 from nest_integrations.index.nest_index import NestIndex
 
 # The relevance gate re-embeds every retrieved passage with MiniLM on each generation,

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from nest_integrations.corpus.loaders import load_wikipedia_summaries
-from nest_integrations.evaluation.key_bench import run_key_bench
+from nest_benchmarks.key_bench import run_key_bench
 from nest_integrations.index.nest_index import NestIndex
 
 

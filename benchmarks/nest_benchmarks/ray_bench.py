@@ -27,12 +27,11 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from nest_integrations import NestIndex, load_lm, load_wikipedia_summaries
 from nest_integrations.core.jsonl import iter_jsonl
-from nest_integrations.corpus.loaders import load_wikipedia_summaries
 from nest_integrations.index.distributed import build_index_on_ray, ray_cluster, ray_generator
 from nest_integrations.index.jobs import JobItem, in_process_runner, job_settings, read_items, run_job
-from nest_integrations.index.nest_index import NestIndex, index_identity
-from nest_integrations.model.lm import load_lm
+from nest_integrations.index.nest_index import index_identity
 from .runner import format_cell, markdown_table, run_metadata, write_json
 
 logger = logging.getLogger(__name__)
