@@ -9,46 +9,34 @@ bound to one LM (given to the store or adopted from the :class:`NestLLM` /
 when documents are added, or computed lazily the first time a document is
 retrieved (``precompute_keys``; see :class:`NestVectorStore`).
 
-Saved folders hold no pickle: ``documents.json`` (ids, texts, metadata),
-``vectors.npy`` (float32, loaded with ``allow_pickle=False``), the precomputed
-token keys when every document has them (``keys/*.npy``, the arrays of
-:class:`~nest_integrations.store.key_sources.PrecomputedKeys` in document order,
-memory-mapped on load) and ``manifest.json`` with the sha256 of every file and
-the LM that encoded the keys; loading checks them all, and the keys are refused
-by any other LM.
+Saved folders hold no pickle and are checked on load, and the keys are refused
+by any other LM: :mod:`nest_integrations.langchain.vectorstore_folder` has the layout.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import threading
-import uuid
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, Union
 
 import numpy as np
-from pydantic import Field, StrictBool, StrictInt, StrictStr
-from typing_extensions import Annotated
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 from langchain_core.vectorstores.utils import maximal_marginal_relevance
 from typing_extensions import Self
 
-from nest_integrations.core.folder_snapshot import FolderSnapshot, read_consistently
 from nest_integrations.core.jsonsafe import json_safe
-from nest_integrations.core.safe_io import MANIFEST_FILE, ArtefactManifest, atomic_folder, recover, sha256_file
 from nest_integrations.core.similarity import cosine_similarities
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.index.vector_store_calibration import CalibrationsFile, VectorStoreCalibrations, local_calibrations_file
-from nest_integrations.index.vector_store_keys import SavedKeysInfo, VectorStoreKeys
-from nest_integrations.store.shards import KEY_ARRAYS
+from nest_integrations.index.vector_store_calibration import VectorStoreCalibrations
+from nest_integrations.index.vector_store_keys import VectorStoreKeys
 from .documents import default_embeddings, document_to_passage
+from .vectorstore_arguments import MetadataFilter, check_k, matches_filter, resolve_ids
+from .vectorstore_folder import calibrations_file, read_store_folder, write_store_folder
 
 if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.model.lm import LoadedLM
@@ -56,57 +44,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.store.datastore import TokenDatastore
 
 logger = logging.getLogger(__name__)
-
-FORMAT = "nest-langchain-vectorstore"
-FORMAT_VERSION = 2
-"""Newest version read. 1: documents and vectors; 2 adds the token keys (still 1 without them)."""
-_DOCUMENTS_FILE = "documents.json"
-_VECTORS_FILE = "vectors.npy"
-_KEYS_FOLDER = "keys"
-_CALIBRATION_FILE = "calibration.json"
-"""alpha/tau fitted on the store's documents, by LM fingerprint: a cache, so outside the checksums
-(an invalid entry is fitted again, see :mod:`nest_integrations.index.vector_store_calibration`; a path that
-is not a regular file is a ``ValueError``)."""
-
-MetadataFilter = Union[Callable[[Document], bool], dict[str, Any]]
-"""A document predicate, or metadata values that must all match exactly."""
-
-
-
-def _resolve_ids(ids: Optional[Sequence[Optional[str]]], count: int) -> list[str]:
-    """The given ids, a fresh uuid4 for each None.
-
-    Raises:
-        TypeError: an id that is neither a str nor None (``1`` and ``"1"`` would collide).
-        ValueError: an empty id, or one id given twice.
-    """
-    out = []
-    for pos, value in enumerate(ids if ids is not None else [None] * count):
-        if value is not None and not isinstance(value, str):
-            raise TypeError(f"ids[{pos}] must be a str or None, got {type(value).__name__} {value!r}")
-        if value == "":
-            raise ValueError(f"ids[{pos}] is empty; pass None for a generated id")
-        out.append(value if value is not None else str(uuid.uuid4()))
-    repeated = sorted(i for i, n in Counter(out).items() if n > 1)
-    if repeated:
-        raise ValueError(f"ids {repeated} are given more than once; each document needs its own id")
-    return out
-
-
-def _check_k(k: Any) -> None:
-    """Raise TypeError unless ``k`` is an int (not a bool), ValueError if it is negative."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise TypeError(f"k must be an int, got {type(k).__name__} {k!r}")
-    if k < 0:
-        raise ValueError(f"k must be >= 0, got {k}")
-
-
-def _matches(document: Document, filter: Optional[MetadataFilter]) -> bool:
-    if filter is None:
-        return True
-    if callable(filter):
-        return bool(filter(document))
-    return all(document.metadata.get(key) == value for key, value in filter.items())
 
 
 class NestVectorStore(VectorStore):
@@ -229,7 +166,7 @@ class NestVectorStore(VectorStore):
         vectors = np.asarray(self.embedding.embed_documents(texts), dtype=np.float32)
         if vectors.ndim != 2 or vectors.shape[0] != len(texts):
             raise ValueError(f"the embeddings returned shape {vectors.shape} for {len(texts)} texts")
-        out_ids = _resolve_ids(ids, len(texts))
+        out_ids = resolve_ids(ids, len(texts))
         # Metadata is stored as JSON values (numpy scalars, dates... converted), so answers and
         # save_local carry it as is; what cannot be converted is refused before anything is stored.
         documents = [
@@ -294,7 +231,7 @@ class NestVectorStore(VectorStore):
         self, embedding: Sequence[float], k: int, filter: Optional[MetadataFilter]
     ) -> list[tuple[Document, float, np.ndarray]]:
         """The ``k`` best matches (a copy of each document, its cosine, its vector), best first."""
-        _check_k(k)
+        check_k(k)
         with self._lock:
             ids, matrix = self._snapshot()
             if not ids or k == 0:
@@ -303,7 +240,7 @@ class NestVectorStore(VectorStore):
             hits = []
             for n in np.argsort(-scores, kind="stable"):
                 document = self._documents[ids[n]]
-                if _matches(document, filter):
+                if matches_filter(document, filter):
                     hits.append((document.model_copy(deep=True), float(scores[n]), self._vectors[ids[n]]))
                     if len(hits) == k:
                         break
@@ -495,34 +432,15 @@ class NestVectorStore(VectorStore):
             payload = json.dumps({"documents": records}, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as err:
             raise ValueError(f"cannot save the store: document metadata must be JSON-serialisable ({err})") from err
-        with atomic_folder(target, kind=FORMAT, overwrite=overwrite) as tmp:
-            (tmp / _DOCUMENTS_FILE).write_text(payload, encoding="utf-8")
-            np.save(tmp / _VECTORS_FILE, np.ascontiguousarray(matrix, dtype=np.float32), allow_pickle=False)
-            files = [_DOCUMENTS_FILE, _VECTORS_FILE]
-            manifest: dict[str, Any] = {
-                "format": FORMAT,
-                "format_version": 1 if saved_keys is None else FORMAT_VERSION,  # version 1 readers read key-less stores
-                "count": len(ids),
-                "dimensions": int(matrix.shape[1]),
-                "embeddings": type(self.embedding).__name__,
-                "key_layer": self.key_layer,
-                "encoding_prefix": self.encoding_prefix,
-                "precompute_keys": self.precompute_keys,
-            }
-            if saved_keys is not None:
-                keys, info = saved_keys
-                (tmp / _KEYS_FOLDER).mkdir()
-                for name in KEY_ARRAYS:
-                    np.save(tmp / _KEYS_FOLDER / f"{name}.npy", np.ascontiguousarray(getattr(keys, name)), allow_pickle=False)
-                files += _key_files()
-                manifest["keys"] = info.model_dump()
-            calibrations = self._calibrations.to_save()
-            if calibrations is not None:
-                (tmp / _CALIBRATION_FILE).write_bytes(calibrations)  # fsynced with the folder
-            manifest["checksums"] = {name: sha256_file(tmp / name) for name in files}
-            raw_manifest = json.dumps(manifest, indent=2, ensure_ascii=False).encode("utf-8")
-            (tmp / MANIFEST_FILE).write_bytes(raw_manifest)
-        self._calibrations.saved_to(_calibrations_file(target, raw_manifest))
+        raw_manifest = write_store_folder(
+            target, overwrite=overwrite, payload=payload, matrix=matrix, saved_keys=saved_keys,
+            settings={
+                "embeddings": type(self.embedding).__name__, "key_layer": self.key_layer,
+                "encoding_prefix": self.encoding_prefix, "precompute_keys": self.precompute_keys,
+            },
+            calibrations=self._calibrations.to_save,
+        )
+        self._calibrations.saved_to(calibrations_file(target, raw_manifest))
         return target
 
     @classmethod
@@ -555,11 +473,7 @@ class NestVectorStore(VectorStore):
                 contents, or saved keys that another LM (``lm``) encoded.
         """
         base = Path(folder)
-        recover(base)
-        saved = read_consistently(
-            lambda: FolderSnapshot(base, what="saved NestVectorStore"), lambda snapshot: _read_store(snapshot, load_keys=load_keys),
-            where=str(base),
-        )
+        saved = read_store_folder(base, load_keys=load_keys)
         manifest = saved.manifest
         options = {"key_layer": manifest.key_layer, "encoding_prefix": manifest.encoding_prefix, "precompute_keys": manifest.precompute_keys}
         store = cls(embeddings, lm, **{**options, **kwargs})
@@ -569,97 +483,6 @@ class NestVectorStore(VectorStore):
             if saved.keys is not None:
                 assert manifest.keys is not None
                 store._keys.attach_saved(store._passages(), saved.keys, manifest.keys, str(base))
-        store._calibrations.load(_calibrations_file(base, saved.raw_manifest), saved.calibration)
+        store._calibrations.load(calibrations_file(base, saved.raw_manifest), saved.calibration)
         store._keys.after_add()
         return store
-
-
-@dataclass
-class _SavedStore:
-    """The files of one saved version of a store, read (key arrays memory-mapped), not yet in a store.
-
-    Attributes:
-        keys: the key arrays; None when none are saved or ``load_keys`` is False.
-        calibration: the bytes of ``calibration.json``; None when there is none.
-    """
-
-    manifest: "_StoreManifest"
-    raw_manifest: bytes
-    records: list[dict[str, Any]]
-    vectors: np.ndarray
-    keys: Optional[dict[str, np.ndarray]]
-    calibration: Optional[bytes]
-
-
-def _read_store(snapshot: FolderSnapshot, *, load_keys: bool) -> _SavedStore:
-    """Read every file of the store in ``snapshot`` once (:class:`~nest_integrations.core.folder_snapshot.FolderSnapshot`).
-
-    Raises:
-        ValueError: an invalid manifest, a missing, unlisted, damaged or unreadable file, or inconsistent contents.
-    """
-    base = snapshot.folder
-    manifest = snapshot.read_manifest(_StoreManifest, kind=FORMAT, supported_version=FORMAT_VERSION)
-    with_keys = load_keys and manifest.keys is not None
-    snapshot.require([_DOCUMENTS_FILE, _VECTORS_FILE, *(_key_files() if with_keys else [])])
-    with snapshot.stream(_DOCUMENTS_FILE) as stream:
-        try:
-            records = json.load(stream)["documents"]
-        except (ValueError, KeyError, TypeError, RecursionError) as err:
-            raise ValueError(f"{base}: unreadable store files ({err})") from err
-    vectors = snapshot.array(_VECTORS_FILE, mmap=False)
-    _check_contents(base, manifest, records, vectors)
-    keys = {name: snapshot.array(f"{_KEYS_FOLDER}/{name}.npy", mmap=True) for name in KEY_ARRAYS} if with_keys else None
-    assert snapshot.manifest_raw is not None
-    return _SavedStore(manifest, snapshot.manifest_raw, records, vectors, keys, snapshot.optional(_CALIBRATION_FILE))
-
-
-def _calibrations_file(folder: Path, raw_manifest: bytes) -> CalibrationsFile:
-    """The calibrations file of the store saved in ``folder`` whose manifest is ``raw_manifest``."""
-    return local_calibrations_file(
-        folder / _CALIBRATION_FILE, manifest=folder / MANIFEST_FILE, digest=hashlib.sha256(raw_manifest).hexdigest(),
-        lock=Path(os.path.abspath(folder)).parent,
-    )
-
-
-class _StoreManifest(ArtefactManifest):
-    """``manifest.json`` of a saved store, typed."""
-
-    format: Literal["nest-langchain-vectorstore"]
-    count: Annotated[StrictInt, Field(ge=0)]
-    dimensions: Annotated[StrictInt, Field(ge=0)]
-    key_layer: StrictStr = "ffn_input"
-    encoding_prefix: Optional[StrictStr] = "auto"
-    precompute_keys: StrictBool = False
-    """Absent in version 1, whose stores encoded keys lazily."""
-    keys: Optional[SavedKeysInfo] = None
-    """The saved token keys (format 2); None: none saved."""
-
-
-def _key_files() -> list[str]:
-    """The key arrays' paths in a saved store folder."""
-    return [f"{_KEYS_FOLDER}/{name}.npy" for name in KEY_ARRAYS]
-
-
-def _check_contents(folder: Path, manifest: _StoreManifest, records: Any, vectors: np.ndarray) -> None:
-    if not isinstance(records, list) or not all(
-        isinstance(r, dict)
-        and isinstance(r.get("id"), str)
-        and r["id"]
-        and isinstance(r.get("page_content"), str)
-        and isinstance(r.get("metadata"), dict)
-        for r in records
-    ):
-        raise ValueError(f"{folder}/{_DOCUMENTS_FILE}: every document needs a non-empty string id, a string page_content and a metadata object")
-    if len({r["id"] for r in records}) != len(records):
-        raise ValueError(f"{folder}/{_DOCUMENTS_FILE}: duplicate document ids")
-    if vectors.dtype != np.float32 or vectors.ndim != 2 or vectors.shape[0] != len(records):
-        raise ValueError(
-            f"{folder}/{_VECTORS_FILE}: expected float32 vectors of shape ({len(records)}, d), got {vectors.dtype} {vectors.shape}"
-        )
-    if manifest.count != len(records) or (records and manifest.dimensions != vectors.shape[1]):
-        raise ValueError(
-            f"{folder}: the manifest says {manifest.count} documents of {manifest.dimensions} dimensions, "
-            f"found {len(records)} of {vectors.shape[1]}"
-        )
-    if not np.isfinite(vectors).all():
-        raise ValueError(f"{folder}/{_VECTORS_FILE}: vectors must be finite")
