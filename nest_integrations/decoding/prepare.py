@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -46,6 +46,9 @@ from .output import GenerationStats
 from .prompts import PromptLike, default_query, is_chat
 from .spans import TokenRecord
 from .verifier import SpanVerifier
+
+if TYPE_CHECKING:  # pragma: no cover
+    from nest_integrations.retrieval.base import PassageRetriever
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +208,7 @@ class Preparer:
     """
 
     def __init__(
-        self, tokenizer: Any, datastore: Optional[TokenDatastore], retriever: Any, relevance: Optional[Relevance],
+        self, tokenizer: Any, datastore: Optional[TokenDatastore], retriever: Optional["PassageRetriever"], relevance: Optional[Relevance],
         corpus_terms: Optional[CorpusTerms], verifier: SpanVerifier, ensure_calibration: Callable[[NestConfig], float],
     ):
         self.tokenizer = tokenizer
