@@ -22,6 +22,7 @@ from typing_extensions import Self
 
 from nest_integrations.core.config import NestConfig, fold_config_fields
 from nest_integrations.core.standard_params import effective_temperature, to_nest_names
+from nest_integrations.index.integration_decoder import integration_decoder
 from nest_integrations.index.vector_store_keys import lazy_datastore
 from .first_stage import PassageSource, relevance_function, retrieve_passages
 from .vectorstores import NestVectorStore
@@ -176,13 +177,9 @@ class NestModelBase(BaseModel):
         if self.retriever is None:
             return NestDecoder(lm, None, None, self.nest_config)
         relevance = relevance_function(self.retriever)
-        store = self._nest_store()
-        if store is None:
-            return NestDecoder(lm, self._token_datastore(lm), None, self.nest_config, relevance=relevance)
-        # alpha/tau left to calibration: the store's for this LM, else fitted on its documents at the first nest call.
-        return NestDecoder(
-            lm, store.token_datastore(lm), None, self.nest_config, relevance=relevance,
-            calibration=store.saved_calibration(lm), calibrator=lambda: store.calibration(lm),
+        return integration_decoder(
+            lm, self.nest_config, retriever=None, relevance=relevance, store=self._nest_store(),
+            calibrate=lambda store, lm: store.calibration(lm), own_datastore=self._token_datastore,
         )
 
     def _nest_store(self) -> Optional[NestVectorStore]:

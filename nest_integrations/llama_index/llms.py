@@ -68,6 +68,7 @@ from nest_integrations.core.standard_params import to_nest_names
 from nest_integrations.decoding.output import NestOutput, Span
 from nest_integrations.decoding.rendering import DocumentNumbers
 from nest_integrations.decoding.spans import merge_spans
+from nest_integrations.index.integration_decoder import integration_decoder
 from nest_integrations.index.vector_store_keys import lazy_datastore
 from nest_integrations.model.lm import DEFAULT_MODEL, LoadedLM, load_lm
 from nest_integrations.store.datastore import TokenDatastore
@@ -295,16 +296,9 @@ class NestLLM(CustomLLM):
 
     def _decoder(self) -> NestDecoder:
         """A decoder over the current datastore and config (cheap: built per call)."""
-        from nest_integrations.decoding.decoder import NestDecoder
-
-        lm = self.lm
-        store = self._store
-        if store is None:
-            return NestDecoder(lm, self._token_datastore(lm), self._retriever, self.config, relevance=self._relevance)
-        # alpha/tau left to calibration: the store's for this LM, else fitted on its nodes at the first nest call.
-        return NestDecoder(
-            lm, store.token_datastore(lm), self._retriever, self.config, relevance=self._relevance,
-            calibration=store.saved_calibration(lm), calibrator=lambda: store.calibration(lm, self.embed_model),
+        return integration_decoder(
+            self.lm, self.config, retriever=self._retriever, relevance=self._relevance, store=self._store,
+            calibrate=lambda store, lm: store.calibration(lm, self.embed_model), own_datastore=self._token_datastore,
         )
 
     def _decoder_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
