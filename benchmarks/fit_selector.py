@@ -10,7 +10,7 @@ saw. For the unanswerable questions it reports how well the best window's probab
 tells them from the answerable ones (ROC AUC): whether the model could also decide that
 nothing answers.
 
-    python benchmarks/fit_selector.py --out results/selector \\
+    python benchmarks/fit_selector.py --out results/selector-fit \\
         --domain attrs=IDX/attrs:benchmarks/domains/attrs/qa.jsonl \\
         --domain fastify=IDX/fastify:markdown-docs ...
 
