@@ -16,7 +16,8 @@ chunks, embedded by the bundled all-MiniLM-L6-v2, keyed by the default LM. Measu
 * whether the three stores' answers are identical item by item.
 
 Run from the repository root:
-``.venv/bin/python results/bench-store-keys/bench_store_keys.py --corpus wiki --out results/bench-store-keys/wiki``
+``.venv/bin/python results/bench-store-keys/bench_store_keys.py --corpus docs --out results/bench-store-keys/docs``
+(the run ``docs/persistence.md`` cites)
 """
 
 from __future__ import annotations
