@@ -287,15 +287,18 @@ def test_a_model_without_chat_template_reads_a_conversation_as_a_plain_transcrip
 
 
 def test_a_question_copies_its_best_answer_windows_in_turn_and_stops_answered(tiny_lm):
-    """Two windows: the best one, then the next best after its line break; nothing else of the passage."""
+    """The best windows, in turn, each after the line break of the one before: three by default."""
     body = "The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients."
     idle = "The `keepAliveTimeout` option sets how many milliseconds an idle socket stays open before it closes."
-    doc = Passage(id="srv", title="Server", text=f"## Options\n\n{body}\n\nUnrelated words about logging and colours go here.\n\n{idle}\n")
+    unrelated = "Unrelated words about the logging levels and the colours of the terminal go here."
+    doc = Passage(id="srv", title="Server", text=f"## Options\n\n{body}\n\n{unrelated}\n\n{idle}\n")
     store = TokenDatastore([doc], PassageEncoder(tiny_lm))
     knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=80)
     decoder = NestDecoder(tiny_lm, store, ListRetriever([doc]), NestConfig(**knobs), relevance=word_share)
     question = "How many milliseconds does an idle socket stay open, and which option sets the largest request body?"
-    both = decoder.generate([{"role": "user", "content": question}], query=question)
+    every = decoder.generate([{"role": "user", "content": question}], query=question)  # answer_windows=3
+    assert every.text == f" Options\n\n{idle}\n\n{body}\n\n{unrelated}", every.text
+    both = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=2)
     assert both.text == f" Options\n\n{idle}\n\n{body}", both.text  # the section's title labels the answer
     assert both.stats.finish_reason == "answered" and both.attribution_ratio == 1.0
     one = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=1)
@@ -347,7 +350,8 @@ def test_the_line_break_under_a_copied_title_is_copied_unchecked_like_the_title(
     (``check_answer_windows``); by default the planned window is copied whole."""
     body = "The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients."
     idle = "The `keepAliveTimeout` option sets how many milliseconds an idle socket stays open before it closes."
-    doc = Passage(id="srv", title="Server", text=f"## Options\n\n{body}\n\nUnrelated words about logging and colours go here.\n\n{idle}\n")
+    unrelated = "Unrelated words about the logging levels and the colours of the terminal go here."
+    doc = Passage(id="srv", title="Server", text=f"## Options\n\n{body}\n\n{unrelated}\n\n{idle}\n")
     store = TokenDatastore([doc], PassageEncoder(tiny_lm))
     knobs = dict(mode="nest", alpha=-5.0, tau=0.1, delta=1.0, gamma=1.0, min_passage_relevance=-1.0, max_new_tokens=30)
     decoder = NestDecoder(tiny_lm, store, ListRetriever([doc]), NestConfig(**knobs), relevance=word_share)

@@ -113,11 +113,11 @@ class NestConfig(BaseModel):
         "(finish_reason 'answered'), instead of copying a passage to its end. Applies to chat prompts in nest and ra_nest.",
     )
     answer_windows: int = Field(
-        2,
+        3,
         ge=1,
         description="With answer_focus, how many answer windows an answer copies, best first, each after the one "
-        "before it is copied. 2 holds the answer more often than 1 (the best-scored window is a neighbour of the "
-        "answer in a third to a half of the misses) at about twice the length.",
+        "before it is copied; max_new_tokens cuts the last one it reaches. More windows hold the answer more often "
+        "(the best-scored window is a neighbour of the answer in a third to a half of the misses) in a longer answer.",
     )
     check_answer_windows: bool = Field(
         False,
