@@ -416,3 +416,18 @@ def test_the_lm_never_writes_inside_copied_code(tiny_lm):
     indented = Passage(id="ind.md", text="# Run\n\nType:\n\n    quill build\n    quill serve\n\nDone.\n")
     gen, _, _ = _copied_to(decoder, indented, indented.text.index("build") + len("build"))
     assert proposer._inside_copied_code(gen) is None and gen.plan.between_windows
+
+
+def test_a_window_that_goes_on_from_a_better_one_is_copied_with_it():
+    """The sentence right after the best window is copied straight after it, in the source's
+    order, not after the second window; a window that ends where a better one starts keeps its
+    place, and windows of other passages are left alone."""
+    from nest_integrations.decoding.prepare import join_touching
+    from nest_integrations.policy.copy_policy import Window
+
+    text = "Lead in. First one. Goes on.\n\nOther words. Last one."
+    first, goes_on = Window("p", 9, 19, 0.9), Window("p", 20, 28, 0.4)
+    last, lead_in, elsewhere = Window("p", 43, 52, 0.6), Window("p", 0, 8, 0.3), Window("q", 0, 8, 0.5)
+    assert [text[w.start : w.end] for w in (first, goes_on, last, lead_in)] == ["First one.", "Goes on.", "Last one.", "Lead in."]
+    joined = join_touching([first, last, elsewhere, goes_on, lead_in], lambda passage_id: text)
+    assert joined == [Window("p", 9, 28, 0.9), last, elsewhere, lead_in]

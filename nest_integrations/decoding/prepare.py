@@ -53,8 +53,8 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "PlannedCopy", "PlannedOpening", "Preparer", "ScoredPassages", "choose_answer_windows", "plan_opening", "plan_windows",
-    "token_range", "window_token_plan",
+    "PlannedCopy", "PlannedOpening", "Preparer", "ScoredPassages", "choose_answer_windows", "join_touching", "plan_opening",
+    "plan_windows", "token_range", "window_token_plan",
 ]
 
 ScoredPassages = Sequence[tuple[Passage, float]]
@@ -88,6 +88,31 @@ class PlannedCopy(NamedTuple):
     title: bool = False
 
 
+def join_touching(windows: Sequence[Window], text_of: Callable[[str], str]) -> list[Window]:
+    """``windows`` (ranked, none overlapping another) with each one that starts where a better-ranked
+    one of its passage ends, nothing but white space between them, joined to the end of that one.
+
+    The selector ranks sentences, so an answer's third window is often the sentence right after
+    its first; copied in rank order the answer would jump from the first sentence to the second
+    window and then back. Joined, it reads on in the source's order. A window that ends where a
+    better one starts stays in its own place: joined, it would put weaker text before the best
+    answer. ``text_of(passage_id)`` gives a passage's text; a joined window keeps the better score."""
+    joined: list[Window] = []
+    for window in windows:
+        text = text_of(window.passage_id)
+        before = next(
+            (i for i, kept in enumerate(joined)
+             if kept.passage_id == window.passage_id and kept.end <= window.start and not text[kept.end : window.start].strip()),
+            None,
+        )
+        if before is None:
+            joined.append(window)
+        else:
+            kept = joined[before]
+            joined[before] = Window(kept.passage_id, kept.start, window.end, max(kept.score, window.score))
+    return joined
+
+
 def window_token_plan(windows: Sequence[Window], tokens_of: Callable[[str], tuple[str, np.ndarray]]) -> list[PlannedCopy]:
     """The copies that answer with ``windows``, in order (:class:`PlannedCopy`).
 
@@ -100,11 +125,12 @@ def window_token_plan(windows: Sequence[Window], tokens_of: Callable[[str], tupl
     and one that ends mid-sentence ("(e.g.") would stop unfinished: it does not stop (the copy
     goes on past it) and no window follows it. A window after another copy opens at its first
     copyable token and at the line breaks before it when they are tokens of their own, so it
-    does not run into the text before it. Pure: the decoder (:func:`plan_windows`) and ``nest
-    bench windows`` share it."""
+    does not run into the text before it. Windows that touch in their passage are copied as one
+    (:func:`join_touching`). Pure: the decoder (:func:`plan_windows`) and ``nest bench windows``
+    share it."""
     planned: list[PlannedCopy] = []
     titles: set[str] = set()
-    for window in windows:
+    for window in join_touching(windows, lambda passage_id: tokens_of(passage_id)[0]):
         text, spans = tokens_of(window.passage_id)
         if not len(spans):
             continue

@@ -230,12 +230,15 @@ class SpanProposer:
         """Where a copy from token ``pos`` of passage ``pidx`` must end (exclusive): at most
         ``span_length`` tokens, never past the passage, never into Markdown a reader does not
         see (:func:`~nest_integrations.corpus.markdown_structure.copyable_end`), never into a token this
-        answer has already copied (a used entry), never completing a run of ``repeat_ngram`` tokens the
-        answer already holds (:func:`~nest_integrations.policy.repetition.repeat_free_length`)."""
+        answer has already copied (a used entry), never past the end of the planned copy it is in (the
+        plan moves on from there), never completing a run of ``repeat_ngram`` tokens the answer
+        already holds (:func:`~nest_integrations.policy.repetition.repeat_free_length`)."""
         candidates, config = gen.candidates, gen.config
         assert candidates is not None
         tokens = candidates.passage(pidx).token_ids
         end = min(len(tokens), pos + config.span_length)
+        if (window_end := gen.plan.window_end) is not None and window_end[0] == pidx and pos <= window_end[1]:
+            end = min(end, window_end[1] + 1)
         end = copyable_end(self.datastore.passages[pidx].text, candidates.passage(pidx).char_spans, pos, end)  # type: ignore[union-attr]
         end = next((i for i in range(pos, end) if candidates.is_used(pidx, i)), end)
         if gen.plan.copies_whole(pidx, pos):
