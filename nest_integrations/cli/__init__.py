@@ -23,7 +23,7 @@ from .common import err_console, setup_logging, skip_final_collections
 
 app = typer.Typer(help="NEST: attributed, retrieval-grounded generation.", no_args_is_help=True, add_completion=False)
 app.add_typer(index.index_app, name="index")
-for module in (index, generate, serve, chat, evaluate, bench):
+for module in (index, generate, serve, chat, evaluate):
     app.add_typer(module.app)
 app.add_typer(bench.bench_app, name="bench")
 app.add_typer(models.models_app, name="models")

@@ -5,41 +5,37 @@
 starts' saved stores), ``gate`` (the relevance gate), ``windows`` (the answer windows the
 decoder plans), ``device`` (an accelerator), ``startup`` (the command's own start-up). Each
 runs the benchmarks project (``nest_benchmarks``, imported when the subcommand runs; without it
-the command fails naming its install command). The spellings of earlier releases (``nest
-bench`` with ``--batching`` / ``--scale``, ``nest bench-ray``...) still run, hidden, with a
-deprecation warning on stderr; they go in the next release.
+the command fails naming its install command). ``nest bench`` alone lists them.
 """
 
 from __future__ import annotations
 
-import inspect
-import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import typer
 
 from nest_integrations.store.key_codec import CODEC_HELP
 from .common import (
-    STARTUP_T0_ENV, STARTUP_TRACE_ENV, comma_list, console, default_index_path, docs_index, fail, given, load_index, numbers,
+    STARTUP_T0_ENV, STARTUP_TRACE_ENV, comma_list, console, default_index_path, docs_index, fail, load_index, numbers,
     require_benchmarks,
 )
 
 bench_app = typer.Typer(
-    help="Benchmarks: speed, batching, scale, ray, keys, store, gate, windows, device, startup.", invoke_without_command=True,
+    help="Benchmarks: speed, batching, scale, ray, keys, store, gate, windows, device, startup.", no_args_is_help=True,
 )
-app = typer.Typer()
-"""The deprecated ``bench-*`` commands, merged into ``nest`` (hidden)."""
+
+
+@bench_app.callback()
+def bench() -> None:
+    """Benchmarks, one subcommand each; every one writes JSON and Markdown to --out."""
+    require_benchmarks("nest bench")
+
 
 SWEEPS = ("gamma", "delta", "alpha")
 """The knobs ``nest bench speed --sweep`` varies."""
 
 DEFAULT_SIZES = "10000,30000,100000,300000,1000000"
-
-
-def deprecated(old: str, new: str) -> None:
-    """Warn on stderr, one unwrapped line, that the spelling ``old`` goes in the next release, for ``new``."""
-    sys.stderr.write(f"warning: `{old}` is deprecated and goes in the next release; use `{new}`.\n")
 
 
 # --------------------------------------------------------------------------- speed, batching, scale
@@ -138,47 +134,6 @@ def scale(
     """First-stage memory, build time, query latency, recall and NEST ms/token against corpus size,
     duplicating the bundled summaries (no index needed)."""
     run_scale(n, max_new_tokens, out, sizes, scale_indexes, hnsw_max)
-
-
-@bench_app.callback()
-def bench(
-    ctx: typer.Context,
-    datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", hidden=True),
-    n: Optional[int] = typer.Option(None, min=1, hidden=True),
-    max_new_tokens: Optional[int] = typer.Option(None, min=1, hidden=True),
-    out: Optional[Path] = typer.Option(None, hidden=True),
-    batching: bool = typer.Option(False, "--batching", hidden=True),
-    seed: int = typer.Option(0, hidden=True),
-    repeats: int = typer.Option(1, min=1, hidden=True),
-    kinds: str = typer.Option("bio,wiki-qa,wiki-qa-outside", hidden=True),
-    sweep: Optional[str] = typer.Option(None, hidden=True),
-    values: Optional[str] = typer.Option(None, hidden=True),
-    scale: bool = typer.Option(False, "--scale", hidden=True),
-    sizes: str = typer.Option(DEFAULT_SIZES, hidden=True),
-    scale_indexes: str = typer.Option("flat,ivf,hnsw", hidden=True),
-    hnsw_max: int = typer.Option(100_000, min=1, hidden=True),
-) -> None:
-    """Benchmarks, one subcommand each; every one writes JSON and Markdown to --out."""
-    require_benchmarks("nest bench")
-    options = [name for name in ctx.params if name != "ctx"]
-    if ctx.invoked_subcommand is not None:
-        if stray := given(ctx, *options):
-            fail(f"options go after the subcommand: nest bench {ctx.invoked_subcommand} {' '.join(stray)} ...")
-        return
-    # The spelling of earlier releases: `nest bench [--batching | --scale] [options]`.
-    if scale and (stray := given(ctx, "batching", "sweep", "values", "datastore", "repeats", "kinds")):
-        fail(f"{', '.join(stray)} do not apply with --scale")
-    if scale:
-        deprecated("nest bench --scale", "nest bench scale")
-        run_scale(3 if n is None else n, max_new_tokens or 32, out or Path("runs/scale"), sizes, scale_indexes, hnsw_max)
-    elif batching:
-        if sweep:
-            fail("--sweep runs with the mode table, not with --batching")
-        deprecated("nest bench --batching", "nest bench batching")
-        run_batching(datastore, n or 16, max_new_tokens or 64, out or Path("runs/bench-batching"), seed, repeats, kinds)
-    else:
-        deprecated("nest bench", "nest bench speed")
-        run_speed(datastore, n or 8, max_new_tokens or 64, out or Path("runs/bench"), sweep, values)
 
 
 # --------------------------------------------------------------------------- the other benches
@@ -392,21 +347,3 @@ def startup(
     except (ValueError, RuntimeError) as err:
         fail(str(err))
     console.print((out / "startup.md").read_text())
-
-
-def _alias(old: str, new: str, command: Callable[..., Any]) -> None:
-    """Register ``nest OLD`` as a hidden, deprecated spelling of ``nest bench NEW``: same options."""
-
-    def run(*args: Any, **kwargs: Any) -> None:
-        require_benchmarks(f"nest {old}")
-        deprecated(f"nest {old}", f"nest bench {new}")
-        command(*args, **kwargs)
-
-    run.__signature__ = inspect.signature(command)  # type: ignore[attr-defined]  # typer reads the options here
-    run.__doc__ = f"Deprecated: use `nest bench {new}`."
-    app.command(old, hidden=True)(run)
-
-
-for _old, _new, _command in (("bench-ray", "ray", ray), ("bench-keys", "keys", keys), ("bench-store", "store", store),
-                             ("bench-gate", "gate", gate), ("bench-device", "device", device)):
-    _alias(_old, _new, _command)
