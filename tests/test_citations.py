@@ -12,7 +12,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -130,24 +129,43 @@ def test_chunk_offsets_are_named_apart_from_document_offsets(tmp_path, monkeypat
     assert KEEPER[cut:][source.chunk_char_start : source.chunk_char_end] == span.text
     assert KEEPER[source.location.char_start : source.location.char_end] == span.text
     assert source.chunk_char_start != source.location.char_start
-    # The deprecated attributes still answer, with the chunk offsets, and warn.
-    with pytest.warns(DeprecationWarning, match="chunk_char_start"):
-        assert source.char_start == source.chunk_char_start
-    with pytest.warns(DeprecationWarning, match="chunk_char_end"):
-        assert source.char_end == source.chunk_char_end
-    # The JSON keeps the old keys next to the new ones for one release, without a warning.
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        dumped = NestOutput(text=span.text, mode="nest", spans=[span]).to_dict()
+    assert not hasattr(source, "char_start") and not hasattr(source, "char_end")  # removed in 0.2.0
+    dumped = NestOutput(text=span.text, mode="nest", spans=[span]).to_dict()
     saved = dumped["spans"][0]["source"]
-    assert (saved["chunk_char_start"], saved["chunk_char_end"]) == (saved["char_start"], saved["char_end"])
+    assert "char_start" not in saved and "char_end" not in saved
     assert (saved["chunk_char_start"], saved["location"]["char_start"]) == (source.chunk_char_start, source.location.char_start)
     assert NestOutput.model_validate(dumped).spans == [span]
     assert NestOutput.model_validate_json(json.dumps(dumped)).spans == [span]
     assert chunk_offsets(saved) == (source.chunk_char_start, source.chunk_char_end)
-    old = {key: value for key, value in saved.items() if not key.startswith("chunk_")}
-    assert chunk_offsets(old) == (source.chunk_char_start, source.chunk_char_end)
-    assert SpanSource.model_validate(old) == source
+
+
+SAVED_BY_0_1 = """{"text": "storms, fog banks", "mode": "nest", "spans": [{"text": "storms, fog banks", "start": 0,
+  "end": 17, "copied": true, "source": {"id": "c1", "title": "", "metadata": {"source": "keeper.md"},
+  "chunk_char_start": 24, "chunk_char_end": 41, "location": {"document": "keeper.md", "document_id": "keeper.md",
+  "char_start": 60, "char_end": 77, "line_start": 3, "line_end": 3}, "char_start": 24, "char_end": 41}}]}"""
+"""An output as 0.1 saved it: the span source's chunk offsets under their new keys and again under
+the old ones, ``char_start`` / ``char_end`` (its location's char_start / char_end are document offsets)."""
+
+
+@pytest.mark.parametrize("keys", ["both, as 0.1 wrote them", "the old ones alone"])
+def test_an_output_saved_by_0_1_still_loads_into_the_chunk_offsets(keys):
+    saved = json.loads(SAVED_BY_0_1)
+    source = saved["spans"][0]["source"]
+    if keys == "the old ones alone":
+        del source["chunk_char_start"], source["chunk_char_end"]
+    loaded = NestOutput.model_validate(saved).spans[0].source
+    assert (loaded.chunk_char_start, loaded.chunk_char_end) == (24, 41)
+    assert (loaded.location.char_start, loaded.location.char_end) == (60, 77)
+    assert chunk_offsets(source) == (24, 41)
+    rewritten = loaded.model_dump(mode="json")
+    assert "char_start" not in rewritten and rewritten["location"]["char_start"] == 60
+
+
+def test_an_old_chunk_offset_that_disagrees_with_the_new_one_is_refused_naming_both():
+    saved = json.loads(SAVED_BY_0_1)
+    saved["spans"][0]["source"]["char_end"] = 40
+    with pytest.raises(ValueError, match="char_end=40 .*disagrees with chunk_char_end=41"):
+        NestOutput.model_validate(saved)
 
 
 def test_negative_chunk_offsets_are_refused_by_name():
@@ -163,7 +181,7 @@ def output_of(pieces: list[tuple[str, Optional[str]]]) -> NestOutput:
         source = None
         if document is not None:
             location = SourceLocation(document=document, document_id=document, char_start=100, char_end=100 + len(text), line_start=3, line_end=3 + text[:-1].count("\n"))
-            source = SpanSource(id=f"{document}#0", title="", char_start=0, char_end=len(text), location=location)
+            source = SpanSource(id=f"{document}#0", title="", chunk_char_start=0, chunk_char_end=len(text), location=location)
         spans.append(Span(text=text, start=at, end=at + len(text), copied=document is not None, source=source))
         at += len(text)
     return NestOutput(text="".join(text for text, _ in pieces), mode="nest", spans=spans)

@@ -358,8 +358,7 @@ def test_chat_message_carries_citations_and_the_output_contract(chat, docs):
         assert citation["title"] == doc.metadata["title"] and citation["extras"]["metadata"] == doc.metadata
         extras = citation["extras"]
         assert doc.page_content[extras["chunk_char_start"] : extras["chunk_char_end"]] == citation["cited_text"]
-        # The deprecated names still hold the chunk offsets for this release.
-        assert (extras["source_char_start"], extras["source_char_end"]) == (extras["chunk_char_start"], extras["chunk_char_end"])
+        assert "source_char_start" not in extras and "source_char_end" not in extras  # 0.1's names, removed in 0.2.0
         # Each document is whole (no start_index): its range is the chunk range, on its one line.
         assert extras["document"] == doc.metadata["source"]
         assert (extras["doc_char_start"], extras["doc_char_end"]) == (extras["chunk_char_start"], extras["chunk_char_end"])

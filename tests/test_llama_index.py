@@ -257,8 +257,7 @@ def test_query_engine_source_nodes_are_exactly_the_cited_ones(llm, nest_index):
     for c in citations:
         assert response.response[c["answer_start"] : c["answer_end"]] == c["text"]
         assert texts[c["node_id"]][c["chunk_char_start"] : c["chunk_char_end"]] == c["text"]
-        # The deprecated names still hold the node offsets for this release.
-        assert (c["node_char_start"], c["node_char_end"]) == (c["chunk_char_start"], c["chunk_char_end"])
+        assert "node_char_start" not in c and "node_char_end" not in c  # 0.1's names, removed in 0.2.0
         assert c["ref_doc_id"] == docs[c["node_id"]]
 
 

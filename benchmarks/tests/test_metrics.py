@@ -254,8 +254,8 @@ def test_span_integrity_catches_wrong_offsets_and_sources() -> None:
     assert span_integrity(output, PASSAGES) == 0.5
 
 
-def test_outputs_saved_with_the_deprecated_offset_keys_score_the_same() -> None:
-    """Outputs written before the chunk offsets were renamed hold only ``char_start`` / ``char_end``."""
+def test_outputs_saved_by_0_1_with_only_the_old_offset_keys_score_the_same() -> None:
+    """Outputs saved by 0.1 before its chunk offsets were renamed hold only ``char_start`` / ``char_end``."""
     output = _output()
     source = output["spans"][1]["source"]
     source["char_start"], source["char_end"] = source.pop("chunk_char_start"), source.pop("chunk_char_end")

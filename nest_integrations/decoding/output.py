@@ -12,18 +12,16 @@ open the file at the cited lines. :func:`~nest_integrations.decoding.locations.l
 fills it in; :mod:`~nest_integrations.decoding.spans` builds the spans and
 :mod:`~nest_integrations.decoding.rendering` shows them.
 
-Offsets in the chunk are named ``chunk_char_start`` / ``chunk_char_end``; until
-the next release :class:`SpanSource` also answers to the old names
-``char_start`` / ``char_end`` (a ``DeprecationWarning``), and the JSON of an
-output keeps them next to the new keys (:data:`DEPRECATED_CHUNK_KEYS`).
+Offsets in the chunk are named ``chunk_char_start`` / ``chunk_char_end``; an
+output saved by 0.1, whose span sources hold them as ``char_start`` / ``char_end``,
+still loads (:data:`KEYS_SAVED_BY_0_1`).
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Literal, Mapping, Optional
 
-from pydantic import AliasChoices, BaseModel, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 
 class SourceRef(BaseModel):
@@ -116,11 +114,11 @@ def document_name(metadata: Mapping[str, Any], fallback: str) -> str:
             return value
     return fallback
 
-DEPRECATED_CHUNK_KEYS: dict[str, str] = {"char_start": "chunk_char_start", "char_end": "chunk_char_end"}
-"""The old names of :class:`SpanSource`'s chunk offsets, deprecated, to the new ones. They read as
-if they were document offsets, which they are not. Until the next release a span source still
-reads them (from outputs saved before), answers to them as properties with a
-``DeprecationWarning``, and writes them to its JSON next to the new keys."""
+
+KEYS_SAVED_BY_0_1: dict[str, str] = {"char_start": "chunk_char_start", "char_end": "chunk_char_end"}
+"""The keys under which outputs saved by 0.1 hold a span source's chunk offsets, to their names
+now (the old names read as document offsets, which they are not). A span source is only read
+from them, never written with them; 0.1 wrote both, with the same values."""
 
 
 class SpanSource(SourceRef):
@@ -128,20 +126,17 @@ class SpanSource(SourceRef):
 
     ``chunk_char_start`` / ``chunk_char_end`` index the chunk's own text; where
     the span sits in its file is ``location`` (``location.char_start``,
-    ``location.line_start``, ...). The old names ``char_start`` / ``char_end``
-    are deprecated (:data:`DEPRECATED_CHUNK_KEYS`).
+    ``location.line_start``, ...). An output saved by 0.1 loads from the keys
+    ``char_start`` / ``char_end`` (:data:`KEYS_SAVED_BY_0_1`).
     """
 
     chunk_char_start: int = Field(
         ge=0,
-        validation_alias=AliasChoices("chunk_char_start", "char_start"),
         description="Start of the span in its chunk's text (Passage.text), 0-based: not a document offset "
-        "(that is location.char_start). Read from the deprecated key char_start too.",
+        "(that is location.char_start). Outputs saved by 0.1 hold it as char_start.",
     )
     chunk_char_end: int = Field(
-        ge=0,
-        validation_alias=AliasChoices("chunk_char_end", "char_end"),
-        description="End of the span (exclusive) in its chunk's text. Read from the deprecated key char_end too.",
+        ge=0, description="End of the span (exclusive) in its chunk's text. Outputs saved by 0.1 hold it as char_end."
     )
     location: SourceLocation = Field(
         description="The span's document, character range and line range in it (see locate). An output "
@@ -158,45 +153,32 @@ class SpanSource(SourceRef):
             data = {**data, "location": SourceLocation(document=name, document_id=str(data.get("id", "")))}
         return data
 
-    @model_serializer(mode="wrap")
-    def _with_deprecated_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """The fields, then the deprecated :data:`DEPRECATED_CHUNK_KEYS` with the same values, so
-        readers of the old JSON keys keep working for one release."""
-        data = handler(self)
-        data.update({old: data[new] for old, new in DEPRECATED_CHUNK_KEYS.items() if new in data})
+    @model_validator(mode="before")
+    @classmethod
+    def _saved_by_0_1(cls, data: Any) -> Any:
+        """Outputs saved by 0.1: their chunk offsets under :data:`KEYS_SAVED_BY_0_1`'s old keys
+        (alone, or next to the new ones with the same values, as 0.1 wrote them) move to the new
+        fields; an old key that disagrees with its new one is refused, naming both."""
+        if not isinstance(data, dict) or not data.keys() & KEYS_SAVED_BY_0_1.keys():
+            return data
+        data = dict(data)
+        for old, new in KEYS_SAVED_BY_0_1.items():
+            if old not in data:
+                continue
+            value = data.pop(old)
+            if new not in data:
+                data[new] = value
+            elif data[new] != value:
+                raise ValueError(f"span source {data.get('id', '')!r}: {old}={value!r} (saved by 0.1) disagrees with {new}={data[new]!r}")
         return data
-
-    @property
-    def char_start(self) -> int:
-        """Deprecated: :attr:`chunk_char_start` (an offset in the chunk; the document offset is
-        ``location.char_start``). Removed in the next release."""
-        _warn_deprecated("char_start")
-        return self.chunk_char_start
-
-    @property
-    def char_end(self) -> int:
-        """Deprecated: :attr:`chunk_char_end` (an offset in the chunk; the document offset is
-        ``location.char_end``). Removed in the next release."""
-        _warn_deprecated("char_end")
-        return self.chunk_char_end
-
-
-def _warn_deprecated(old: str) -> None:
-    """Warn, at the caller's caller, that ``SpanSource.<old>`` is deprecated."""
-    new = DEPRECATED_CHUNK_KEYS[old]
-    warnings.warn(
-        f"SpanSource.{old} is deprecated and will be removed in the next release: it is the offset in the chunk, "
-        f"now named {new}; the offset in the document is location.{old}",
-        DeprecationWarning,
-        stacklevel=3,
-    )
 
 
 def chunk_offsets(source: Mapping[str, Any]) -> tuple[Any, Any]:
     """``(chunk_char_start, chunk_char_end)`` of a span source in an output's JSON
-    (``NestOutput.to_dict()``), from the deprecated keys for outputs saved before the rename.
+    (``NestOutput.to_dict()``), from :data:`KEYS_SAVED_BY_0_1`'s old keys for outputs saved by 0.1.
     The values are returned as found (not checked)."""
-    return source.get("chunk_char_start", source.get("char_start")), source.get("chunk_char_end", source.get("char_end"))
+    start, end = (source.get(new, source.get(old)) for old, new in KEYS_SAVED_BY_0_1.items())
+    return start, end
 
 
 class Span(BaseModel):

@@ -70,9 +70,7 @@ class ChatNest(NestModelBase, BaseChatModel):
         use (the ``[n]`` of :data:`~nest_integrations.langchain.cite`); then the
         chunk: ``source_id``, its ``metadata`` and the span's offsets in the
         chunk's text (``chunk_char_start`` / ``chunk_char_end``; not offsets in
-        the file). ``source_char_start`` / ``source_char_end`` hold the same
-        chunk offsets under their old names: deprecated, removed in the next
-        release.
+        the file).
         ``response_metadata`` holds the full output contract
         (``NestOutput.to_dict()``) and ``usage_metadata`` the token counts.
 
@@ -241,9 +239,6 @@ def _citation(span: Span, numbers: DocumentNumbers) -> Citation:
         metadata=source.metadata,
         chunk_char_start=source.chunk_char_start,
         chunk_char_end=source.chunk_char_end,
-        # Deprecated names of chunk_char_start / chunk_char_end, kept for one release.
-        source_char_start=source.chunk_char_start,
-        source_char_end=source.chunk_char_end,
     )
 
 

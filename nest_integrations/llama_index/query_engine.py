@@ -13,8 +13,7 @@ from (with their retrieval scores, in order of first use), and
   :func:`~nest_integrations.decoding.locations.locate`), ``node_id``, ``ref_doc_id``,
   ``chunk_char_start`` / ``chunk_char_end`` (range in the node's text, not in
   the file) and ``text`` (the cited text, verbatim both in the answer and in the
-  node); ``node_char_start`` / ``node_char_end`` hold the same node range under
-  their old names: deprecated, removed in the next release;
+  node);
 * ``"sources"``: the cited documents, once each in order of first use
   (:class:`~nest_integrations.decoding.rendering.CitedDocument` dicts: ``number``,
   ``document``, ``title`` and the cited ``locations``);
@@ -71,9 +70,6 @@ def span_citations(output: NestOutput, nodes: Sequence[NodeWithScore]) -> list[d
             "chunk_char_start": span.source.chunk_char_start,
             "chunk_char_end": span.source.chunk_char_end,
             "text": span.text,
-            # Deprecated names of chunk_char_start / chunk_char_end, kept for one release.
-            "node_char_start": span.source.chunk_char_start,
-            "node_char_end": span.source.chunk_char_end,
         }
         for span in output.copied_spans
         if span.source is not None
