@@ -431,3 +431,8 @@ def test_a_window_that_goes_on_from_a_better_one_is_copied_with_it():
     assert [text[w.start : w.end] for w in (first, goes_on, last, lead_in)] == ["First one.", "Goes on.", "Last one.", "Lead in."]
     joined = join_touching([first, last, elsewhere, goes_on, lead_in], lambda passage_id: text)
     assert joined == [Window("p", 9, 28, 0.9), last, elsewhere, lead_in]
+    # One that does not close an answer ("as follows:") stays apart: joined, the windows after it would be dropped.
+    unfinished = "First one. As follows:\n\nOther words."
+    opening, follows = Window("p", 0, 10, 0.9), Window("p", 11, 22, 0.4)
+    assert [unfinished[w.start : w.end] for w in (opening, follows)] == ["First one.", "As follows:"]
+    assert join_touching([opening, follows], lambda passage_id: unfinished) == [opening, follows]

@@ -96,7 +96,9 @@ def join_touching(windows: Sequence[Window], text_of: Callable[[str], str]) -> l
     its first; copied in rank order the answer would jump from the first sentence to the second
     window and then back. Joined, it reads on in the source's order. A window that ends where a
     better one starts stays in its own place: joined, it would put weaker text before the best
-    answer. ``text_of(passage_id)`` gives a passage's text; a joined window keeps the better score."""
+    answer. A window that does not close an answer (:func:`closes_answer`) is not joined: the
+    joined window would not close one either, and the windows planned after it would be dropped.
+    ``text_of(passage_id)`` gives a passage's text; a joined window keeps the better score."""
     joined: list[Window] = []
     for window in windows:
         text = text_of(window.passage_id)
@@ -104,7 +106,7 @@ def join_touching(windows: Sequence[Window], text_of: Callable[[str], str]) -> l
             (i for i, kept in enumerate(joined)
              if kept.passage_id == window.passage_id and kept.end <= window.start and not text[kept.end : window.start].strip()),
             None,
-        )
+        ) if closes_answer(text, window.end) else None
         if before is None:
             joined.append(window)
         else:
