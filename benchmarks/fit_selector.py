@@ -29,31 +29,9 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
-from nest_benchmarks.metrics import answer_recall
-from nest_benchmarks.runner import load_items
-from nest_benchmarks.tasks import TASKS
+from nest_benchmarks.window_rows import PASSAGE_K, domain_rows
 from nest_integrations import NestIndex
-from nest_integrations.policy.selection import FEATURES, AnswerSelector, candidate_windows, window_features
-
-PASSAGE_K = 8
-
-
-def domain_rows(index: NestIndex, qa: str) -> list[dict]:
-    """Per question: features (N, F), labels (N,), candidates, whether unanswerable."""
-    task, path = (qa, None) if qa in TASKS else ("markdown-qa", qa)
-    rows = []
-    for item in load_items(task, None, passages=index.passages, qa_path=path):
-        passages = [p for p, _ in index.retrieve(item.query, PASSAGE_K)]
-        candidates = candidate_windows(passages)
-        answers = item.meta.get("answers") or []
-        features = window_features(item.query, candidates, passages, index.relevance)
-        labels = np.array([bool(answers) and bool(answer_recall(c.title + "\n" + c.passage.text[c.start : c.end], answers)) for c in candidates])
-        rows.append({
-            "id": item.id, "features": features, "labels": labels, "candidates": candidates,
-            "unanswerable": bool(item.meta.get("unanswerable")),
-            "retrieved": bool(answers) and any(answer_recall(p.text, answers) for p in passages),
-        })
-    return rows
+from nest_integrations.policy.selection import FEATURES, AnswerSelector
 
 
 def fit(rows: list[dict]) -> LogisticRegression:

@@ -1,0 +1,43 @@
+"""Candidate answer windows of a question set's retrieved passages, as rows to fit or measure a
+window scorer on: the fitted selector's features and whether each window holds a gold answer.
+
+``benchmarks/fit_selector.py`` fits the selector on these rows; result scripts that compare other
+window scorers with it (``results/lm-likelihood-signals/``) read the same rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nest_benchmarks.metrics import answer_recall
+from nest_benchmarks.runner import load_items
+from nest_benchmarks.tasks import TASKS
+from nest_integrations import NestIndex
+from nest_integrations.policy.selection import candidate_windows, window_features
+
+__all__ = ["PASSAGE_K", "domain_rows"]
+
+PASSAGE_K = 8
+"""Passages the first stage retrieves per question: the decoder's default ``passage_k``."""
+
+
+def domain_rows(index: NestIndex, qa: str) -> list[dict]:
+    """One row per question of ``qa`` (a markdown-qa JSONL path, or a bundled task's name) over
+    ``index``: its id and query, the float (N, F) ``features`` of its N candidate windows
+    (``window_features``), their bool (N,) ``labels`` (the window, under the section title the
+    decoder copies before it, holds a gold answer), the N ``candidates``, whether the question is
+    ``unanswerable``, and whether a retrieved passage holds its answer (``retrieved``)."""
+    task, path = (qa, None) if qa in TASKS else ("markdown-qa", qa)
+    rows = []
+    for item in load_items(task, None, passages=index.passages, qa_path=path):
+        passages = [p for p, _ in index.retrieve(item.query, PASSAGE_K)]
+        candidates = candidate_windows(passages)
+        answers = item.meta.get("answers") or []
+        features = window_features(item.query, candidates, passages, index.relevance)
+        labels = np.array([bool(answers) and bool(answer_recall(c.title + "\n" + c.passage.text[c.start : c.end], answers)) for c in candidates])
+        rows.append({
+            "id": item.id, "query": item.query, "features": features, "labels": labels, "candidates": candidates,
+            "unanswerable": bool(item.meta.get("unanswerable")),
+            "retrieved": bool(answers) and any(answer_recall(p.text, answers) for p in passages),
+        })
+    return rows
