@@ -65,11 +65,16 @@ class CopyPlan:
         opening, self.opening = self.opening, None
         return opening
 
+    def in_planned_copy(self, pidx: int, pos: int) -> bool:
+        """Whether token ``pos`` of passage ``pidx`` is at or before the end of the planned copy
+        being made, in its passage (:attr:`window_end`)."""
+        end = self.window_end
+        return end is not None and pidx == end[0] and pos <= end[1]
+
     def copies_whole(self, pidx: int, pos: int) -> bool:
         """Whether a copy from token ``pos`` of passage ``pidx`` goes on with a window copied
         whole (:attr:`whole`): without the LM's check, repeats and all."""
-        end = self.window_end
-        return self.whole and end is not None and pidx == end[0] and pos <= end[1]
+        return self.whole and self.in_planned_copy(pidx, pos)
 
     def ends_at(self, pidx: int, pos: int) -> bool:
         """Whether token ``pos`` of passage ``pidx`` is the last of the planned copy being made."""

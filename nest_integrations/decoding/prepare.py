@@ -102,17 +102,20 @@ def join_touching(windows: Sequence[Window], text_of: Callable[[str], str]) -> l
     joined: list[Window] = []
     for window in windows:
         text = text_of(window.passage_id)
-        before = next(
-            (i for i, kept in enumerate(joined)
-             if kept.passage_id == window.passage_id and kept.end <= window.start and not text[kept.end : window.start].strip()),
-            None,
-        ) if closes_answer(text, window.end) else None
+        before = None
+        if closes_answer(text, window.end):
+            before = next((i for i, kept in enumerate(joined) if _goes_on_from(kept, window, text)), None)
         if before is None:
             joined.append(window)
         else:
             kept = joined[before]
             joined[before] = Window(kept.passage_id, kept.start, window.end, max(kept.score, window.score))
     return joined
+
+
+def _goes_on_from(earlier: Window, window: Window, text: str) -> bool:
+    """Whether ``window`` starts where ``earlier`` ends in their passage (its ``text``), nothing but white space between."""
+    return earlier.passage_id == window.passage_id and earlier.end <= window.start and not text[earlier.end : window.start].strip()
 
 
 def window_token_plan(windows: Sequence[Window], tokens_of: Callable[[str], tuple[str, np.ndarray]]) -> list[PlannedCopy]:
@@ -130,10 +133,11 @@ def window_token_plan(windows: Sequence[Window], tokens_of: Callable[[str], tupl
     does not run into the text before it. Windows that touch in their passage are copied as one
     (:func:`join_touching`). Pure: the decoder (:func:`plan_windows`) and ``nest bench windows``
     share it."""
+    tokenized = {window.passage_id: tokens_of(window.passage_id) for window in windows}  # once per passage
     planned: list[PlannedCopy] = []
     titles: set[str] = set()
-    for window in join_touching(windows, lambda passage_id: tokens_of(passage_id)[0]):
-        text, spans = tokens_of(window.passage_id)
+    for window in join_touching(windows, lambda passage_id: tokenized[passage_id][0]):
+        text, spans = tokenized[window.passage_id]
         if not len(spans):
             continue
         first, last = token_range(spans, window.start, window.end)

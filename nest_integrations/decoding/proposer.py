@@ -237,8 +237,8 @@ class SpanProposer:
         assert candidates is not None
         tokens = candidates.passage(pidx).token_ids
         end = min(len(tokens), pos + config.span_length)
-        if (window_end := gen.plan.window_end) is not None and window_end[0] == pidx and pos <= window_end[1]:
-            end = min(end, window_end[1] + 1)
+        if gen.plan.in_planned_copy(pidx, pos):
+            end = min(end, gen.plan.window_end[1] + 1)  # type: ignore[index]
         end = copyable_end(self.datastore.passages[pidx].text, candidates.passage(pidx).char_spans, pos, end)  # type: ignore[union-attr]
         end = next((i for i in range(pos, end) if candidates.is_used(pidx, i)), end)
         if gen.plan.copies_whole(pidx, pos):
