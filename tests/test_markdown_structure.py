@@ -104,14 +104,16 @@ def test_blocks_have_their_kind_exact_range_and_heading_path():
 
 
 def test_setext_headings_indented_code_and_inline_html():
-    text = "Title\n=====\n\nSee <b>this</b> now.\n\n    indented = 1\n    more = 2\n"
+    text = "Title\n=====\n\nSee <b>this</b> now.\n\n    indented = 1\n    more = 2\n\n<!-- -->"
     blocks = parse_blocks(text)
     assert [(b.kind, text[b.start : b.end]) for b in blocks] == [
         ("heading", "Title\n====="),
         ("paragraph", "See <b>this</b> now."),
         ("code", "indented = 1\n    more = 2"),
+        ("comment", "<!-- -->"),
     ]
-    assert _hidden_text(text + "<!-- -->") == ["Title\n=====", "<b>", "</b>", "<!-- -->"]
+    assert _hidden_text(text) == ["Title\n=====", "<b>", "</b>", "<!-- -->"]
+    assert text[slice(*section_title(text, text.index("See")))] == "Title"
 
 
 @pytest.mark.parametrize(
@@ -184,13 +186,20 @@ def test_a_copy_that_reaches_the_next_heading_ends_the_answer(tiny_lm):
     assert not section_ends_at(f"{UNIQUE}\n\n{KEEPER}", len(UNIQUE)), "prose has no sections"
 
 
-def test_an_answer_planned_at_a_heading_opens_below_it(tiny_lm):
-    text = "## Reset a header\n\nCall reply.removeHeader('set-cookie') to reset it.\n\n## Streams\n\nPipe a stream into the reply."
-    passage = Passage(id="reply", text=text, metadata={"source": "Reply.md"})
+@pytest.mark.parametrize(
+    ("text", "source", "marks"),
+    [
+        ("## Reset a header\n\nCall reply.removeHeader('set-cookie') to reset it.\n\n## Streams\n\nPipe a stream into the reply.", "Reply.md", "#"),
+        ("Reset a header\n==============\n\nCall reply.removeHeader('set-cookie') to reset it.\n\n"
+         "Streams\n=======\n\nPipe a stream into the reply.", "reply.rst", "==="),
+    ],
+)
+def test_an_answer_planned_at_a_heading_opens_below_it(tiny_lm, text, source, marks):
+    passage = Passage(id="reply", text=text, metadata={"source": source})
     decoder = NestDecoder(tiny_lm, TokenDatastore([passage], PassageEncoder(tiny_lm)), ListRetriever([passage]), relevance=word_share)
     out = decoder.generate("How do I reset the set-cookie header?", max_new_tokens=30, **COPY)
-    # The heading's line is never copied: its title labels the window, then the window follows.
-    assert out.spans[0].copied and "#" not in out.text
+    # The heading's marks (a reStructuredText underline) are never copied: its title labels the window, then the window follows.
+    assert out.spans[0].copied and marks not in out.text
     assert out.text.strip() == "Reset a header\n\nCall reply.removeHeader('set-cookie') to reset it."
     assert out.stats.finish_reason in ("answered", "source_end"), "it stops with its section"
 

@@ -62,11 +62,21 @@ def _trimmed(text: str, start: int, end: int) -> list[tuple[int, int]]:
     return [(new_start, new_start + len(stripped.rstrip()))]
 
 
+def _opens_a_line(text: str, match: re.Match[str]) -> bool:
+    """Whether a sentence end is the two periods that open a line of reStructuredText's explicit
+    markup (``.. code-block:: python``, ``.. _label:``), which goes on after them (a doctest's
+    ``...`` stays an end)."""
+    line_start = text.rfind("\n", 0, match.start()) + 1
+    return match.group() == ".." and not text[line_start : match.start()].strip()
+
+
 def sentence_spans(text: str) -> list[tuple[int, int]]:
     """Character ranges of the sentences of ``text``, whitespace-trimmed, in order."""
     spans: list[tuple[int, int]] = []
     start = 0
     for match in _SENTENCE_END.finditer(text):
+        if _opens_a_line(text, match):
+            continue
         spans.extend(_trimmed(text, start, match.end()))
         start = match.end()
     spans.extend(_trimmed(text, start, len(text)))
@@ -297,7 +307,9 @@ def _shared_path(blocks: Sequence[Block], start: int, end: int) -> tuple[str, ..
 def section_chunks(
     text: str, *, max_words: int = 100, max_tokens: int | None = None, tokenizer: TokenCounter | None = None
 ) -> list[TextChunk]:
-    """Cut a Markdown text along its sections within a size budget (same knobs as :func:`chunk_text`).
+    """Cut a Markdown text along its sections within a size budget (same knobs as :func:`chunk_text`);
+    a reStructuredText one is cut along its titles the same way
+    (:func:`~nest_integrations.corpus.markdown_structure.parse_blocks`).
 
     A section (a heading and everything up to the next heading of its level
     or above) that fits is one chunk, packed with the sibling sections after it

@@ -1,4 +1,4 @@
-"""The block structure of Markdown passages, and which of their characters may be copied.
+"""The block structure of Markdown (and reStructuredText) passages, and which of their characters may be copied.
 
 Markdown documentation carries markup a reader never sees rendered: YAML front
 matter, ``<!-- ... -->`` comments, HTML blocks and anchors, link-reference
@@ -26,14 +26,18 @@ as Markdown when a line shows block syntax that prose does not have: a
 ``##``-``######`` heading, a ``# Title`` followed by a blank line (a lone
 ``# comment`` line in a doctest is not one), a code fence, front matter, an
 HTML comment or a tag opening a line, a link-reference definition, a table
-delimiter row. Setext (``===``-underlined) headings are not sniffed: RST and
-docstrings underline titles the same way. Everything else is prose and gets
-exactly what it got before this module existed (the bundled Wikipedia
-summaries and the standard-library docstrings of the docs domain all read as
-prose). Chunking (:mod:`nest_integrations.corpus.chunking`) also knows the file: a passage whose
+delimiter row. Setext (``===``-underlined) headings are not sniffed as
+Markdown: reStructuredText and docstrings underline titles the same way. A
+text that is not Markdown but shows reStructuredText's block syntax (an
+underlined title, a directive, a target, a literal block) is read by
+:mod:`nest_integrations.corpus.rst_structure` into the same blocks, and every
+function below serves it alike (:func:`has_structure`). Everything else is
+prose and every token of it may be copied (the bundled Wikipedia summaries read
+as prose). Chunking (:mod:`nest_integrations.corpus.chunking`) also knows the file: a passage whose
 ``source`` / ``file_path`` / ``file_name`` / ``path`` metadata or title ends in
 ``.md``, ``.markdown`` or ``.mdx`` is cut along its sections
-(:func:`is_markdown`). A chunk with no block syntax at all has no markup to
+(:func:`is_markdown`); reStructuredText is cut by sentences like prose (cut along its
+sections, it lost answers on held-out documentation). A chunk with no block syntax at all has no markup to
 hide, so the two rules only differ on what prose structure they see.
 
 **Chunks cut inside code.** A chunk is parsed on its own text. One cut out of
@@ -54,19 +58,15 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
+from .blocks import Block, BlockKind, line_starts, trimmed_range
+from .rst_structure import looks_like_rst, parse_rst_blocks
+
 if TYPE_CHECKING:  # pragma: no cover
     from markdown_it import MarkdownIt
-
-BlockKind = Literal[
-    "front_matter", "heading", "paragraph", "list_item", "table", "code", "comment", "html", "link_definition", "rule"
-]
-
-HIDDEN_KINDS: frozenset[str] = frozenset({"front_matter", "heading", "comment", "html", "link_definition", "rule"})
-"""Block kinds a reader does not see as text: never copied (a heading stays in its passage as context)."""
 
 MARKDOWN_SUFFIXES: tuple[str, ...] = (".md", ".markdown", ".mdx")
 """File name endings that make a passage Markdown (:func:`is_markdown`)."""
@@ -96,36 +96,6 @@ _LEAF_KINDS: dict[str, BlockKind] = {
 _LEAF_OPENERS = {*_LEAF_KINDS, "paragraph_open", "html_block"}
 
 
-@dataclass(frozen=True)
-class Block:
-    """One block of a Markdown text.
-
-    Attributes:
-        kind: what the block is (see :data:`BlockKind`); a paragraph inside a
-            list item is ``"list_item"``.
-        start: offset of the block's first non-blank character in the text.
-        end: offset just past its last non-blank character, so
-            ``text[start:end]`` is the block without surrounding whitespace
-            (a heading's ``#`` marks, a fence's backticks and a list item's
-            marker included).
-        heading_path: titles of the headings the block sits under, outermost
-            first, e.g. ``("Reply", "Methods", ".send(data)")``; a heading's
-            path ends with its own title.
-        level: a heading's level (1-6); 0 for other blocks.
-    """
-
-    kind: BlockKind
-    start: int
-    end: int
-    heading_path: tuple[str, ...] = ()
-    level: int = 0
-
-    @property
-    def copyable(self) -> bool:
-        """Whether a reader sees the block as text (see :data:`HIDDEN_KINDS`)."""
-        return self.kind not in HIDDEN_KINDS
-
-
 def named_markdown(name: object) -> bool:
     """Whether a file name or path ends in a Markdown suffix (:data:`MARKDOWN_SUFFIXES`, any case)."""
     return isinstance(name, str) and name.casefold().rstrip().endswith(MARKDOWN_SUFFIXES)
@@ -150,22 +120,6 @@ def _parser() -> "MarkdownIt":
     from mdit_py_plugins.front_matter import front_matter_plugin
 
     return MarkdownIt("commonmark").enable("table").use(front_matter_plugin)
-
-
-def _line_starts(text: str) -> list[int]:
-    """Offset of the first character of every line of ``text``, plus ``len(text)`` at the end: int list (lines + 1,)."""
-    return [0, *(m.end() for m in re.finditer(r"\n", text)), len(text)] if text else [0]
-
-
-def _trimmed_range(text: str, lines: list[int], first: int, stop: int) -> tuple[int, int] | None:
-    """``(start, end)`` of lines ``[first, stop)`` without surrounding whitespace; None when blank."""
-    lo, hi = lines[min(first, len(lines) - 1)], lines[min(stop, len(lines) - 1)]
-    piece = text[lo:hi]
-    stripped = piece.strip()
-    if not stripped:
-        return None
-    start = lo + len(piece) - len(piece.lstrip())
-    return start, start + len(stripped)
 
 
 def _inline_title(inline: Any) -> str:
@@ -236,12 +190,26 @@ def _block_tokens(text: str) -> list[Any]:
     return shifted
 
 
+def has_structure(text: str) -> bool:
+    """Whether ``text`` has blocks to read: it looks like Markdown (:func:`looks_like_markdown`)
+    or like reStructuredText (:func:`~nest_integrations.corpus.rst_structure.looks_like_rst`)."""
+    return looks_like_markdown(text) or looks_like_rst(text)
+
+
 @functools.lru_cache(maxsize=512)
 def _parsed(text: str) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]]:
-    """``(blocks, inline HTML ranges)`` of ``text``; cached because the encoder, the seam rule
-    and the draft builder all read the same passages."""
+    """``(blocks, inline HTML ranges)`` of ``text``, read as reStructuredText when it looks like
+    it and not like Markdown, else as Markdown; cached because the encoder, the seam rule and
+    the draft builder all read the same passages."""
+    if not looks_like_markdown(text) and looks_like_rst(text):
+        return parse_rst_blocks(text), ()
+    return _parsed_markdown(text)
+
+
+def _parsed_markdown(text: str) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]]:
+    """``(blocks, inline HTML ranges)`` of ``text`` read as Markdown."""
     tokens = _block_tokens(text)
-    lines = _line_starts(text)
+    lines = line_starts(text)
     covered = [False] * (len(lines) - 1)
     blocks: list[Block] = []
     inline_html: list[tuple[int, int]] = []
@@ -256,7 +224,7 @@ def _parsed(text: str) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]]:
             continue
         first, stop = token.map
         covered[first:stop] = [True] * (stop - first)
-        span = _trimmed_range(text, lines, first, stop)
+        span = trimmed_range(text, lines, first, stop)
         if span is None:
             continue
         kind = _leaf_kind(token, bool(containers) and containers[-1] == "list_item_open")
@@ -270,7 +238,7 @@ def _parsed(text: str) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]]:
         inline_html.extend(tags)
         blocks.append(Block(kind, span[0], span[1], tuple(title for _, title in headings), level))
     for first, stop in _link_definitions(text, lines, covered):
-        span = _trimmed_range(text, lines, first, stop)
+        span = trimmed_range(text, lines, first, stop)
         assert span is not None
         path = next((b.heading_path for b in reversed(blocks) if b.start < span[0]), ())
         blocks.append(Block("link_definition", span[0], span[1], path))
@@ -311,7 +279,8 @@ def _only_markup(text: str, span: tuple[int, int], tags: list[tuple[int, int]]) 
 
 
 def parse_blocks(text: str) -> tuple[Block, ...]:
-    """The blocks of ``text`` read as Markdown, in order (see :class:`Block`).
+    """The blocks of ``text`` in order (see :class:`Block`): read as reStructuredText when it
+    looks like it and not like Markdown (:func:`has_structure`), else as Markdown.
 
     Blank lines belong to no block; so do lines holding only a list or quote
     marker. Every other character of the text is inside exactly one block.
@@ -321,7 +290,7 @@ def parse_blocks(text: str) -> tuple[Block, ...]:
 
 @dataclass(frozen=True)
 class CopyLayout:
-    """What of a Markdown text may be copied, and from where.
+    """What of a structured text (Markdown, reStructuredText) may be copied, and from where.
 
     Attributes:
         hidden: sorted, disjoint ``(start, end)`` character ranges never copied:
@@ -357,9 +326,9 @@ def _code_line_starts(text: str, block: Block) -> list[int]:
 
 @functools.lru_cache(maxsize=512)
 def copy_layout(text: str) -> CopyLayout | None:
-    """The :class:`CopyLayout` of ``text``, or None when it does not look like Markdown
-    (:func:`looks_like_markdown`): then every token may be copied and seams are those of prose."""
-    if not looks_like_markdown(text):
+    """The :class:`CopyLayout` of ``text``, or None when it has no block structure
+    (:func:`has_structure`): then every token may be copied and seams are those of prose."""
+    if not has_structure(text):
         return None
     blocks, inline_html = _parsed(text)
     hidden = sorted([(b.start, b.end) for b in blocks if not b.copyable] + list(inline_html))
@@ -382,10 +351,20 @@ def copy_layout(text: str) -> CopyLayout | None:
 
 def readable_blocks(text: str) -> tuple[tuple[int, int], ...]:
     """``(start, end)`` of each block of ``text`` a reader sees (paragraphs, list items, tables,
-    code), in order; empty when ``text`` does not look like Markdown."""
+    code), in order; empty when ``text`` has no block structure (:func:`has_structure`)."""
     if copy_layout(text) is None:
         return ()
     return tuple((b.start, b.end) for b in parse_blocks(text) if b.copyable)
+
+
+def shows_text(text: str, start: int, end: int) -> bool:
+    """Whether characters ``[start, end)`` of ``text`` hold one a reader sees: a non-blank
+    character outside hidden markup (:class:`CopyLayout`); for prose, any non-blank one."""
+    layout = copy_layout(text)
+    if layout is None:
+        return bool(text[start:end].strip())
+    visible = layout.visible_cum[end] - layout.visible_cum[start]
+    return bool(visible - (layout.hidden_cum[end] - layout.hidden_cum[start]) > 0)
 
 
 def _inside(ranges: tuple[tuple[int, int], ...], pos: int) -> bool:
@@ -489,13 +468,16 @@ def closing_fence(text: str, block: tuple[int, int]) -> tuple[int, int] | None:
 
 _HEADING_MARKS = re.compile(r"[ \t]*#{1,6}[ \t]+")
 _CLOSING_MARKS = re.compile(r"[ \t]+#+[ \t]*$")
+_UNDERLINE = re.compile(r"[ \t]*([!-/:-@\[-`{-~])\1*[ \t]*")
+"""A line of one punctuation character: an underline or overline, not a title."""
 
 
 def section_title(text: str, pos: int) -> tuple[int, int] | None:
     """``(start, end)`` of the title of the heading that character ``pos`` of ``text`` sits under:
-    the nearest ATX heading (``## Title``) starting before ``pos``, less its ``#`` marks (and
-    closing ones), as written (``"`customLevels` (Object)"``). None for prose, for a position no
-    heading of ``text`` precedes (a chunk cut mid-section), or for a Setext heading.
+    the nearest heading starting before ``pos``, as written (``"`customLevels` (Object)"``): an
+    ATX heading's line less its ``#`` marks (and closing ones), an underlined title's line
+    (reStructuredText, a Markdown Setext heading) without its underline or overline. None for
+    prose and for a position no heading of ``text`` precedes (a chunk cut mid-section).
 
     The title is what a reader sees above the section, so an answer copied from the section may
     carry it as its label."""
@@ -504,14 +486,19 @@ def section_title(text: str, pos: int) -> tuple[int, int] | None:
     heading = next((b for b in reversed(parse_blocks(text)) if b.kind == "heading" and b.start < pos), None)
     if heading is None:
         return None
-    line_end = text.find("\n", heading.start, heading.end)
-    line = text[heading.start : heading.end if line_end < 0 else line_end]
-    marks = _HEADING_MARKS.match(line)
-    if marks is None:
-        return None
-    closing = _CLOSING_MARKS.search(line)
-    start, end = heading.start + marks.end(), heading.start + (closing.start() if closing else len(line.rstrip()))
-    return (start, end) if end > start else None
+    for line in re.finditer(r"[^\n]+", text[heading.start : heading.end]):
+        if _UNDERLINE.fullmatch(line.group()):
+            continue
+        start, end = heading.start + line.start(), heading.start + line.end()
+        marks = _HEADING_MARKS.match(text, start, end)
+        closing = _CLOSING_MARKS.search(text, start, end) if marks else None
+        start, end = (marks.end() if marks else start), (closing.start() if closing else end)
+        while end > start and text[end - 1].isspace():
+            end -= 1
+        while start < end and text[start].isspace():
+            start += 1
+        return (start, end) if end > start else None
+    return None
 
 
 def label_start(text: str, char_spans: np.ndarray, title_first: int) -> int:

@@ -23,7 +23,8 @@ from nest_integrations.decoding.locations import START_LINE_FIELD
 
 class MarkdownSectionSplitter(TextSplitter):
     """Split Markdown documents at headings, keeping code blocks whole (the rule of
-    :func:`~nest_integrations.corpus.chunking.section_chunks`).
+    :func:`~nest_integrations.corpus.chunking.section_chunks`); a reStructuredText document is cut
+    at its titles the same way.
 
     Each chunk is the document's exact text from ``metadata["start_index"]``
     on, with ``metadata["heading_path"]``, the headings it sits under, and

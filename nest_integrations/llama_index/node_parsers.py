@@ -24,7 +24,8 @@ from nest_integrations.decoding.locations import START_LINE_FIELD
 
 
 class MarkdownSectionNodeParser(NodeParser):
-    """Markdown nodes along sections, as :func:`~nest_integrations.corpus.chunking.section_chunks` cuts them.
+    """Markdown nodes along sections, as :func:`~nest_integrations.corpus.chunking.section_chunks` cuts them
+    (reStructuredText along its titles the same way).
 
     A node's ``start_char_idx`` / ``end_char_idx`` delimit its exact text in
     the source document (offsets of an input node cut from a document add

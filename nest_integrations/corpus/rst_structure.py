@@ -1,0 +1,222 @@
+"""The block structure of reStructuredText passages.
+
+Sphinx documentation (the docs folders of Python packages' sdists, Debian's ``*-doc``
+packages) and many docstrings are reStructuredText. Read as prose, a section title's
+underline (``=======``), a reference label (``.. _options:``) and a directive line
+(``.. code-block:: python``) are copied into answers as if they were text, and the lines of a
+code example read as sentences. This module reads the constructs that decide what a reader
+sees, line by line, and returns the same :class:`~nest_integrations.corpus.blocks.Block`\\ s
+as the Markdown reader, in character offsets into the original text:
+
+* a section title: a line underlined, and maybe overlined, with one punctuation character
+  repeated, the underline at least as long as the title or four characters long (shorter,
+  docutils reads the two lines as text): ``"heading"``, levels in the order the styles first
+  appear in the text;
+* explicit markup, with the lines indented under it: targets and substitutions
+  (``.. _label:``, ``.. |name| image:: x``: ``"link_definition"``), comments (``..``
+  followed by anything else: ``"comment"``), and directives (``.. name:: arguments``): the
+  directive line and the option lines right under it are ``"directive"``; its body is one
+  ``"code"`` block for the code directives (:data:`CODE_DIRECTIVES`) and for a body that reads
+  as code (:func:`reads_as_code`: a doctest, a shell prompt, or Python), otherwise the body's
+  paragraphs are read like any others;
+* literal blocks (the lines indented under a paragraph that ends in ``::``) and doctest
+  blocks (``>>>`` lines): ``"code"``;
+* grid tables (lines opening with ``+-`` or ``+=``): ``"table"``; a transition (a punctuation
+  line standing alone): ``"rule"``;
+* everything else: paragraphs, and list items (a line opening with ``-``, ``*``, ``+``, ``1.``
+  or ``#.``), each ended by a blank line or by the next item.
+
+A text is read this way when it shows one of these constructs (:func:`looks_like_rst`) and
+no Markdown block syntax (:func:`~nest_integrations.corpus.markdown_structure.looks_like_markdown`
+is asked first). Inline markup (``:func:`echo```, ````code````) stays text: a reader sees
+its words.
+
+docutils itself is not used: its document tree gives line numbers to only some nodes and no
+character offsets, which citations need, and a chunk cut out of a document or a Sphinx
+directive it does not know makes it report errors rather than read on.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+
+from .blocks import Block, BlockKind, line_starts, trimmed_range
+
+CODE_DIRECTIVES: frozenset[str] = frozenset({
+    "code", "code-block", "sourcecode", "doctest", "testcode", "testsetup", "testcleanup", "testoutput",
+    "parsed-literal", "ipython", "jupyter-execute", "prompt",
+})
+"""Directives whose body is code (docutils' and Sphinx's own, and the common extensions')."""
+
+_PUNCTUATION = r"[!-/:-@\[-`{-~]"
+_ADORNMENT = re.compile(rf"({_PUNCTUATION})\1{{2,}}[ \t]*")
+_UNDERLINED = re.compile(rf"(?:\A|\n[ \t]*\n)(\S[^\n]*)\n(({_PUNCTUATION})\3{{2,}})[ \t]*(?:\n|\Z)")
+_DIRECTIVE = re.compile(r"\.\.[ \t]+([A-Za-z0-9]+(?:[-_.:+][A-Za-z0-9]+)*)[ \t]?::(?:[ \t]|$)")
+_TARGET = re.compile(r"\.\.[ \t]+(?:_[^\n]*:|\|[^|\n]+\|)")
+_FOOTNOTE = re.compile(r"\.\.[ \t]+\[[^\]\n]+\]")
+_EXPLICIT = re.compile(r"\.\.(?:[ \t]|$)")
+_SNIFF = re.compile(
+    r"^[ \t]*\.\.(?:[ \t]+\S|[ \t]*$)"  # explicit markup: a directive, a target, a comment
+    r"|::[ \t]*\n[ \t]*\n[ \t]+\S",  # a literal block under a paragraph
+    re.MULTILINE,
+)
+_ITEM = re.compile(r"(?:[-*+]|\d+[.)]|#\.)[ \t]+\S")
+_SHELL_OR_DOCTEST = re.compile(r"(?:\$|>>>|%)[ \t]")
+_CODE_SIGN = re.compile(r"[(=@\[{]|^[ \t]*(?:import|from|def|class)\b", re.MULTILINE)
+
+
+def _title_fits(title: str, adornment: str) -> bool:
+    """docutils' rule: an underline shorter than its title and than four characters makes no title."""
+    return len(adornment) >= len(title.rstrip()) or len(adornment) >= 4
+
+
+def looks_like_rst(text: str) -> bool:
+    """Whether ``text`` shows reStructuredText's block syntax: an underlined title, explicit
+    markup (a line opening with ``..``: a directive, a target, a comment), or a literal block
+    under a ``::`` paragraph."""
+    if _SNIFF.search(text):
+        return True
+    return any(_title_fits(m.group(1), m.group(2)) and not _ADORNMENT.fullmatch(m.group(1)) for m in _UNDERLINED.finditer(text))
+
+
+def reads_as_code(body: str) -> bool:
+    """Whether a directive's ``body`` is code: it opens with a shell prompt or a doctest
+    (``$ ``, ``>>> ``), or it parses as Python and shows a call, an assignment, a decorator, a
+    literal or an import (a lone word parses too, and is no code)."""
+    dedented = textwrap.dedent(body).strip()
+    if _SHELL_OR_DOCTEST.match(dedented):
+        return True
+    try:
+        ast.parse(dedented)
+    except (SyntaxError, ValueError):
+        return False
+    return bool(_CODE_SIGN.search(dedented))
+
+
+class _Reader:
+    """One pass over the lines of a text, collecting its blocks (see the module docstring)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.lines = line_starts(text)
+        self.raw = [text[self.lines[i] : self.lines[i + 1]].rstrip("\n") for i in range(len(self.lines) - 1)]
+        self.blank = [not line.strip() for line in self.raw]
+        self.indent = [len(line) - len(line.lstrip()) for line in self.raw]
+        self.blocks: list[Block] = []
+        self.headings: list[tuple[int, str]] = []  # (level, title) of the enclosing titles
+        self.styles: list[tuple[str, bool]] = []  # (character, overlined) of each title level
+
+    def add(self, kind: BlockKind, first: int, stop: int, level: int = 0) -> None:
+        span = trimmed_range(self.text, self.lines, first, stop)
+        if span is not None:
+            self.blocks.append(Block(kind, span[0], span[1], tuple(title for _, title in self.headings), level))
+
+    def indented_end(self, first: int, base: int) -> int:
+        """The line after the run from ``first`` of lines blank or indented past ``base``, less trailing blank lines."""
+        stop = first
+        while stop < len(self.raw) and (self.blank[stop] or self.indent[stop] > base):
+            stop += 1
+        while stop > first and self.blank[stop - 1]:
+            stop -= 1
+        return stop
+
+    def title_at(self, i: int) -> tuple[int, str, tuple[str, bool]] | None:
+        """``(lines, title, style)`` of a section title opening at line ``i`` (after a blank line or the text's start)."""
+        raw, n = self.raw, len(self.raw)
+        if i > 0 and not self.blank[i - 1]:
+            return None
+        over = _ADORNMENT.fullmatch(raw[i])
+        if over and i + 2 < n and not self.blank[i + 1] and raw[i + 2].rstrip() == raw[i].rstrip():
+            return 3, raw[i + 1].strip(), (over.group(1), True)
+        if over or self.indent[i] or i + 1 >= n:
+            return None
+        under = _ADORNMENT.fullmatch(raw[i + 1])
+        if under and _title_fits(raw[i], raw[i + 1].rstrip()):
+            return 2, raw[i].strip(), (under.group(1), False)
+        return None
+
+    def read_title(self, i: int, title: tuple[int, str, tuple[str, bool]]) -> int:
+        count, name, style = title
+        if style not in self.styles:
+            self.styles.append(style)
+        level = min(self.styles.index(style) + 1, 6)
+        self.headings = [h for h in self.headings if h[0] < level] + [(level, name)]
+        self.add("heading", i, i + count, level)
+        return i + count
+
+    def read_explicit(self, i: int) -> int:
+        """An explicit markup block at line ``i``; returns where reading goes on (inside a prose body)."""
+        body = self.raw[i][self.indent[i] :]
+        stop = self.indented_end(i + 1, self.indent[i])
+        directive = _DIRECTIVE.match(body)
+        if directive is None:
+            self.add("link_definition" if _TARGET.match(body) else "comment", i, stop)
+            return stop
+        header_stop = i + 1
+        while header_stop < stop and not self.blank[header_stop]:
+            header_stop += 1
+        self.add("directive", i, header_stop)
+        content = self.text[self.lines[header_stop] : self.lines[stop]]
+        if not content.strip():
+            return stop
+        if directive.group(1).lower() in CODE_DIRECTIVES or reads_as_code(content):
+            self.add("code", header_stop, stop)
+            return stop
+        return header_stop
+
+    def read_paragraph(self, i: int) -> tuple[int, bool]:
+        """A paragraph or list item from line ``i``: ``(next line, whether it ends in ::)``."""
+        base = self.indent[i]
+        stop = i + 1
+        while stop < len(self.raw) and not self.blank[stop] and self.indent[stop] >= base:
+            if self.indent[stop] == base and _ITEM.match(self.raw[stop][base:]):
+                break
+            stop += 1
+        kind: BlockKind = "list_item" if _ITEM.match(self.raw[i][base:]) else "paragraph"
+        self.add(kind, i, stop)
+        return stop, self.raw[stop - 1].rstrip().endswith("::")
+
+    def read(self) -> tuple[Block, ...]:
+        raw, n = self.raw, len(self.raw)
+        literal_base: int | None = None  # indentation of the paragraph that announced a literal block
+        i = 0
+        while i < n:
+            if self.blank[i]:
+                i += 1
+                continue
+            line, indent = raw[i], self.indent[i]
+            if literal_base is not None and indent > literal_base:
+                stop = self.indented_end(i, literal_base)
+                self.add("code", i, stop)
+                i, literal_base = stop, None
+                continue
+            literal_base = None
+            body = line[indent:]
+            title = self.title_at(i)
+            if title is not None:
+                i = self.read_title(i, title)
+            elif _EXPLICIT.match(body) and not _FOOTNOTE.match(body):
+                i = self.read_explicit(i)
+            elif body.startswith(">>>") or body.startswith(("+-", "+=")):
+                stop = i + 1
+                while stop < n and not self.blank[stop]:
+                    stop += 1
+                self.add("code" if body.startswith(">>>") else "table", i, stop)
+                i = stop
+            elif _ADORNMENT.fullmatch(line) and (i + 1 >= n or self.blank[i + 1]):
+                self.add("rule", i, i + 1)
+                i += 1
+            else:
+                i, literal = self.read_paragraph(i)
+                literal_base = indent if literal else None
+        return tuple(self.blocks)
+
+
+def parse_rst_blocks(text: str) -> tuple[Block, ...]:
+    """The blocks of ``text`` read as reStructuredText, in order (see the module docstring).
+
+    Blank lines belong to no block; every other character is inside exactly one block.
+    """
+    return _Reader(text).read()

@@ -1,0 +1,149 @@
+"""reStructuredText passages keep their structure: titles, directives and labels are never copied, code is code."""
+
+from __future__ import annotations
+
+import pytest
+
+from nest_integrations.corpus.chunking import chunk_passages
+from nest_integrations.corpus.markdown_structure import copy_layout, parse_blocks, section_ends_at, section_title, start_allowed
+from nest_integrations.corpus.passages import Passage
+from nest_integrations.corpus.rst_structure import looks_like_rst, reads_as_code
+
+SAMPLE = """.. _options:
+
+=======
+Options
+=======
+
+.. currentmodule:: click
+
+Adding options to commands is done with the :func:`option` decorator.
+
+Multiple Options
+----------------
+
+Options can be given more than once with ``multiple=True``:
+
+.. code-block:: python
+    :caption: echo.py
+
+    @click.option('--message', '-m', multiple=True)
+    def commit(message):
+        click.echo(message)
+
+.. note::
+
+    The values arrive as a tuple.
+
+.. click:example::
+
+    @click.command()
+    def hello():
+        click.echo('Hi')
+
+Run it from a shell::
+
+    $ python echo.py -m foo -m bar
+
+-   ``-m`` is the short name.
+-   ``--message`` is the long one.
+
+.. This comment is for the writers.
+   It goes on here.
+
+>>> 1 + 1
+2
+"""
+
+
+def _blocks(text: str) -> list[tuple[str, str]]:
+    return [(b.kind, text[b.start : b.end]) for b in parse_blocks(text)]
+
+
+def test_blocks_have_their_kind_exact_range_and_heading_path():
+    blocks = parse_blocks(SAMPLE)
+    assert _blocks(SAMPLE) == [
+        ("link_definition", ".. _options:"),
+        ("heading", "=======\nOptions\n======="),
+        ("directive", ".. currentmodule:: click"),
+        ("paragraph", "Adding options to commands is done with the :func:`option` decorator."),
+        ("heading", "Multiple Options\n----------------"),
+        ("paragraph", "Options can be given more than once with ``multiple=True``:"),
+        ("directive", ".. code-block:: python\n    :caption: echo.py"),
+        ("code", "@click.option('--message', '-m', multiple=True)\n    def commit(message):\n        click.echo(message)"),
+        ("directive", ".. note::"),
+        ("paragraph", "The values arrive as a tuple."),
+        ("directive", ".. click:example::"),
+        ("code", "@click.command()\n    def hello():\n        click.echo('Hi')"),
+        ("paragraph", "Run it from a shell::"),
+        ("code", "$ python echo.py -m foo -m bar"),
+        ("list_item", "-   ``-m`` is the short name."),
+        ("list_item", "-   ``--message`` is the long one."),
+        ("comment", ".. This comment is for the writers.\n   It goes on here."),
+        ("code", ">>> 1 + 1\n2"),
+    ]
+    assert [(b.level, b.heading_path) for b in blocks if b.kind == "heading"] == [
+        (1, ("Options",)), (2, ("Options", "Multiple Options"))
+    ]
+    assert blocks[-1].heading_path == ("Options", "Multiple Options")
+
+
+def test_underlines_labels_and_directive_lines_are_hidden_and_titles_label_sections():
+    layout = copy_layout(SAMPLE)
+    assert layout is not None
+    hidden = [SAMPLE[start:end] for start, end in layout.hidden]
+    assert "=======\nOptions\n=======" in hidden and ".. _options:" in hidden
+    assert ".. code-block:: python\n    :caption: echo.py" in hidden
+    assert not any("multiple=True)" in piece or "arrive as a tuple" in piece for piece in hidden)
+    at = SAMPLE.index("Options can be given")
+    assert SAMPLE[slice(*section_title(SAMPLE, at))] == "Multiple Options"
+    assert section_ends_at(SAMPLE, SAMPLE.index(":func:`option` decorator.") + len(":func:`option` decorator."))
+    code = SAMPLE.index("def commit")
+    assert start_allowed(SAMPLE, code) and not start_allowed(SAMPLE, code + 4), "code is copied from a line's start"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (SAMPLE, True),
+        ("Title\n=====\n\nText.", True),
+        ("Example::\n\n    x = 1\n", True),
+        (".. versionadded:: 8.0", True),
+        ("Hello world\n---\n\nThe underline is shorter than the title and than four characters.", False),
+        ("Plain prose: a colon, a ratio 2::3, and an ellipsis...", False),
+        ("A sentence.\n.. and a comment line for the writers", True),
+        ("Isaac Newton was an English mathematician.\n\nHe was born in 1643.", False),
+    ],
+)
+def test_which_texts_read_as_rst(text, expected):
+    assert looks_like_rst(text) is expected
+    assert (copy_layout(text) is not None) is expected
+
+
+def test_a_directive_body_is_code_when_it_reads_as_code():
+    assert reads_as_code("    @click.command()\n    def hello():\n        pass\n")
+    assert reads_as_code("    $ restic init --repo /srv\n")
+    assert not reads_as_code("    The values arrive as a tuple, in the order given.\n")
+    assert not reads_as_code("    Deprecated\n"), "a lone word parses as Python but is no code"
+
+
+def test_chunks_of_an_rst_file_hide_their_underlines_and_directives():
+    """reStructuredText is chunked by sentences like prose; each chunk is read on its own text."""
+    doc = Passage(id="options", text=SAMPLE, metadata={"source": "docs/options.rst"})
+    chunks = chunk_passages([doc], max_words=40)
+    assert len(chunks) > 1
+    for chunk in chunks:
+        assert doc.text[chunk.doc_char_start : chunk.doc_char_end] == chunk.text
+        layout = copy_layout(chunk.text)
+        assert layout is not None, chunk.text
+        assert not chunk.text.startswith("code-block::"), "a directive is never cut after its dots"
+        shown = "".join(chunk.text[a:b] for a, b in _visible_ranges(chunk.text, layout.hidden))
+        assert not any(marks in shown for marks in ("----", "====", ".. code-block::", ".. _options:", ".. This comment"))
+
+
+def _visible_ranges(text: str, hidden: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    ranges, at = [], 0
+    for start, end in hidden:
+        ranges.append((at, start))
+        at = end
+    return ranges + [(at, len(text))]
