@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from nest_integrations.core.similarity import Relevance
-from nest_integrations.corpus.markdown_structure import copy_layout, parse_blocks, section_title
+from nest_integrations.corpus.markdown_structure import copy_layout, parse_blocks, section_title, shows_text
 from nest_integrations.corpus.passages import Passage
 from .conversation import question_asked_now
 from .copy_policy import Window, document_range, sentence_windows, whole_blocks
@@ -103,17 +103,17 @@ def _below_heading(text: str, pos: int) -> int:
 
 
 def candidate_windows(passages: Sequence[Passage]) -> list[CandidateWindow]:
-    """Every passage's sentence windows (:func:`~.copy_policy.sentence_windows`), in Markdown
-    widened to the blocks they touch (:func:`~.copy_policy.whole_blocks`), in passage order
-    (``passages`` best first: ``rank`` is the index)."""
+    """Every passage's sentence windows (:func:`~.copy_policy.sentence_windows`) that hold text a
+    reader sees, in Markdown widened to the blocks they touch (:func:`~.copy_policy.whole_blocks`),
+    in passage order (``passages`` best first: ``rank`` is the index)."""
     candidates = []
     for rank, passage in enumerate(passages):
         text = passage.text
         for start, core_end, end in sentence_windows(passage):
             wide_start, wide_end = whole_blocks(text, start, end)
             wide_start = _below_heading(text, wide_start)
-            if wide_start >= wide_end:
-                continue  # a heading and nothing under it
+            if wide_start >= wide_end or not shows_text(text, wide_start, wide_end):
+                continue  # a heading and nothing under it, or markup alone (a label, a directive)
             title = section_title(text, wide_start)
             candidates.append(CandidateWindow(
                 passage, rank, wide_start, wide_end, text[title[0] : title[1]] if title else "",
