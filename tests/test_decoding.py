@@ -9,7 +9,7 @@ from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.decoding.chunk_chain import next_chunk
 from nest_integrations.decoding.decoder import NestDecoder
-from nest_integrations.decoding.rendering import render_html, render_markdown, render_terminal
+from nest_integrations.decoding.rendering import MODEL_MARK, model_written, render_html, render_markdown, render_terminal
 from nest_integrations.decoding.spans import merge_spans
 from nest_integrations.policy.mentions import CorpusTerms
 from conftest import ListRetriever, word_share
@@ -303,6 +303,22 @@ def test_a_question_copies_its_best_answer_windows_in_turn_and_stops_answered(ti
     assert both.stats.finish_reason == "answered" and both.attribution_ratio == 1.0
     one = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=1)
     assert one.text == f" Options\n\n{idle}" and one.stats.finish_reason == "answered"
+
+
+def test_windows_that_would_run_into_each_other_get_a_paragraph_break_of_no_ones(tiny_lm):
+    """Two windows from passages of one paragraph each: nothing of either source separates them,
+    so the decoder sets the LM's paragraph break between them: not copied, not the model's words."""
+    body = Passage(id="body", text="The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients.")
+    idle = Passage(id="idle", text="The `keepAliveTimeout` option sets how many milliseconds an idle socket stays open before it closes.")
+    store = TokenDatastore([idle, body], PassageEncoder(tiny_lm))
+    knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=80)
+    decoder = NestDecoder(tiny_lm, store, ListRetriever([idle, body]), NestConfig(**knobs), relevance=word_share)
+    question = "How many milliseconds does an idle socket stay open, and which option sets the largest request body?"
+    out = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=2)
+    assert out.text == f"{idle.text}\n\n{body.text}", out.text
+    assert [(span.text, span.copied) for span in out.spans] == [(idle.text, True), ("\n\n", False), (body.text, True)]
+    assert out.stats.finish_reason == "answered" and not any(model_written(out, span) for span in out.spans)
+    assert MODEL_MARK not in render_markdown(out) and MODEL_MARK not in render_html(out)
 
 
 def test_an_answer_ends_answered_when_the_lm_refuses_the_next_window(tiny_lm):

@@ -19,12 +19,13 @@ Beyond the paper, each decision is a small rule of its own:
   (made by :mod:`~nest_integrations.decoding.prepare`): a planned window is copied whole, without
   the relaxed check (``config.check_answer_windows`` off), a section's title unchecked above it;
 * inside copied code the LM writes nothing: the copy goes on to the line's end, or to the
-  block's closing fence.
+  block's closing fence;
+* two planned copies that would run into each other get a paragraph break between them.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -42,7 +43,7 @@ from .mixing import Mixture
 from .proposal import Proposal, Verdict
 from .spans import TokenRecord
 
-__all__ = ["SpanProposer"]
+__all__ = ["SpanProposer", "paragraph_break_id"]
 
 _SEAM_TRIES = 32
 """Neighbours tried, best p_M first, for one where a copy may start; beyond, the LM writes a token."""
@@ -61,11 +62,15 @@ class SpanProposer:
             has none (then no generation has candidates and every token is the LM's).
         eos_ids: token ids that end a generation (proposed when a planned answer ends on
             markup a reader does not see).
+        break_id: the tokenizer's one token for a paragraph break (``"\n\n"``, else
+            ``"\n"``; :func:`paragraph_break_id`), set between two planned copies that would
+            run into each other; None: none is set.
     """
 
-    def __init__(self, datastore: Optional[TokenDatastore], eos_ids: set[int]):
+    def __init__(self, datastore: Optional[TokenDatastore], eos_ids: set[int], break_id: Optional[int] = None):
         self.datastore = datastore
         self.eos_ids = eos_ids
+        self.break_id = break_id
 
     def propose(self, gen: Generation, verdict: Verdict, generator: Optional[torch.Generator]) -> Proposal:
         """The next token and the draft that follows it, from the p_M at the next token's position
@@ -95,6 +100,8 @@ class SpanProposer:
         unchecked = False  # the opening line break under a copied title, or a planned window copied whole
         whole = False  # a planned window: its whole draft goes unchecked, not its first token alone
         if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
+            if plan.opening is not None and self._runs_into_copy(gen):
+                return Proposal(TokenRecord(self.break_id, separator=True))  # type: ignore[arg-type]
             if plan.opening is not None and plan.copying_title and plan.window_end is not None:
                 pidx, pos = plan.take_opening()  # type: ignore[misc]
                 encoded = gen.candidates.passage(pidx)
@@ -136,6 +143,21 @@ class SpanProposer:
         if config.mode in ("nest", "ra_nest") and (repeats := repeating_tokens(gen.ids, config.lm_repeat_ngram)):
             p_m = p_m.index_fill(0, torch.tensor(sorted(repeats)), 0.0)
         return Proposal(TokenRecord(self._pick(p_m, config, generator)))
+
+    def _runs_into_copy(self, gen: Generation) -> bool:
+        """Whether the planned copy about to open would run into the text so far: both end and
+        opening are a word or a sign, no white space between ("...close the file.Path.read_bytes",
+        a section's title straight after a sentence). A window that opens at its passage's start,
+        or after a window that ends its section, has no line break of its own to copy."""
+        if self.break_id is None or not gen.text or gen.text[-1].isspace() or gen.plan.opening is None:
+            return False
+        pidx, pos = gen.plan.opening
+        text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
+        if gen.plan.copying_title and gen.plan.window_end is not None:
+            pos = next(iter(title_tokens(text, encoded.char_spans, pos, gen.plan.window_end[1])), len(encoded.char_spans))
+        else:
+            pos = self._opening_token(encoded, text, pos)
+        return pos < len(encoded.char_spans) and not text[int(encoded.char_spans[pos, 0]) : int(encoded.char_spans[pos, 1])][:1].isspace()
 
     def _past_hidden(self, gen: Generation, pidx: int, pos: int) -> Optional[tuple[int, int]]:
         """Where the whole-window copy at token ``pos`` of passage ``pidx`` goes on: the first token
@@ -257,3 +279,12 @@ class SpanProposer:
             keep = sorted_p.cumsum(0) - sorted_p < config.top_p
             probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
         return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def paragraph_break_id(tokenizer: Any) -> Optional[int]:
+    """The id of ``tokenizer``'s one token for ``"\n\n"``, else for ``"\n"``; None when neither is one token."""
+    for text in ("\n\n", "\n"):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) == 1:
+            return int(ids[0])
+    return None

@@ -20,11 +20,17 @@ from .output import SourceRef, Span, SpanSource
 
 @dataclass(frozen=True)
 class TokenRecord:
-    """One generated token and, when copied, the passage position it came from."""
+    """One generated token and, when copied, the passage position it came from.
+
+    ``separator``: a paragraph break the decoder sets between two planned copies that would
+    otherwise run into each other ("...years before Leibniz.Sir Isaac Newton"): the LM's token,
+    not copied, and no word of the model's own (a copy plan that ends the answer at the LM's
+    next token lets it through)."""
 
     token_id: int
     passage_index: Optional[int] = None
     position: Optional[int] = None
+    separator: bool = False
 
     @property
     def copied(self) -> bool:

@@ -92,10 +92,11 @@ class SpanVerifier:
             if record.token_id in self.eos_ids:
                 gen.finish("eos")
                 return
-            if record.passage_index is None and gen.plan.refuses_lm_token(bool(gen.records)):
+            if record.passage_index is None and not record.separator and gen.plan.refuses_lm_token(bool(gen.records)):
                 gen.finish("answered")  # the LM refused the next window, or would write in a planned answer
                 return
-            gen.plan.between_windows = False
+            if not record.separator:
+                gen.plan.between_windows = False
             gen.records.append(record)
             gen.ids.append(record.token_id)
             text = self.tokenizer.decode(gen.ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
