@@ -758,7 +758,9 @@ def garbled_model_text(output: Mapping[str, Any]) -> list[str]:
 
 # --------------------------------------------------------------------------- copied markup
 
-MARKUP_KINDS: tuple[str, ...] = ("html_comment", "front_matter", "link_definition", "html_tag", "heading")
+MARKUP_KINDS: tuple[str, ...] = (
+    "html_comment", "front_matter", "link_definition", "html_tag", "heading", "adornment", "explicit_markup",
+)
 """Markup a reader never quotes, found by :func:`markup_ranges`."""
 
 _FENCE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)
@@ -778,6 +780,11 @@ _MARKUP_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
     # A heading's marks only: its title is what a reader sees above the section, and an answer
     # may carry it as the label of the section it copies (decoding.prepare.PlannedCopy).
     ("heading", re.compile(r"^ {0,3}#{1,6}(?=[ \t]|$)", re.MULTILINE)),
+    # reStructuredText: a title's underline or overline, a transition (and a Markdown rule); four
+    # characters or more, so a docstring's `"""` line in a code block is not one.
+    ("adornment", re.compile(r"^[ \t]*([!-/:-@\[-`{-~])\1{3,}[ \t]*$", re.MULTILINE)),
+    # reStructuredText: a directive's line, a target, a substitution definition.
+    ("explicit_markup", re.compile(r"^[ \t]*\.\.[ \t]+(?:[\w.:+-]+[ \t]?::|_[^\n]*:|\|[^|\n]+\|).*$", re.MULTILINE)),
 )
 
 
@@ -799,7 +806,7 @@ def _fenced_ranges(text: str) -> list[tuple[int, int]]:
 
 
 def markup_ranges(text: str) -> list[tuple[int, int, str]]:
-    """Character ranges ``(start, end, kind)`` of the markup in a Markdown source text.
+    """Character ranges ``(start, end, kind)`` of the markup in a Markdown or reStructuredText source text.
 
     Kinds (:data:`MARKUP_KINDS`): an HTML comment (``<!-- ... -->``, to the end
     when unclosed); YAML front matter (a ``---`` line opening the text, ``key:``
@@ -807,7 +814,10 @@ def markup_ranges(text: str) -> list[tuple[int, int, str]]:
     (``[id]: target``); an HTML tag or anchor of a known HTML element
     (``<a id="x">``, ``</h1>``, ``<sup>``); a heading line's marks (``#`` to ``######``):
     a copy that crosses into the next section takes them, one that carries only the title
-    of the section it copies does not.
+    of the section it copies does not; a line of one punctuation character repeated (a
+    reStructuredText title's underline or overline, a transition, a Markdown rule); a
+    reStructuredText directive line (``.. code-block:: python``), target (``.. _label:``) or
+    substitution definition.
     Markup that starts inside a fenced code block is code, not markup (a shell
     ``# comment`` is no heading). A text cut from a document inside a code block
     cannot know it is fenced: its lines are read as prose.
