@@ -147,3 +147,19 @@ def _visible_ranges(text: str, hidden: tuple[tuple[int, int], ...]) -> list[tupl
         ranges.append((at, start))
         at = end
     return ranges + [(at, len(text))]
+
+
+def test_a_chunk_cut_inside_an_indented_directive_ends_each_code_body_where_its_indentation_does():
+    """A chunk's first line has lost its indentation: the code body ends where it dedents, so the
+    prose and the next directive after it are read as such, not as code."""
+    text = (
+        ".. code-block:: bash\n\n            eval \"$(_FOO_COMPLETE=bash_source foo)\"\n\n"
+        "        Source the file in ``~/.bashrc``.\n\n        .. code-block:: bash\n\n            . ~/.foo-complete.bash\n"
+    )
+    assert _blocks(text) == [
+        ("directive", ".. code-block:: bash"),
+        ("code", 'eval "$(_FOO_COMPLETE=bash_source foo)"'),
+        ("paragraph", "Source the file in ``~/.bashrc``."),
+        ("directive", ".. code-block:: bash"),
+        ("code", ". ~/.foo-complete.bash"),
+    ]

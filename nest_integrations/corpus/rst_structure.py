@@ -12,10 +12,11 @@ as the Markdown reader, in character offsets into the original text:
   repeated, the underline at least as long as the title or four characters long (shorter,
   docutils reads the two lines as text): ``"heading"``, levels in the order the styles first
   appear in the text;
-* explicit markup, with the lines indented under it: targets and substitutions
+* explicit markup, up to the next blank line: targets and substitutions
   (``.. _label:``, ``.. |name| image:: x``: ``"link_definition"``), comments (``..``
   followed by anything else: ``"comment"``), and directives (``.. name:: arguments``): the
-  directive line and the option lines right under it are ``"directive"``; its body is one
+  directive line and the option lines right under it are ``"directive"``; its body (the
+  indented lines after a blank line, as far as they are indented like the first) is one
   ``"code"`` block for the code directives (:data:`CODE_DIRECTIVES`) and for a body that reads
   as code (:func:`reads_as_code`: a doctest, a shell prompt, or Python), otherwise the body's
   paragraphs are read like any others;
@@ -113,13 +114,23 @@ class _Reader:
         if span is not None:
             self.blocks.append(Block(kind, span[0], span[1], tuple(title for _, title in self.headings), level))
 
-    def indented_end(self, first: int, base: int) -> int:
-        """The line after the run from ``first`` of lines blank or indented past ``base``, less trailing blank lines."""
+    def body_end(self, first: int) -> int:
+        """The line after an indented body (code) that starts at line ``first``: its lines are blank
+        or indented at least as far as its first one (trailing blank lines left out). A chunk's
+        first line has lost its indentation, so the directive or paragraph above a body says less
+        about where the body ends than the body does."""
         stop = first
-        while stop < len(self.raw) and (self.blank[stop] or self.indent[stop] > base):
+        while stop < len(self.raw) and (self.blank[stop] or self.indent[stop] >= self.indent[first]):
             stop += 1
         while stop > first and self.blank[stop - 1]:
             stop -= 1
+        return stop
+
+    def paragraph_end(self, first: int) -> int:
+        """The line after the run of non-blank lines from ``first``."""
+        stop = first
+        while stop < len(self.raw) and not self.blank[stop]:
+            stop += 1
         return stop
 
     def title_at(self, i: int) -> tuple[int, str, tuple[str, bool]] | None:
@@ -149,22 +160,23 @@ class _Reader:
     def read_explicit(self, i: int) -> int:
         """An explicit markup block at line ``i``; returns where reading goes on (inside a prose body)."""
         body = self.raw[i][self.indent[i] :]
-        stop = self.indented_end(i + 1, self.indent[i])
+        header_stop = self.paragraph_end(i)
         directive = _DIRECTIVE.match(body)
         if directive is None:
-            self.add("link_definition" if _TARGET.match(body) else "comment", i, stop)
-            return stop
-        header_stop = i + 1
-        while header_stop < stop and not self.blank[header_stop]:
-            header_stop += 1
+            self.add("link_definition" if _TARGET.match(body) else "comment", i, header_stop)
+            return header_stop
         self.add("directive", i, header_stop)
-        content = self.text[self.lines[header_stop] : self.lines[stop]]
-        if not content.strip():
-            return stop
+        first = header_stop
+        while first < len(self.raw) and self.blank[first]:
+            first += 1
+        if first == len(self.raw) or self.indent[first] <= self.indent[i]:
+            return first  # no body
+        stop = self.body_end(first)
+        content = self.text[self.lines[first] : self.lines[stop]]
         if directive.group(1).lower() in CODE_DIRECTIVES or reads_as_code(content):
-            self.add("code", header_stop, stop)
+            self.add("code", first, stop)
             return stop
-        return header_stop
+        return first
 
     def read_paragraph(self, i: int) -> tuple[int, bool]:
         """A paragraph or list item from line ``i``: ``(next line, whether it ends in ::)``."""
@@ -188,7 +200,7 @@ class _Reader:
                 continue
             line, indent = raw[i], self.indent[i]
             if literal_base is not None and indent > literal_base:
-                stop = self.indented_end(i, literal_base)
+                stop = self.body_end(i)
                 self.add("code", i, stop)
                 i, literal_base = stop, None
                 continue
