@@ -184,7 +184,7 @@ PROTOCOL = (
     "same condition), so a mode that stops earlier gains nothing from writing less; speedup_vs_rag the same "
     "against rag; repetitive: the text repeats a word 4-gram 3+ times or two copied spans share 16+ source "
     "characters; garbled: a model-written span holds 3+ one-word lines in a row, empty or stitched link markup, or a word 3 times in a row; markup_copied: a copied span takes an HTML comment, front matter, link-reference definition, "
-    "HTML tag or heading line from outside its source's code fences; answer_recall and attribution over answerable questions; "
+    "HTML tag, heading line, reStructuredText title underline or explicit markup line from outside its source's code fences; answer_recall and attribution over answerable questions; "
     "cited_unanswerable (attribution > 0), unanswerable_attribution and abstained (the answer says the documents "
     "do not cover the question: finish_reason not_covered) over unanswerable ones."
 )
