@@ -114,6 +114,8 @@ def test_setext_headings_indented_code_and_inline_html():
     ]
     assert _hidden_text(text) == ["Title\n=====", "<b>", "</b>", "<!-- -->"]
     assert text[slice(*section_title(text, text.index("See")))] == "Title"
+    anchored = '<a name="fail"></a>.fail(fn)\n----------\n\nRuns when parsing fails.\n\n<!-- -->'
+    assert anchored[slice(*section_title(anchored, anchored.index("Runs")))] == ".fail(fn)", "an anchor is no part of the label"
 
 
 @pytest.mark.parametrize(

@@ -470,13 +470,18 @@ _HEADING_MARKS = re.compile(r"[ \t]*#{1,6}[ \t]+")
 _CLOSING_MARKS = re.compile(r"[ \t]+#+[ \t]*$")
 _UNDERLINE = re.compile(r"[ \t]*([!-/:-@\[-`{-~])\1*[ \t]*")
 """A line of one punctuation character: an underline or overline, not a title."""
+_TAG = r"</?[A-Za-z][A-Za-z0-9-]*(?:\s[^<>\n]*)?/?>"
+_LEADING_TAGS = re.compile(rf"\A(?:\s|{_TAG})*")
+_TRAILING_TAGS = re.compile(rf"(?:\s|{_TAG})*\Z")
+"""White space and HTML tags (``<a name="fail"></a>``) at a title's ends: a reader does not see them."""
 
 
 def section_title(text: str, pos: int) -> tuple[int, int] | None:
     """``(start, end)`` of the title of the heading that character ``pos`` of ``text`` sits under:
     the nearest heading starting before ``pos``, as written (``"`customLevels` (Object)"``): an
     ATX heading's line less its ``#`` marks (and closing ones), an underlined title's line
-    (reStructuredText, a Markdown Setext heading) without its underline or overline. None for
+    (reStructuredText, a Markdown Setext heading) without its underline or overline; HTML tags
+    at its ends (an anchor) left out. None for
     prose and for a position no heading of ``text`` precedes (a chunk cut mid-section).
 
     The title is what a reader sees above the section, so an answer copied from the section may
@@ -493,10 +498,10 @@ def section_title(text: str, pos: int) -> tuple[int, int] | None:
         marks = _HEADING_MARKS.match(text, start, end)
         closing = _CLOSING_MARKS.search(text, start, end) if marks else None
         start, end = (marks.end() if marks else start), (closing.start() if closing else end)
-        while end > start and text[end - 1].isspace():
-            end -= 1
-        while start < end and text[start].isspace():
-            start += 1
+        title = text[start:end]
+        start += len(title) - len(_LEADING_TAGS.sub("", title, count=1))  # an anchor is no part of a title
+        title = text[start:end]
+        end -= len(title) - len(_TRAILING_TAGS.sub("", title, count=1))
         return (start, end) if end > start else None
     return None
 
