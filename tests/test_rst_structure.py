@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nest_integrations.corpus.chunking import chunk_passages
-from nest_integrations.corpus.markdown_structure import copy_layout, parse_blocks, section_ends_at, section_title, start_allowed
+from nest_integrations.corpus.markdown_structure import copy_layout, looks_like_markdown, parse_blocks, section_ends_at, section_title, start_allowed
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.corpus.rst_structure import looks_like_rst, reads_as_code
 
@@ -163,3 +163,10 @@ def test_a_chunk_cut_inside_an_indented_directive_ends_each_code_body_where_its_
         ("directive", ".. code-block:: bash"),
         ("code", ". ~/.foo-complete.bash"),
     ]
+
+
+def test_a_tilde_underline_is_a_title_not_a_markdown_code_fence():
+    text = "Installing\n==========\n\nDependencies\n~~~~~~~~~~~~\n\n.. note::\n\n  Old systems need a newer Python.\n"
+    assert not looks_like_markdown(text) and looks_like_rst(text)
+    assert [kind for kind, _ in _blocks(text)] == ["heading", "heading", "directive", "paragraph"]
+    assert looks_like_markdown("Some code:\n\n~~~\nx = 1\n~~~\n"), "a tilde fence after a blank line stays a fence"

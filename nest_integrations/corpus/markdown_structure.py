@@ -85,6 +85,7 @@ _SNIFF = re.compile(
     r"|^ {0,3}\|?[ \t]*:?-{3,}:?[ \t]*\|",  # a table's delimiter row
     re.MULTILINE,
 )
+_TILDES = re.compile(r"[ \t]*~{3,}[ \t]*")
 _INFO_FENCE = re.compile(r"[ \t]*(?:>[ \t]*)*(?:```|~~~)[`~]*[ \t]*[^`~\s]")
 _BARE_FENCE = re.compile(r"^[ \t]*(?:>[ \t]*)*(?:```|~~~)[`~]*[ \t]*$", re.MULTILINE)
 _LINK_DEFINITION = re.compile(r"[ \t]*(?:>[ \t]*)*\[[^\]\n]+\]:")
@@ -102,8 +103,19 @@ def named_markdown(name: object) -> bool:
 
 
 def looks_like_markdown(text: str) -> bool:
-    """Whether ``text`` shows Markdown block syntax that prose does not have (see the module docstring)."""
-    return _SNIFF.search(text) is not None
+    """Whether ``text`` shows Markdown block syntax that prose does not have (see the module
+    docstring); a line of tildes right under a line of text is a reStructuredText title's
+    underline, not a code fence."""
+    return any(not _tilde_underline(text, match.start()) for match in _SNIFF.finditer(text))
+
+
+def _tilde_underline(text: str, pos: int) -> bool:
+    """Whether the line at ``pos`` is nothing but ``~`` and the line above it holds text."""
+    line_start = text.rfind("\n", 0, pos) + 1
+    line_end = text.find("\n", pos)
+    line = text[line_start : len(text) if line_end < 0 else line_end]
+    above = text[text.rfind("\n", 0, max(line_start - 1, 0)) + 1 : max(line_start - 1, 0)]
+    return line_start > 0 and _TILDES.fullmatch(line) is not None and bool(above.strip())
 
 
 def is_markdown(text: str, metadata: Mapping[str, Any] | None = None, title: str = "") -> bool:
