@@ -537,10 +537,15 @@ def title_tokens(text: str, char_spans: np.ndarray, first: int, last: int) -> li
     """Of tokens ``first..last`` (int (L, 2) ``char_spans``), which end with a heading's title
     (:func:`section_title`) and start at its first token or at the line breaks before it
     (:func:`label_start`), the ones an answer copies as the section's label: the line breaks
-    and the title's own tokens, not the ``#`` marks."""
+    and the title's own tokens, not the ``#`` marks, nor a token that also holds the end of an
+    anchor before the title (``">."`` of ``<a name="fail"></a>.fail(fn)``)."""
     title = section_title(text, int(char_spans[last, 0]))
     title_start = title[0] if title is not None else int(char_spans[first, 0])
-    return [i for i in range(first, last + 1) if char_spans[i, 1] > title_start or not text[slice(*char_spans[i])].strip()]
+    return [
+        i for i in range(first, last + 1)
+        if not text[slice(*char_spans[i])].strip()
+        or (char_spans[i, 1] > title_start and not text[char_spans[i, 0] : title_start].strip())
+    ]
 
 
 def first_copyable(text: str, char_spans: np.ndarray, pos: int) -> int:
