@@ -357,10 +357,14 @@ class FolderSnapshot:
         """The bytes of ``rel``, a file outside the checksums (a cache); None when there is none.
 
         Raises:
+            FolderReplaced: ``rel`` is missing and a save replaced the folder meanwhile (the
+                version read may have had it: a save removes the folder it replaces).
             ValueError: ``rel`` is not a regular file (a folder, a link, a FIFO) or cannot be read.
         """
         fd = self._open_or_none(rel)
         if fd is None:
+            if self.replaced():
+                raise FolderReplaced(f"{self.folder} was replaced while {rel} was read")
             return None
         try:
             with os.fdopen(fd, "rb") as handle:
