@@ -21,6 +21,10 @@ HIDDEN_KINDS: frozenset[str] = frozenset(
 )
 """Block kinds a reader does not see as text: never copied (a heading stays in its passage as context)."""
 
+ADORNMENT_CHARACTER = r"[!-/:-@\[-`{-~]"
+"""Regex class of the characters a title's underline or overline repeats: any printable ASCII
+punctuation (reStructuredText's adornments; Markdown's Setext ``=`` and ``-`` among them)."""
+
 
 @dataclass(frozen=True)
 class Block:

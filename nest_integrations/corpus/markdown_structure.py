@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from .blocks import Block, BlockKind, line_starts, trimmed_range
+from .blocks import ADORNMENT_CHARACTER, Block, BlockKind, line_starts, trimmed_range
 from .rst_structure import looks_like_rst, parse_rst_blocks
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -112,9 +112,8 @@ def looks_like_markdown(text: str) -> bool:
 def _tilde_underline(text: str, pos: int) -> bool:
     """Whether the line at ``pos`` is nothing but ``~`` and the line above it holds text."""
     line_start = text.rfind("\n", 0, pos) + 1
-    line_end = text.find("\n", pos)
-    line = text[line_start : len(text) if line_end < 0 else line_end]
-    above = text[text.rfind("\n", 0, max(line_start - 1, 0)) + 1 : max(line_start - 1, 0)]
+    line = text[line_start:].partition("\n")[0]
+    above = text[: max(line_start - 1, 0)].rpartition("\n")[2]
     return line_start > 0 and _TILDES.fullmatch(line) is not None and bool(above.strip())
 
 
@@ -480,10 +479,10 @@ def closing_fence(text: str, block: tuple[int, int]) -> tuple[int, int] | None:
 
 _HEADING_MARKS = re.compile(r"[ \t]*#{1,6}[ \t]+")
 _CLOSING_MARKS = re.compile(r"[ \t]+#+[ \t]*$")
-_UNDERLINE = re.compile(r"[ \t]*([!-/:-@\[-`{-~])\1*[ \t]*")
+_UNDERLINE = re.compile(rf"[ \t]*({ADORNMENT_CHARACTER})\1*[ \t]*")
 """A line of one punctuation character: an underline or overline, not a title."""
 _TAG = r"</?[A-Za-z][A-Za-z0-9-]*(?:\s[^<>\n]*)?/?>"
-_LEADING_TAGS = re.compile(rf"\A(?:\s|{_TAG})*")
+_LEADING_TAGS = re.compile(rf"(?:\s|{_TAG})*")
 _TRAILING_TAGS = re.compile(rf"(?:\s|{_TAG})*\Z")
 """White space and HTML tags (``<a name="fail"></a>``) at a title's ends: a reader does not see them."""
 
@@ -510,10 +509,9 @@ def section_title(text: str, pos: int) -> tuple[int, int] | None:
         marks = _HEADING_MARKS.match(text, start, end)
         closing = _CLOSING_MARKS.search(text, start, end) if marks else None
         start, end = (marks.end() if marks else start), (closing.start() if closing else end)
-        title = text[start:end]
-        start += len(title) - len(_LEADING_TAGS.sub("", title, count=1))  # an anchor is no part of a title
-        title = text[start:end]
-        end -= len(title) - len(_TRAILING_TAGS.sub("", title, count=1))
+        title = text[start:end]  # less the white space and tags (an anchor) at its ends
+        lead = _LEADING_TAGS.match(title).end()  # type: ignore[union-attr]
+        start, end = start + lead, start + _TRAILING_TAGS.search(title, lead).start()  # type: ignore[union-attr]
         return (start, end) if end > start else None
     return None
 

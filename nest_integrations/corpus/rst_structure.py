@@ -43,7 +43,7 @@ import ast
 import re
 import textwrap
 
-from .blocks import Block, BlockKind, line_starts, trimmed_range
+from .blocks import ADORNMENT_CHARACTER, Block, BlockKind, line_starts, trimmed_range
 
 CODE_DIRECTIVES: frozenset[str] = frozenset({
     "code", "code-block", "sourcecode", "doctest", "testcode", "testsetup", "testcleanup", "testoutput",
@@ -51,9 +51,8 @@ CODE_DIRECTIVES: frozenset[str] = frozenset({
 })
 """Directives whose body is code (docutils' and Sphinx's own, and the common extensions')."""
 
-_PUNCTUATION = r"[!-/:-@\[-`{-~]"
-_ADORNMENT = re.compile(rf"({_PUNCTUATION})\1{{2,}}[ \t]*")
-_UNDERLINED = re.compile(rf"(?:\A|\n[ \t]*\n)(\S[^\n]*)\n(({_PUNCTUATION})\3{{2,}})[ \t]*(?:\n|\Z)")
+_ADORNMENT = re.compile(rf"({ADORNMENT_CHARACTER})\1{{2,}}[ \t]*")
+_UNDERLINED = re.compile(rf"(?:\A|\n[ \t]*\n)(\S[^\n]*)\n(({ADORNMENT_CHARACTER})\3{{2,}})[ \t]*(?:\n|\Z)")
 _DIRECTIVE = re.compile(r"\.\.[ \t]+([A-Za-z0-9]+(?:[-_.:+][A-Za-z0-9]+)*)[ \t]?::(?:[ \t]|$)")
 _TARGET = re.compile(r"\.\.[ \t]+(?:_[^\n]*:|\|[^|\n]+\|)")
 _FOOTNOTE = re.compile(r"\.\.[ \t]+\[[^\]\n]+\]")
@@ -211,10 +210,8 @@ class _Reader:
                 i = self.read_title(i, title)
             elif _EXPLICIT.match(body) and not _FOOTNOTE.match(body):
                 i = self.read_explicit(i)
-            elif body.startswith(">>>") or body.startswith(("+-", "+=")):
-                stop = i + 1
-                while stop < n and not self.blank[stop]:
-                    stop += 1
+            elif body.startswith((">>>", "+-", "+=")):
+                stop = self.paragraph_end(i)
                 self.add("code" if body.startswith(">>>") else "table", i, stop)
                 i = stop
             elif _ADORNMENT.fullmatch(line) and (i + 1 >= n or self.blank[i + 1]):

@@ -149,9 +149,9 @@ class SpanProposer:
         opening are a word or a sign, no white space between ("...close the file.Path.read_bytes",
         a section's title straight after a sentence). A window that opens at its passage's start,
         or after a window that ends its section, has no line break of its own to copy."""
-        if self.break_id is None or not gen.text or gen.text[-1].isspace() or gen.plan.opening is None:
+        if self.break_id is None or not gen.text or gen.text[-1].isspace():
             return False
-        pidx, pos = gen.plan.opening
+        pidx, pos = gen.plan.opening  # type: ignore[misc]
         text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
         if gen.plan.copying_title and gen.plan.window_end is not None:
             pos = next(iter(title_tokens(text, encoded.char_spans, pos, gen.plan.window_end[1])), len(encoded.char_spans))
