@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -315,3 +317,48 @@ def test_a_window_knows_the_title_of_its_section_and_copies_it_without_the_marks
     assert label_start(text, spans, title_first) == first, "back over the marks and the line breaks, not into 'Intro.'"
     copied = "".join(text[slice(*spans[i])] for i in title_tokens(text, spans, first, last))
     assert "#" not in copied and copied.strip() == "`customLevels` (Object)" and copied.startswith("\n")
+
+
+NOTES = """## Names
+
+It was really just a way to say `attrs` and `attrib`[^attr].
+A character class such as `[^a-z]` is code, no footnote.
+
+[^attr]: We considered calling the package `attr` too.
+    The name was already taken.
+
+    Looking at who took it was a good guideline.
+
+[^pypi]: https://pypi.org/project/attr/
+"""
+
+
+def _blocks_of(text: str) -> list[tuple[str, str]]:
+    return [(b.kind, text[b.start : b.end]) for b in parse_blocks(text)]
+
+
+def _word_spans(text: str) -> np.ndarray:
+    """Spans tiling ``text``: each run of non-blank characters with the white space before it."""
+    ends = [m.end() for m in re.finditer(r"\s*\S+", text)]
+    starts = [0, *ends[:-1]]
+    return np.array(list(zip(starts, ends)), dtype=np.int64).reshape(-1, 2)
+
+
+def test_a_footnote_shows_its_note_but_not_its_markers():
+    """A rendered page shows a footnote's note under a number: its `[^label]:` marker and the
+    `[^label]` references are markup; the note, its indented continuation included, is text."""
+    assert _blocks_of(NOTES) == [
+        ("heading", "## Names"),
+        ("paragraph", "It was really just a way to say `attrs` and `attrib`[^attr].\nA character class such as `[^a-z]` is code, no footnote."),
+        ("paragraph", "[^attr]: We considered calling the package `attr` too.\n    The name was already taken."),
+        ("paragraph", "Looking at who took it was a good guideline."),
+        ("paragraph", "[^pypi]: https://pypi.org/project/attr/"),
+    ]
+    assert _hidden_text(NOTES) == ["## Names", "[^attr]", "[^attr]:", "[^pypi]:"]
+    spans = _word_spans(NOTES)
+    copied = "".join(NOTES[s:e] for (s, e), ok in zip(spans.tolist(), copyable_tokens(NOTES, spans)) if ok)
+    for note in ("We considered calling the package `attr` too.", "Looking at who took it", "https://pypi.org/project/attr/", "`[^a-z]` is code"):
+        assert note in copied
+    assert "[^attr]" not in copied and "[^pypi]" not in copied
+    assert not start_allowed(NOTES, NOTES.index("[^attr]:")) and start_allowed(NOTES, NOTES.index("We considered"))
+    assert NOTES[slice(*section_title(NOTES, NOTES.index("Looking")))] == "Names", "the heading is still a heading"

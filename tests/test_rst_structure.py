@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from nest_integrations.corpus.chunking import chunk_passages
-from nest_integrations.corpus.markdown_structure import copy_layout, looks_like_markdown, parse_blocks, section_ends_at, section_title, start_allowed
+from nest_integrations.corpus.markdown_structure import (
+    copy_layout,
+    looks_like_markdown,
+    parse_blocks,
+    section_ends_at,
+    section_title,
+    shows_text,
+    start_allowed,
+)
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.corpus.rst_structure import looks_like_rst, reads_as_code
 
@@ -170,3 +178,57 @@ def test_a_tilde_underline_is_a_title_not_a_markdown_code_fence():
     assert not looks_like_markdown(text) and looks_like_rst(text)
     assert [kind for kind, _ in _blocks(text)] == ["heading", "heading", "directive", "paragraph"]
     assert looks_like_markdown("Some code:\n\n~~~\nx = 1\n~~~\n"), "a tilde fence after a blank line stays a fence"
+
+
+TABLE = """Packages
+========
+
+=========  =======  ==========================
+Name       Tool     Command
+=========  =======  ==========================
+Alpine     apk      ``apk add borgbackup``
+Debian     apt      ``apt install borgbackup``
+
+Fedora     dnf      ``dnf install borgbackup``
+=========  =======  ==========================
+
+After the table.
+"""
+BORDER = "=========  =======  =========================="
+
+
+def test_a_simple_table_shows_its_cells_but_not_its_borders():
+    """A simple table's border lines are markup like a title's underline: hidden inside the one
+    table block (its body may hold a blank line), the rows are text, the title stays a title."""
+    assert _blocks(TABLE) == [
+        ("heading", "Packages\n========"),
+        ("table", TABLE[TABLE.index(BORDER) : TABLE.rindex(BORDER) + len(BORDER)]),
+        ("paragraph", "After the table."),
+    ]
+    layout = copy_layout(TABLE)
+    assert layout is not None
+    assert [TABLE[start:end] for start, end in layout.hidden] == ["Packages\n========", BORDER, BORDER, BORDER]
+    shown = "".join(TABLE[a:b] for a, b in _visible_ranges(TABLE, layout.hidden))
+    assert "====" not in shown and "Debian     apt      ``apt install borgbackup``" in shown
+    assert "Fedora     dnf" in shown and "Name       Tool     Command" in shown
+    row = TABLE.index("Alpine")
+    assert start_allowed(TABLE, row) and not start_allowed(TABLE, TABLE.index(BORDER))
+    assert not shows_text(TABLE, TABLE.index(BORDER), TABLE.index(BORDER) + len(BORDER)) and shows_text(TABLE, row, row + 6)
+    assert TABLE[slice(*section_title(TABLE, row))] == "Packages"
+
+
+def test_a_table_alone_or_cut_reads_as_rst_and_its_rows_are_no_titles():
+    """A chunk of nothing but a table is reStructuredText; one cut inside a table begins with a
+    row, and a row over a border (`Name ... \\n=====  ====`) is no underlined title."""
+    alone = TABLE[TABLE.index(BORDER) :]
+    assert looks_like_rst(alone) and [kind for kind, _ in _blocks(alone)] == ["table", "paragraph"]
+    cut = TABLE[TABLE.index("Name") :]
+    assert [kind for kind, _ in _blocks(cut)] == ["table", "paragraph"]
+    assert not any(b.kind == "heading" for b in parse_blocks(cut))
+    assert [cut[start:end] for start, end in copy_layout(cut).hidden] == [BORDER, BORDER]
+    spanned = "=====  =====  ======\n   Inputs     Output\n------------  ------\n  A      B    A or B\n=====  =====  ======\nFalse  False  False\n=====  =====  ======\n"
+    assert [spanned[start:end] for start, end in copy_layout(spanned).hidden] == [
+        "=====  =====  ======", "------------  ------", "=====  =====  ======", "=====  =====  ======"
+    ]
+    tail = BORDER + "\n\nAfter the table.\n"
+    assert _blocks(tail) == [("rule", BORDER), ("paragraph", "After the table.")], "a table's bottom border alone is hidden"

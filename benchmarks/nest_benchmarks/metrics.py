@@ -760,6 +760,7 @@ def garbled_model_text(output: Mapping[str, Any]) -> list[str]:
 
 MARKUP_KINDS: tuple[str, ...] = (
     "html_comment", "front_matter", "link_definition", "html_tag", "heading", "adornment", "explicit_markup",
+    "footnote",
 )
 """Markup a reader never quotes, found by :func:`markup_ranges`."""
 
@@ -767,7 +768,8 @@ _FENCE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)
 _MARKUP_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("html_comment", re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)),
     ("front_matter", re.compile(r"\A\ufeff?---[ \t]*\n[\w-]+:.*?\n(?:---|\.\.\.)[ \t]*$", re.DOTALL | re.MULTILINE)),
-    ("link_definition", re.compile(r"^ {0,3}\[[^\]\n]+\]:[ \t].*$", re.MULTILINE)),
+    # Not a footnote's definition (`[^1]: The note.`): a reader sees its note (see "footnote").
+    ("link_definition", re.compile(r"^ {0,3}\[(?!\^)[^\]\n]+\]:[ \t].*$", re.MULTILINE)),
     # HTML elements only, so TypeScript generics in prose (`Array<string>`) are not tags.
     (
         "html_tag",
@@ -781,11 +783,17 @@ _MARKUP_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
     # may carry it as the label of the section it copies (decoding.prepare.PlannedCopy).
     ("heading", re.compile(r"^ {0,3}#{1,6}(?=[ \t]|$)", re.MULTILINE)),
     # reStructuredText: a title's underline or overline, a transition (and a Markdown rule); four
-    # characters or more, so a docstring's `"""` line in a code block is not one.
-    ("adornment", re.compile(r"^[ \t]*([!-/:-@\[-`{-~])\1{3,}[ \t]*$", re.MULTILINE)),
+    # characters or more, so a docstring's `"""` line in a code block is not one. Or a simple
+    # table's border: runs of `=` separated by spaces (`=====  =====`).
+    ("adornment", re.compile(r"^[ \t]*(?:([!-/:-@\[-`{-~])\1{3,}|=+(?:[ \t]+=+)+)[ \t]*$", re.MULTILINE)),
     # reStructuredText: a directive's line, a target, a substitution definition.
     ("explicit_markup", re.compile(r"^[ \t]*\.\.[ \t]+(?:[\w.:+-]+[ \t]?::|_[^\n]*:|\|[^|\n]+\|).*$", re.MULTILINE)),
+    # Markdown: a footnote's marker, `[^1]:` opening its definition or `[^1]` in the text (the
+    # note itself is text). Outside code spans only (see markup_ranges).
+    ("footnote", re.compile(r"\[\^[^\]\s]+\]:?")),
 )
+_CODE_SPAN_RE = re.compile(r"(?<!`)(`+)(?!`)(?:(?!\n[ \t]*\n)[\s\S])*?(?<!`)\1(?!`)")
+"""An inline code span: ``[^a-z]`` there is a regex character class, no footnote."""
 
 
 def _fenced_ranges(text: str) -> list[tuple[int, int]]:
@@ -811,13 +819,15 @@ def markup_ranges(text: str) -> list[tuple[int, int, str]]:
     Kinds (:data:`MARKUP_KINDS`): an HTML comment (``<!-- ... -->``, to the end
     when unclosed); YAML front matter (a ``---`` line opening the text, ``key:``
     lines, a closing ``---`` or ``...``); a link-reference definition line
-    (``[id]: target``); an HTML tag or anchor of a known HTML element
+    (``[id]: target``, a footnote's ``[^id]: note`` not); an HTML tag or anchor of a known HTML element
     (``<a id="x">``, ``</h1>``, ``<sup>``); a heading line's marks (``#`` to ``######``):
     a copy that crosses into the next section takes them, one that carries only the title
     of the section it copies does not; a line of one punctuation character repeated (a
-    reStructuredText title's underline or overline, a transition, a Markdown rule); a
-    reStructuredText directive line (``.. code-block:: python``), target (``.. _label:``) or
-    substitution definition.
+    reStructuredText title's underline or overline, a transition, a Markdown rule) or a
+    reStructuredText simple table's border (``=====  =====``); a reStructuredText directive
+    line (``.. code-block:: python``), target (``.. _label:``) or substitution definition; a
+    Markdown footnote's marker (``[^1]:`` opening its definition, whose note is text, and a
+    ``[^1]`` reference), outside inline code spans.
     Markup that starts inside a fenced code block is code, not markup (a shell
     ``# comment`` is no heading). A text cut from a document inside a code block
     cannot know it is fenced: its lines are read as prose.
@@ -826,11 +836,13 @@ def markup_ranges(text: str) -> list[tuple[int, int, str]]:
         The ranges sorted by start (they may overlap: a heading holding a tag).
     """
     fenced = _fenced_ranges(text)
+    code_spans = [match.span() for match in _CODE_SPAN_RE.finditer(text)] if "[^" in text else []
     found = [
         (match.start(), match.end(), kind)
         for kind, pattern in _MARKUP_RES
         for match in pattern.finditer(text)
         if not any(lo <= match.start() < hi for lo, hi in fenced)
+        and not (kind == "footnote" and any(lo <= match.start() < hi for lo, hi in code_spans))
     ]
     return sorted(found)
 

@@ -9,8 +9,10 @@ import pytest
 from nest_benchmarks.metrics import (
     aggregate,
     answer_recall,
+    copied_markup,
     fragment_answer,
     garbled_model_text,
+    markup_ranges,
     normalize_answer,
     opens_with_entity,
     opens_with_other_name,
@@ -396,3 +398,37 @@ def test_garbled_model_text_flags_degenerate_model_writing_but_not_copies_or_sen
     assert not garbled_model_text(output(("def\nread\nreadline\n(", True)))  # a copy is the source's text
     assert not garbled_model_text(output(("Use the `--port` option, as in the example below.\n- one item\n- two", False)))
     assert not garbled_model_text(output(("The documents do not cover this question.\nSee also:\na\nb\nc", False), finish="not_covered"))
+
+
+# --------------------------------------------------------------------------- copied markup
+
+NOTES = (
+    "It was a way to say `attrs` and `attrib`[^attr]. A class like `[^a-z]` is a regex.\n\n"
+    "[^attr]: We considered calling the package `attr` too.\n"
+)
+TABLE = (
+    "Packages\n========\n\n"
+    "=========  =======\nName       Tool\n=========  =======\nAlpine     apk\n=========  =======\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("passage", "copied", "kinds"),
+    [
+        (NOTES, "We considered calling the package `attr` too.", []),  # a footnote's note is text
+        (NOTES, "[^attr]: We considered", ["footnote"]),  # its marker is not a link definition
+        (NOTES, "`attrib`[^attr]. A class", ["footnote"]),
+        (NOTES, "A class like `[^a-z]` is a regex.", []),  # a code span holds no footnote
+        (TABLE, "Name       Tool", []),
+        (TABLE, "Tool\n=========  =======\nAlpine", ["adornment"]),  # a simple table's border
+        (TABLE, "Packages\n========", ["adornment"]),
+    ],
+)
+def test_copied_markup_flags_footnote_markers_and_table_borders(passage: str, copied: str, kinds: list[str]) -> None:
+    assert copied_markup(_copy_output("", copied, passage), {"p": passage}) == kinds
+
+
+def test_markup_ranges_of_footnotes_and_simple_tables() -> None:
+    assert [(NOTES[lo:hi], kind) for lo, hi, kind in markup_ranges(NOTES)] == [("[^attr]", "footnote"), ("[^attr]:", "footnote")]
+    assert [TABLE[lo:hi].strip() for lo, hi, _ in markup_ranges(TABLE)] == ["========", *["=========  ======="] * 3]
+    assert [kind for _, _, kind in markup_ranges("[id]: https://example.com\n")] == ["link_definition"]

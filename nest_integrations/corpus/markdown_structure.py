@@ -2,8 +2,9 @@
 
 Markdown documentation carries markup a reader never sees rendered: YAML front
 matter, ``<!-- ... -->`` comments, HTML blocks and anchors, link-reference
-definitions (``[foo]: https://...``), thematic breaks and the ``## Title``
-line of a heading. Copied as if it were prose, it ends up in answers. This
+definitions (``[foo]: https://...``), footnote markers (``[^1]`` and the
+``[^1]:`` opening a note, whose text a reader does see), thematic breaks and
+the ``## Title`` line of a heading. Copied as if it were prose, it ends up in answers. This
 module reads a passage's structure with the CommonMark parser ``markdown-it-py``
 (front matter by ``mdit-py-plugins``, tables enabled) and answers three
 questions, always in character offsets into the ORIGINAL text (nothing is
@@ -57,13 +58,13 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from .blocks import ADORNMENT_CHARACTER, Block, BlockKind, line_starts, trimmed_range
-from .rst_structure import looks_like_rst, parse_rst_blocks
+from .rst_structure import looks_like_rst, parse_rst
 
 if TYPE_CHECKING:  # pragma: no cover
     from markdown_it import MarkdownIt
@@ -89,6 +90,13 @@ _TILDES = re.compile(r"[ \t]*~{3,}[ \t]*")
 _INFO_FENCE = re.compile(r"[ \t]*(?:>[ \t]*)*(?:```|~~~)[`~]*[ \t]*[^`~\s]")
 _BARE_FENCE = re.compile(r"^[ \t]*(?:>[ \t]*)*(?:```|~~~)[`~]*[ \t]*$", re.MULTILINE)
 _LINK_DEFINITION = re.compile(r"[ \t]*(?:>[ \t]*)*\[[^\]\n]+\]:")
+_FOOTNOTE_DEFINITION = re.compile(r"\[\^[^\]\s]+\]:")
+"""The marker opening a footnote's definition (``[^1]: The note.``): markup, rendered as the
+note's number; the note after it is text a reader sees, at the page's end."""
+_FOOTNOTE_REFERENCE = re.compile(r"\[\^[^\]\s]+\]")
+"""A footnote reference in text (``attrib[^attr]``): markup, rendered as a superscript number."""
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(?:(?!\n[ \t]*\n)[\s\S])*?(?<!`)\1(?!`)")
+"""An inline code span (within a paragraph): ``[^a-z]`` there is a regex, no footnote reference."""
 _LEAF_KINDS: dict[str, BlockKind] = {
     "heading_open": "heading", "fence": "code", "code_block": "code", "hr": "rule", "table_open": "table",
     "front_matter": "front_matter",
@@ -209,16 +217,19 @@ def has_structure(text: str) -> bool:
 
 @functools.lru_cache(maxsize=512)
 def _parsed(text: str) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]]:
-    """``(blocks, inline HTML ranges)`` of ``text``, read as reStructuredText when it looks like
-    it and not like Markdown, else as Markdown; cached because the encoder, the seam rule and
-    the draft builder all read the same passages."""
+    """``(blocks, inline marks)`` of ``text``, read as reStructuredText when it looks like
+    it and not like Markdown, else as Markdown; the marks are the sorted character ranges of
+    the markup inside copyable blocks (inline HTML, footnote markers, a simple table's
+    borders). Cached because the encoder, the seam rule and the draft builder all read the
+    same passages."""
     if not looks_like_markdown(text) and looks_like_rst(text):
-        return parse_rst_blocks(text), ()
+        return parse_rst(text)
     return _parsed_markdown(text)
 
 
 def _parsed_markdown(text: str) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]]:
-    """``(blocks, inline HTML ranges)`` of ``text`` read as Markdown."""
+    """``(blocks, inline marks)`` of ``text`` read as Markdown: inline HTML and footnote markup
+    (:func:`_footnotes`)."""
     tokens = _block_tokens(text)
     lines = line_starts(text)
     covered = [False] * (len(lines) - 1)
@@ -254,7 +265,45 @@ def _parsed_markdown(text: str) -> tuple[tuple[Block, ...], tuple[tuple[int, int
         path = next((b.heading_path for b in reversed(blocks) if b.start < span[0]), ())
         blocks.append(Block("link_definition", span[0], span[1], path))
     blocks.sort(key=lambda b: b.start)
-    return tuple(blocks), tuple(inline_html)
+    blocks, footnote_marks = _footnotes(text, blocks)
+    return tuple(blocks), tuple(sorted(inline_html + footnote_marks))
+
+
+def _footnotes(text: str, blocks: list[Block]) -> tuple[list[Block], list[tuple[int, int]]]:
+    """``(blocks, marks)``: ``blocks`` (in order) with each footnote definition a paragraph, and
+    the character ranges of the footnote markup in copyable blocks: each definition's
+    ``[^label]:`` marker and each ``[^label]`` reference outside a code span.
+
+    CommonMark has no footnotes: markdown-it reads a definition as a paragraph (as a
+    link-reference definition when the note is one word or a URL), and the note's indented
+    continuation after a blank line as code. A reader of a rendered page sees the note's text
+    under a number, so it is a paragraph and only its marker is hidden. A reference is hidden
+    even when its definition is not in ``text``: a chunk rarely holds both.
+    """
+    out: list[Block] = []
+    marks: list[tuple[int, int]] = []
+    for block in blocks:
+        marker = None
+        if block.kind in ("paragraph", "link_definition"):
+            marker = _FOOTNOTE_DEFINITION.match(text, block.start, block.end)
+        indented_code = block.kind == "code" and not text.startswith(("```", "~~~"), block.start)
+        if marker:
+            block = replace(block, kind="paragraph")
+            marks.append((block.start, marker.end()))
+        elif indented_code and out and _is_note(text, out[-1]):
+            block = replace(block, kind="paragraph")  # the note's continuation
+        if block.kind in ("paragraph", "list_item", "table"):
+            after = marker.end() if marker else block.start
+            code = tuple(m.span() for m in _CODE_SPAN.finditer(text, after, block.end))
+            references = _FOOTNOTE_REFERENCE.finditer(text, after, block.end)
+            marks.extend(m.span() for m in references if not _inside(code, m.start()))
+        out.append(block)
+    return out, marks
+
+
+def _is_note(text: str, block: Block) -> bool:
+    """Whether ``block`` is a footnote definition (a paragraph opening with ``[^label]:``)."""
+    return block.kind == "paragraph" and _FOOTNOTE_DEFINITION.match(text, block.start, block.end) is not None
 
 
 def _inline_html(text: str, tokens: list[Any], opener: int, span: tuple[int, int]) -> list[tuple[int, int]]:
@@ -305,7 +354,9 @@ class CopyLayout:
 
     Attributes:
         hidden: sorted, disjoint ``(start, end)`` character ranges never copied:
-            the hidden blocks (:data:`HIDDEN_KINDS`) and inline HTML tags.
+            the hidden blocks (:data:`HIDDEN_KINDS`) and the markup inside copyable
+            ones: inline HTML tags, footnote markers and references, a
+            reStructuredText simple table's border lines.
         code: ``(start, end)`` of each code block (fence lines included).
         code_line_starts: the only offsets inside code where a copy may start:
             each code line's first non-blank character (a fence's opening line
@@ -341,8 +392,8 @@ def copy_layout(text: str) -> CopyLayout | None:
     (:func:`has_structure`): then every token may be copied and seams are those of prose."""
     if not has_structure(text):
         return None
-    blocks, inline_html = _parsed(text)
-    hidden = sorted([(b.start, b.end) for b in blocks if not b.copyable] + list(inline_html))
+    blocks, marks = _parsed(text)
+    hidden = sorted([(b.start, b.end) for b in blocks if not b.copyable] + list(marks))
     code = [b for b in blocks if b.kind == "code"]
     mask = np.zeros(len(text), dtype=bool)
     for start, end in hidden:

@@ -22,8 +22,10 @@ as the Markdown reader, in character offsets into the original text:
   paragraphs are read like any others;
 * literal blocks (the lines indented under a paragraph that ends in ``::``) and doctest
   blocks (``>>>`` lines): ``"code"``;
-* grid tables (lines opening with ``+-`` or ``+=``): ``"table"``; a transition (a punctuation
-  line standing alone): ``"rule"``;
+* grid tables (lines opening with ``+-`` or ``+=``): ``"table"``; simple tables (between
+  border lines of ``=`` runs, ``=====  =====``): ``"table"``, their border lines and the ``-``
+  runs under a header cell that spans columns hidden inside the block (:func:`parse_rst`):
+  a reader sees the cells; a transition (a punctuation line standing alone): ``"rule"``;
 * everything else: paragraphs, and list items (a line opening with ``-``, ``*``, ``+``, ``1.``
   or ``#.``), each ended by a blank line or by the next item.
 
@@ -57,9 +59,16 @@ _DIRECTIVE = re.compile(r"\.\.[ \t]+([A-Za-z0-9]+(?:[-_.:+][A-Za-z0-9]+)*)[ \t]?
 _TARGET = re.compile(r"\.\.[ \t]+(?:_[^\n]*:|\|[^|\n]+\|)")
 _FOOTNOTE = re.compile(r"\.\.[ \t]+\[[^\]\n]+\]")
 _EXPLICIT = re.compile(r"\.\.(?:[ \t]|$)")
+_TABLE_BORDER = re.compile(r"[ \t]*=+(?:[ \t]+=+)+[ \t]*")
+"""A simple table's border line: runs of ``=``, one a column, separated by spaces (above the
+header, under it, at the table's end). The spaces set it apart from a title's underline."""
+_TABLE_RULE = re.compile(r"[ \t]*([=-])\1*(?:[ \t]+\1+)*[ \t]*")
+"""A line of a simple table that is markup, not cells: a border, or the ``-`` runs under a
+header cell that spans columns."""
 _SNIFF = re.compile(
     r"^[ \t]*\.\.(?:[ \t]+\S|[ \t]*$)"  # explicit markup: a directive, a target, a comment
-    r"|::[ \t]*\n[ \t]*\n[ \t]+\S",  # a literal block under a paragraph
+    r"|::[ \t]*\n[ \t]*\n[ \t]+\S"  # a literal block under a paragraph
+    r"|^[ \t]*=+(?:[ \t]+=+)+[ \t]*$",  # a simple table's border (_TABLE_BORDER)
     re.MULTILINE,
 )
 _ITEM = re.compile(r"(?:[-*+]|\d+[.)]|#\.)[ \t]+\S")
@@ -74,8 +83,8 @@ def _title_fits(title: str, adornment: str) -> bool:
 
 def looks_like_rst(text: str) -> bool:
     """Whether ``text`` shows reStructuredText's block syntax: an underlined title, explicit
-    markup (a line opening with ``..``: a directive, a target, a comment), or a literal block
-    under a ``::`` paragraph."""
+    markup (a line opening with ``..``: a directive, a target, a comment), a literal block
+    under a ``::`` paragraph, or a simple table's border line."""
     if _SNIFF.search(text):
         return True
     return any(_title_fits(m.group(1), m.group(2)) and not _ADORNMENT.fullmatch(m.group(1)) for m in _UNDERLINED.finditer(text))
@@ -105,6 +114,7 @@ class _Reader:
         self.blank = [not line.strip() for line in self.raw]
         self.indent = [len(line) - len(line.lstrip()) for line in self.raw]
         self.blocks: list[Block] = []
+        self.marks: list[tuple[int, int]] = []  # hidden ranges inside copyable blocks (table borders)
         self.headings: list[tuple[int, str]] = []  # (level, title) of the enclosing titles
         self.styles: list[tuple[str, bool]] = []  # (character, overlined) of each title level
 
@@ -130,6 +140,35 @@ class _Reader:
         stop = first
         while stop < len(self.raw) and not self.blank[stop]:
             stop += 1
+        return stop
+
+    def table_end(self, i: int) -> int | None:
+        """The line after a simple table that line ``i`` opens, or None when it opens none: the
+        run of non-blank lines from ``i`` holds a border line (:data:`_TABLE_BORDER`; at ``i``
+        for a whole table, further down for a chunk cut inside one). The table ends with the
+        first border line followed by a blank line or the text's end (docutils' rule: the body
+        may hold blank lines); a table that never closes (a chunk cut inside it) ends with the run."""
+        run_stop = self.paragraph_end(i)
+        if not any(_TABLE_BORDER.fullmatch(self.raw[j]) for j in range(i, run_stop)):
+            return None
+        for j in range(i, len(self.raw)):
+            if _TABLE_BORDER.fullmatch(self.raw[j]) and (j + 1 == len(self.raw) or self.blank[j + 1]):
+                return j + 1
+        return run_stop
+
+    def read_table(self, i: int, stop: int) -> int:
+        """A simple table on lines ``[i, stop)``: one ``"table"`` block whose rule lines
+        (:data:`_TABLE_RULE`) are hidden marks; a ``"rule"`` when it is nothing but those (the
+        bottom border of a table a chunk was cut from)."""
+        rules = [j for j in range(i, stop) if not self.blank[j] and _TABLE_RULE.fullmatch(self.raw[j])]
+        if len(rules) == sum(not blank for blank in self.blank[i:stop]):
+            self.add("rule", i, stop)
+            return stop
+        self.add("table", i, stop)
+        for j in rules:
+            span = trimmed_range(self.text, self.lines, j, j + 1)
+            assert span is not None
+            self.marks.append(span)
         return stop
 
     def title_at(self, i: int) -> tuple[int, str, tuple[str, bool]] | None:
@@ -214,6 +253,8 @@ class _Reader:
                 stop = self.paragraph_end(i)
                 self.add("code" if body.startswith(">>>") else "table", i, stop)
                 i = stop
+            elif (table_stop := self.table_end(i)) is not None:
+                i = self.read_table(i, table_stop)
             elif _ADORNMENT.fullmatch(line) and (i + 1 >= n or self.blank[i + 1]):
                 self.add("rule", i, i + 1)
                 i += 1
@@ -223,9 +264,11 @@ class _Reader:
         return tuple(self.blocks)
 
 
-def parse_rst_blocks(text: str) -> tuple[Block, ...]:
-    """The blocks of ``text`` read as reStructuredText, in order (see the module docstring).
-
-    Blank lines belong to no block; every other character is inside exactly one block.
-    """
-    return _Reader(text).read()
+def parse_rst(text: str) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]]:
+    """``(blocks, marks)`` of ``text`` read as reStructuredText: its blocks in order (see the
+    module docstring; blank lines belong to no block, every other character is inside exactly
+    one block) and the sorted ``(start, end)`` character ranges of the markup inside copyable
+    blocks a reader does not see (a simple table's border lines)."""
+    reader = _Reader(text)
+    blocks = reader.read()
+    return blocks, tuple(sorted(reader.marks))
