@@ -305,6 +305,28 @@ def test_a_question_copies_its_best_answer_windows_in_turn_and_stops_answered(ti
     assert one.text == f" Options\n\n{idle}" and one.stats.finish_reason == "answered"
 
 
+def test_a_window_that_announces_an_example_runs_on_into_the_next_chunk_to_its_sections_end(tiny_lm):
+    """A window ending "...in a callback:" does not close an answer: the copy runs on past its
+    passage's end into the next chunk of its document, which the retriever did not return, past
+    the directive line it opens with, and ends where the next section begins."""
+    first = "Yes Parameters\n==============\n\nTo ask before a dangerous command, add a ``--yes`` flag and fail in a callback:\n"
+    second = (
+        "\n.. code-block:: python\n\n    @click.confirmation_option(prompt='Drop the db?')\n    def dropdb():\n        pass\n"
+        "\nOther Things\n============\n\nThe colours of the terminal go here.\n"
+    )
+    chunks = [Passage(id="opts#0", text=first, doc_id="opts"), Passage(id="opts#1", text=second, doc_id="opts", doc_char_start=len(first))]
+    store = TokenDatastore(chunks, PassageEncoder(tiny_lm))
+    assert store.following_chunk(0) == 1 and store.following_chunk(1) is None
+    # The copy past a planned window is the LM's to check: the LM alone (alpha -5) at gamma 1e-6 accepts it.
+    knobs = dict(mode="nest", alpha=-5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=80)
+    decoder = NestDecoder(tiny_lm, store, ListRetriever(chunks[:1]), NestConfig(**knobs), relevance=word_share)
+    question = "How do I add a --yes flag so that a dangerous command asks first?"
+    out = decoder.generate([{"role": "user", "content": question}], query=question)
+    assert "fail in a callback:\n\n\n    @click.confirmation_option(prompt='Drop the db?')\n    def dropdb():\n        pass" in out.text, out.text
+    assert "code-block" not in out.text and "Other Things" not in out.text, out.text
+    assert out.attribution_ratio == 1.0 and [s.source.id for s in out.spans if s.copied][-1] == "opts#1"
+
+
 def test_windows_that_would_run_into_each_other_get_a_paragraph_break_of_no_ones(tiny_lm):
     """Two windows from passages of one paragraph each: nothing of either source separates them,
     so the decoder sets the LM's paragraph break between them: not copied, not the model's words."""
@@ -452,3 +474,16 @@ def test_a_window_that_goes_on_from_a_better_one_is_copied_with_it():
     opening, follows = Window("p", 0, 10, 0.9), Window("p", 11, 22, 0.4)
     assert [unfinished[w.start : w.end] for w in (opening, follows)] == ["First one.", "As follows:"]
     assert join_touching([opening, follows], lambda passage_id: unfinished) == [opening, follows]
+
+
+def test_a_planned_copy_that_runs_on_ends_no_answer_at_its_windows_end():
+    """A window that does not close an answer is copied whole to its end, then the copy runs on
+    (no planned copy any more: the LM checks it and source ends apply); one that closes an
+    answer moves on to the next, and after the last the answer is done."""
+    from nest_integrations.decoding.copy_plan import CopyPlan
+
+    plan = CopyPlan.of_copies([((0, 3), (0, 9), False, False), ((1, 0), (1, 5), False, True)], whole=True)
+    assert plan.take_opening() == (0, 3) and plan.copies_whole(0, 9) and not plan.copies_whole(0, 10)
+    assert plan.next_copy() and plan.take_opening() == (1, 0) and plan.window_end == (1, 5) and plan.runs_on
+    assert plan.next_copy() and plan.window_end is None and not plan.copies_whole(1, 6) and plan.take_opening() is None
+    assert not plan.next_copy(), "past a copy that ran on, nothing is planned"

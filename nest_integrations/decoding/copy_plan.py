@@ -15,11 +15,11 @@ from typing import Optional, Sequence
 
 __all__ = ["CopyPlan", "PlannedOpening"]
 
-PlannedOpening = tuple[tuple[int, int], Optional[tuple[int, int]], bool]
-"""``(opening, end, title)`` of one planned copy in the decoder's terms: ``(passage index, first
-token)``, ``(passage index, last token)`` where copying moves on to the next one or ends the
-answer (None: the copy goes on past it), and whether it is a section's title
-(:class:`~nest_integrations.decoding.prepare.PlannedCopy`)."""
+PlannedOpening = tuple[tuple[int, int], tuple[int, int], bool, bool]
+"""``(opening, end, title, runs_on)`` of one planned copy in the decoder's terms: ``(passage
+index, first token)``, ``(passage index, last token)`` where copying moves on to the next one or
+ends the answer, whether it is a section's title, and whether the copy goes on past ``end``
+instead (a window that does not close an answer: :class:`~nest_integrations.decoding.prepare.PlannedCopy`)."""
 
 
 @dataclass
@@ -34,7 +34,12 @@ class CopyPlan:
     """(passage index, token position) proposed next, once: an answer window's start, or a name's passage start."""
     window_end: Optional[tuple[int, int]] = None
     """(passage index, last token position) of the planned copy being made; copying it ends the
-    answer, or moves on to the next of ``next_windows``."""
+    answer, moves on to the next of ``next_windows``, or lets the copy run on (:attr:`runs_on`).
+    None when no planned copy is being made."""
+    runs_on: bool = False
+    """The planned copy being made goes on past :attr:`window_end`, a copy like any other (the
+    LM checks it) to its source's or section's end: its window does not close an answer ("...
+    as follows:")."""
     copying_title: bool = False
     """The planned copy that ``opening`` / ``window_end`` describe is a section's title, the label
     of the window after it: its tokens are copied without the LM's check."""
@@ -57,8 +62,8 @@ class CopyPlan:
     @classmethod
     def of_copies(cls, planned: Sequence[PlannedOpening], whole: bool) -> "CopyPlan":
         """The plan that makes the copies ``planned`` (at least one) in order; ``whole``: see :attr:`whole`."""
-        (opening, window_end, copying_title), *rest = planned
-        return cls(opening, window_end, copying_title, next_windows=list(rest), whole=whole)
+        (opening, window_end, copying_title, runs_on), *rest = planned
+        return cls(opening, window_end, runs_on, copying_title, next_windows=list(rest), whole=whole)
 
     def take_opening(self) -> Optional[tuple[int, int]]:
         """The planned opening, once (None after it was taken, or without one)."""
@@ -81,19 +86,23 @@ class CopyPlan:
         return self.window_end == (pidx, pos)
 
     def next_copy(self) -> bool:
-        """The planned copy :attr:`window_end` names is done: move on to the next one. False when
-        none is left (the answer is done)."""
+        """The planned copy :attr:`window_end` names is done: move on to the next one, or let it
+        run on (:attr:`runs_on`: no planned copy is made from here). False when none is left
+        and it does not run on (the answer is done)."""
+        if self.runs_on:
+            self.window_end, self.runs_on = None, False
+            return True
         if not self.next_windows:
             return False
         self.between_windows = not self.copying_title  # a title is followed by its window, whatever the LM says
         self.after_title = self.copying_title
-        (self.opening, self.window_end, self.copying_title), *self.next_windows = self.next_windows
+        (self.opening, self.window_end, self.copying_title, self.runs_on), *self.next_windows = self.next_windows
         return True
 
     def end_with(self, pidx: int, last: int) -> None:
         """Replace what is left of the plan by one copy that ends the answer at token ``last`` of
         passage ``pidx`` (a copied code block's closing fence)."""
-        self.window_end, self.next_windows, self.copying_title = (pidx, last), [], False
+        self.window_end, self.next_windows, self.copying_title, self.runs_on = (pidx, last), [], False, False
 
     def refuses_lm_token(self, started: bool) -> bool:
         """Whether a token the LM writes now ends the answer: the LM refused the next window's

@@ -40,6 +40,7 @@ from nest_integrations.policy.relevance import GateDecision, RelevanceGate, subj
 from nest_integrations.store.candidates import CandidateSet
 from nest_integrations.store.datastore import EncodeStats, TokenDatastore
 from .abstention import abstention_text
+from .chunk_chain import next_chunk
 from .copy_plan import CopyPlan, PlannedOpening
 from .generation import Generation
 from .output import GenerationStats
@@ -54,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "PlannedCopy", "PlannedOpening", "Preparer", "ScoredPassages", "choose_answer_windows", "join_touching", "plan_opening",
-    "plan_windows", "token_range", "window_token_plan",
+    "plan_windows", "run_on_window", "token_range", "window_token_plan",
 ]
 
 ScoredPassages = Sequence[tuple[Passage, float]]
@@ -116,6 +117,14 @@ def join_touching(windows: Sequence[Window], text_of: Callable[[str], str]) -> l
 def _goes_on_from(earlier: Window, window: Window, text: str) -> bool:
     """Whether ``window`` starts where ``earlier`` ends in their passage (its ``text``), nothing but white space between."""
     return earlier.passage_id == window.passage_id and earlier.end <= window.start and not text[earlier.end : window.start].strip()
+
+
+def run_on_window(windows: Sequence[Window], text_of: Callable[[str], str]) -> Optional[Window]:
+    """The window an answer planned from ``windows`` (ranked) ends with when it does not close
+    the answer (:func:`~nest_integrations.policy.copy_policy.closes_answer`): the first that does
+    not, as :func:`window_token_plan` stops there and lets the copy run on; None when every
+    window closes one. ``text_of(passage_id)`` gives a passage's text."""
+    return next((w for w in windows if not closes_answer(text_of(w.passage_id), w.end)), None)
 
 
 def window_token_plan(windows: Sequence[Window], tokens_of: Callable[[str], tuple[str, np.ndarray]]) -> list[PlannedCopy]:
@@ -183,7 +192,7 @@ def plan_windows(datastore: TokenDatastore, candidates: CandidateSet, windows: S
     for copy in window_token_plan(windows, tokens_of):
         pidx = datastore.index_of(copy.window.passage_id)
         assert pidx is not None
-        planned.append(((pidx, copy.first), (pidx, copy.last) if copy.stops or copy.title else None, copy.title))
+        planned.append(((pidx, copy.first), (pidx, copy.last), copy.title, not (copy.stops or copy.title)))
     return planned
 
 
@@ -211,10 +220,15 @@ def plan_opening(gen: Generation, query: str, kept: list[Passage], datastore: To
         planned = plan_windows(datastore, candidates, windows)
         if not planned:
             return
-        for other in candidates.passage_indices:  # mask all but the windows (and what follows an open one)
+        copied = [(pidx, first, None if runs_on else end[1]) for (pidx, first), end, _, runs_on in planned]
+        run_on = next((pidx for pidx, _, last in copied if last is None), None)
+        following = next_chunk(datastore.passages, candidates, run_on) if run_on is not None else None
+        if following is not None:  # a copy that runs on goes on into the next chunk of its document
+            copied.append((following[0], following[1], None))
+        for other in candidates.passage_indices:  # mask all but the windows (and what a copy runs on into)
             length = len(candidates.passage(other).token_ids)
             position = 0
-            for first, last in sorted((first, end[1] if end else length - 1) for (pidx, first), end, _ in planned if pidx == other):
+            for first, last in sorted((first, length - 1 if last is None else last) for pidx, first, last in copied if pidx == other):
                 candidates.mark_used(other, position, first - 1)
                 position = max(position, last + 1)
             candidates.mark_used(other, position, length - 1)
@@ -276,6 +290,7 @@ class Preparer:
         kept_ids = {p.id for p in decision.kept}
         answering = {w.passage_id for w in windows} - kept_ids
         gated = decision.kept + [p for p, _ in hits if p.id in answering]
+        gated += self._run_on_chunk(windows, gated)
         stats.retrieval_s = time.perf_counter() - t0 - stats.calibration_s
         stats.gate_retrieved, stats.gate_kept = len(hits), len(decision.kept)
         gen.candidates = self._candidates(gated, stats)
@@ -330,6 +345,23 @@ class Preparer:
         if config.mode not in ("nest", "ra_nest") or not is_chat(prompt, config):
             return []
         return choose_answer_windows(query, [p for p, _ in hits], self.relevance, config)
+
+    def _run_on_chunk(self, windows: Sequence[Window], gated: Sequence[Passage]) -> list[Passage]:
+        """The chunk that goes on from the passage of the plan's last window when that window does
+        not close an answer (:func:`run_on_window`) and the chunk is not among ``gated`` already:
+        the copy runs on past its passage's end into it (to its section's end, or the token budget),
+        as into a retrieved next chunk. A sentence that announces what follows ("... and to fail
+        in a callback:") is often the last of its chunk, the example it announces the first of the
+        next one. Empty when there is none, or the datastore does not know the passage."""
+        if self.datastore is None:
+            return []
+        by_id = {p.id: p for p in gated}
+        window = run_on_window(windows, lambda passage_id: by_id[passage_id].text)
+        here = self.datastore.index_of(window.passage_id) if window is not None else None
+        following = self.datastore.following_chunk(here) if here is not None else None
+        if following is None or self.datastore.passages[following].id in by_id:
+            return []
+        return [self.datastore.passages[following]]
 
     def _unmentioned(self, prompt: PromptLike, query: str, config: NestConfig) -> list[str]:
         """The names the question asked now gives that the corpus never mentions

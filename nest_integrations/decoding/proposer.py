@@ -120,12 +120,14 @@ class SpanProposer:
                 proposal = resumed
                 if whole := plan.copies_whole(*proposal):
                     unchecked = True
-                    proposal = self._past_hidden(gen, *proposal)
+                    proposal = self._past_hidden(gen, *proposal, gen.plan.window_end[1])  # type: ignore[index]
                     if proposal is None:  # the rest of the window is markup a reader does not see
                         gen.end_planned_copy()
                         if gen.finished:  # commit takes nothing more
                             return Proposal(TokenRecord(next(iter(self.eos_ids), 0)))
                         return self._propose(gen, mixture, at, None, generator)
+                else:  # a copy running on: past a directive line or a comment, as a reader reads on
+                    proposal = self._past_hidden(gen, *resumed, len(gen.candidates.passage(resumed[0]).token_ids) - 1)  # type: ignore[union-attr]
             elif float(mixture.lam[at]) <= config.delta:
                 proposal = self._select_span(gen, p_m, mixture.values[at], mixture.entries[at])
         if proposal is not None:
@@ -159,13 +161,14 @@ class SpanProposer:
             pos = self._opening_token(encoded, text, pos)
         return pos < len(encoded.char_spans) and not text[int(encoded.char_spans[pos, 0]) : int(encoded.char_spans[pos, 1])][:1].isspace()
 
-    def _past_hidden(self, gen: Generation, pidx: int, pos: int) -> Optional[tuple[int, int]]:
-        """Where the whole-window copy at token ``pos`` of passage ``pidx`` goes on: the first token
-        from ``pos`` to the window's last that a reader sees (markup such as an inline HTML tag is
-        skipped, not left for the LM to write around), or None when there is none."""
-        assert gen.candidates is not None and gen.plan.window_end is not None and self.datastore is not None
+    def _past_hidden(self, gen: Generation, pidx: int, pos: int, last: int) -> Optional[tuple[int, int]]:
+        """Where a copy at token ``pos`` of passage ``pidx`` goes on: the first token from ``pos``
+        to ``last`` that a reader sees (markup such as an inline HTML tag, or the directive line
+        a chunk opens with, is skipped, not left for the LM to write around), or None when there
+        is none."""
+        assert gen.candidates is not None and self.datastore is not None
         visible = copyable_tokens(self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans)
-        ahead = np.flatnonzero(visible[pos : gen.plan.window_end[1] + 1])
+        ahead = np.flatnonzero(visible[pos : last + 1])
         return (pidx, pos + int(ahead[0])) if len(ahead) else None
 
     def _inside_copied_code(self, gen: Generation) -> Optional[Proposal]:

@@ -112,17 +112,26 @@ class SpanVerifier:
                 gen.finish("stop")
             elif len(gen.records) >= gen.config.max_new_tokens:
                 gen.finish("length")
-            elif copied and gen.plan.ends_at(record.passage_index, record.position):  # type: ignore[arg-type]
-                gen.end_planned_copy()
-            elif copied and gen.config.stop_at_source_end and self._source_exhausted(gen.candidates, record):  # type: ignore[arg-type]
-                gen.finish("source_end")
+            elif copied:
+                if gen.plan.ends_at(record.passage_index, record.position):  # type: ignore[arg-type]
+                    gen.end_planned_copy()
+                # A planned copy ends where it was planned (the line breaks that open a section's
+                # title label sit right before its heading); a copy without one (or running on
+                # past its window) ends with its source.
+                if not gen.finished and gen.plan.window_end is None and gen.config.stop_at_source_end and self._source_exhausted(gen.candidates, record):  # type: ignore[arg-type]
+                    gen.finish("source_end")
             if gen.finished:
                 return
 
     def _source_exhausted(self, candidates: CandidateSet, record: TokenRecord) -> bool:
         """Whether ``record`` copied the last token of its passage and no candidate
         passage continues it (the next chunk of the same document), or the last token
-        of a Markdown section (a heading follows: :func:`section_ends_at`)."""
+        of a Markdown section (a heading follows: :func:`section_ends_at`, in its passage or
+        at the start of the chunk that continues it)."""
         pidx, pos = int(record.passage_index), int(record.position)  # type: ignore[arg-type]
         passages = self.datastore.passages  # type: ignore[union-attr]
-        return continue_at(passages, candidates, pidx, pos + 1) is None or section_ends_at(passages[pidx].text, int(candidates.passage(pidx).char_spans[pos, 1]))
+        following = continue_at(passages, candidates, pidx, pos + 1)
+        if following is None or section_ends_at(passages[pidx].text, int(candidates.passage(pidx).char_spans[pos, 1])):
+            return True
+        nxt, at = following
+        return nxt != pidx and section_ends_at(passages[nxt].text, int(candidates.passage(nxt).char_spans[at, 0]))

@@ -21,6 +21,7 @@ generation), built once per generation.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -82,6 +83,7 @@ class TokenDatastore:
         self._lock = threading.RLock()
         self.passages: list[Passage] = []
         self._index_by_id: dict[str, int] = {}
+        self._chunks_by_document: dict[str, list[tuple[int, int]]] | None = None  # built on first use
         for passage in passages:
             self.add(passage)
 
@@ -99,6 +101,7 @@ class TokenDatastore:
                 return index
             self.passages.append(passage)
             self._index_by_id[passage.id] = len(self.passages) - 1
+            self._chunks_by_document = None
             return len(self.passages) - 1
 
     def remove(self, passage_ids: Iterable[str]) -> int:
@@ -117,6 +120,7 @@ class TokenDatastore:
                 if index is None:
                     continue
                 removed += 1
+                self._chunks_by_document = None
                 encoded = self._cache.pop(index, None)
                 if encoded is not None:
                     self._cached_bytes -= encoded.nbytes
@@ -130,6 +134,32 @@ class TokenDatastore:
 
     def index_of(self, passage_id: str) -> int | None:
         return self._index_by_id.get(passage_id)
+
+    def following_chunk(self, index: int) -> int | None:
+        """Index of the passage that goes on from passage ``index`` in its document: the live
+        chunk of the same ``doc_id`` that starts next after it, at most 2 characters (white
+        space) after its end or inside it (splitters overlap their chunks); None at the
+        document's end and for a passage without a document. The same chaining as
+        :func:`~nest_integrations.decoding.chunk_chain.next_chunk`, over the whole datastore
+        instead of a generation's candidates."""
+        here = self.passages[index]
+        if not here.doc_id:
+            return None
+        with self._lock:
+            if self._chunks_by_document is None:
+                chunks: dict[str, list[tuple[int, int]]] = {}
+                for i in sorted(self._index_by_id.values()):
+                    passage = self.passages[i]
+                    if passage.doc_id:
+                        chunks.setdefault(passage.doc_id, []).append((passage.doc_char_start, i))
+                for starts in chunks.values():
+                    starts.sort()
+                self._chunks_by_document = chunks
+            starts = self._chunks_by_document.get(here.doc_id, [])
+        after = bisect.bisect_right(starts, (here.doc_char_start, len(self.passages)))
+        if after < len(starts) and starts[after][0] <= here.doc_char_end + 2:
+            return starts[after][1]
+        return None
 
     @property
     def hidden_size(self) -> int:
