@@ -15,7 +15,7 @@ chat-formatted prompts (what is compared is recorded in ``bench.json``):
 * Hugging Face greedy ``generate`` on the same prompt ids, forced to produce
   exactly the number of tokens each mode produced for that prompt
   (``min_new_tokens = max_new_tokens = count``), timed on that count;
-* keys: nest with a fresh, empty lazy datastore per prompt (every retrieved
+* keys: nest with a fresh lazy datastore per prompt, no key cached (every retrieved
   passage encoded inside the generation: cold cache) vs nest over the
   precomputed keys;
 * datastore build: ``TokenDatastore.precompute`` tokens/s on a passage subset

@@ -44,9 +44,9 @@ Protocol (documented in every summary under ``"protocol"``):
   same hits are passed to every mode; its time is added to ``wall_s`` and
   ``retrieval_s`` of every mode except base, which retrieves nothing.
 * Keys. With precomputed keys every generation reads the index's datastore.
-  With lazy keys every generation gets a fresh, empty datastore, so each one
-  pays the encoding of its own passages (``encode_s``) and no mode profits from
-  another mode's cache.
+  With lazy keys every generation gets a fresh datastore with no key cached, so
+  each one pays the encoding of its own passages (``encode_s``) and no mode
+  profits from another mode's cache.
 * One untimed warm-up generation runs before the first timed one.
 """
 
@@ -375,9 +375,11 @@ def first_stage(index: NestIndex, item: EvalItem, condition: str, k: int) -> tup
 
 
 def fresh_lazy_datastore(index: NestIndex) -> TokenDatastore:
-    """An empty lazy datastore with the index's encoder and key codec: passages
-    enter it when retrieved and are encoded on first use (cold keys)."""
-    return TokenDatastore([], index.datastore.encoder, codec=index.datastore.codec)
+    """A lazy datastore over the index's passages with the index's encoder and key codec and
+    no key cached: passages are encoded on first use (cold keys). It knows every passage, as
+    the index's own datastore does for ``nest generate``, so a copy can run on into a chunk
+    that was not retrieved."""
+    return TokenDatastore(index.passages, index.datastore.encoder, codec=index.datastore.codec)
 
 
 def decoder_over(index: NestIndex, datastore: TokenDatastore, config: NestConfig) -> NestDecoder:

@@ -33,8 +33,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from nest_integrations import NestConfig, NestIndex, Passage
-from nest_integrations.corpus.markdown_structure import copyable_tokens, title_tokens
+from nest_integrations.corpus.markdown_structure import copyable_tokens, section_ends_at, title_tokens
 from nest_integrations.decoding.prepare import PlannedCopy, choose_answer_windows, window_token_plan
+from nest_integrations.policy.copy_policy import Window
 from nest_integrations.policy.relevance import RelevanceGate
 from .metrics import answer_recall
 from .runner import first_stage, format_cell, gold_passage_ids, markdown_table
@@ -69,21 +70,55 @@ def planned_copies(
     """The copies the decoder plans for ``query`` when the gate kept any passage: windows of the
     ``retrieved`` ones (best first), in copy order (:func:`~nest_integrations.decoding.prepare.window_token_plan`, the decoder's own
     rule, over the passages' tokens); empty when it plans none (no kept passage, not a question,
-    ``answer_focus`` off). A window that does not stop
-    the answer runs on to its passage's end: its ``last`` is the passage's last token."""
+    ``answer_focus`` off). A window that does not stop the answer runs on to its section's end
+    (:func:`_section_last`), past its passage's end into the chunk that goes on from it in its
+    document (:meth:`~nest_integrations.store.datastore.TokenDatastore.following_chunk`, as the
+    decoder adds it to the answer's candidates): one more copy, to that section's end. The
+    LM's check, which may end such a copy sooner, is not run."""
     if not kept:
         return []
     by_id = {p.id: p for p in retrieved}
     chosen = choose_answer_windows(query, retrieved, index.relevance, config)
 
     def tokens_of(passage_id: str) -> tuple[str, np.ndarray]:
-        text = by_id[passage_id].text
+        text = _text_of(index, by_id, passage_id)
         return text, index.datastore.encoder.tokenize(text)[1]
 
-    return [
-        copy if copy.stops or copy.title else copy._replace(last=len(tokens_of(copy.window.passage_id)[1]) - 1)
-        for copy in window_token_plan(chosen, tokens_of)
-    ]
+    planned = window_token_plan(chosen, tokens_of)
+    if not planned or planned[-1].stops or planned[-1].title:
+        return planned
+    run_on = planned[-1]
+    text, spans = tokens_of(run_on.window.passage_id)
+    planned[-1] = run_on._replace(last=_section_last(text, spans, run_on.first))
+    here = index.datastore.index_of(run_on.window.passage_id)
+    following = index.datastore.following_chunk(here) if here is not None else None
+    if planned[-1].last < len(spans) - 1 or following is None:
+        return planned
+    passage = index.datastore.passages[following]
+    next_text, next_spans = tokens_of(passage.id)
+    first = int(np.searchsorted(passage.doc_char_start + next_spans[:, 1], by_id[run_on.window.passage_id].doc_char_end, side="right"))
+    if first < len(next_spans) and not section_ends_at(next_text, int(next_spans[first, 0])):  # no new section opens it
+        window = Window(passage.id, int(next_spans[first, 0]), len(next_text), run_on.window.score)
+        planned.append(PlannedCopy(window, first, _section_last(next_text, next_spans, first), False))
+    return planned
+
+
+def _text_of(index: NestIndex, by_id: Mapping[str, Passage], passage_id: str) -> str:
+    """The text of passage ``passage_id``: a retrieved one (``by_id``) or, for the chunk a
+    run-on copy goes on into, the index's."""
+    passage = by_id.get(passage_id)
+    if passage is None:
+        position = index.datastore.index_of(passage_id)
+        assert position is not None
+        passage = index.datastore.passages[position]
+    return passage.text
+
+
+def _section_last(text: str, spans: np.ndarray, first: int) -> int:
+    """The last token, from ``first`` on, a copy takes before its section ends
+    (:func:`~nest_integrations.corpus.markdown_structure.section_ends_at`, where the decoder
+    ends a run-on copy); the passage's last token when no heading follows."""
+    return next((i for i in range(first, len(spans)) if section_ends_at(text, int(spans[i, 1]))), len(spans) - 1)
 
 
 def planned_text(index: NestIndex, passages: Sequence[Passage], planned: Sequence[PlannedCopy], max_new_tokens: int) -> tuple[str, int]:
@@ -97,7 +132,7 @@ def planned_text(index: NestIndex, passages: Sequence[Passage], planned: Sequenc
     for copy in planned:
         if budget <= 0:
             break
-        text = by_id[copy.window.passage_id].text
+        text = _text_of(index, by_id, copy.window.passage_id)
         _, spans = index.datastore.encoder.tokenize(text)
         last = min(copy.last, copy.first + budget - 1)
         if copy.first > last or copy.first >= len(spans):

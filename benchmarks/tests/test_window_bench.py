@@ -13,7 +13,7 @@ from nest_integrations.cli import app
 from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
 from nest_benchmarks.tasks import EvalItem
-from nest_benchmarks.window_bench import domain_report, write_window_bench
+from nest_benchmarks.window_bench import domain_report, item_row, write_window_bench
 from nest_integrations.index.nest_index import NestIndex
 
 PASSAGES = [
@@ -95,3 +95,17 @@ def test_an_unknown_domain_fails_before_loading_anything():
 def test_a_chunking_a_domain_does_not_have_fails_before_loading_anything():
     result = CliRunner().invoke(app, ["bench", "windows", "--domain", "docs", "--docs-chunking", "sentence"])
     assert result.exit_code == 2 and "unknown --docs-chunking 'sentence' for docs" in result.output
+
+
+def test_a_window_that_announces_what_follows_runs_on_into_the_next_chunk_to_its_sections_end(tiny_lm):
+    """A window ending "...as follows:" does not close the answer: the planned text goes on past
+    its passage's end into the next chunk of its document and stops where that chunk's next
+    section begins, as the decoder's copy does."""
+    first = "## Limits\n\nTo cap the body size, set the option as follows:\n"
+    second = "\n```js\nfastify({ bodyLimit: 1048576 })\n```\n\n## Logging\n\nThe logger writes JSON lines.\n"
+    chunks = [Passage(id="srv#0", text=first, doc_id="srv"), Passage(id="srv#1", text=second, doc_id="srv", doc_char_start=len(first))]
+    index = NestIndex.build(chunks, tiny_lm, show_progress=False)
+    item = question("limit", "How do I cap the body size?", ["bodyLimit: 1048576"], "srv#0")
+    row = item_row(index, item, NestConfig(max_new_tokens=64, min_passage_relevance=-1.0))
+    assert [w["passage_id"] for w in row["windows"]][-2:] == ["srv#0", "srv#1"] and row["window_recall"] == 1.0, row
+    assert "as follows:\n" in row["planned_text"] and "Logging" not in row["planned_text"] and "JSON" not in row["planned_text"]
