@@ -201,11 +201,15 @@ def test_a_copy_that_reaches_the_next_heading_ends_the_answer(tiny_lm):
 def test_an_answer_planned_at_a_heading_opens_below_it(tiny_lm, text, source, marks):
     passage = Passage(id="reply", text=text, metadata={"source": source})
     decoder = NestDecoder(tiny_lm, TokenDatastore([passage], PassageEncoder(tiny_lm)), ListRetriever([passage]), relevance=word_share)
-    out = decoder.generate("How do I reset the set-cookie header?", max_new_tokens=30, **COPY)
+    out = decoder.generate("How do I reset the set-cookie header?", max_new_tokens=30, answer_windows=1, **COPY)
     # The heading's marks (a reStructuredText underline) are never copied: its title labels the window, then the window follows.
     assert out.spans[0].copied and marks not in out.text
     assert out.text.strip() == "Reset a header\n\nCall reply.removeHeader('set-cookie') to reset it."
     assert out.stats.finish_reason in ("answered", "source_end"), "it stops with its section"
+    # A later window in the next section comes under that section's title, also without its marks.
+    both = decoder.generate("How do I reset the set-cookie header?", max_new_tokens=30, answer_windows=2, **COPY)
+    assert both.text.strip().startswith(out.text.strip() + "\n\n") and "Streams\n\nPipe a stream" in both.text, both.text
+    assert marks not in both.text
 
 
 def test_an_opening_skips_markup_blank_tokens_and_a_closing_fence(smol_tokenizer):

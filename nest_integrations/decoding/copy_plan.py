@@ -52,8 +52,8 @@ class CopyPlan:
     whole: bool = False
     """The answer copies its planned windows whole (``config.check_answer_windows`` off): the model
     writes nothing in it, and a token of its own, once something is copied, ends the answer
-    (``answered``). Past the plan (a last window that runs on to its passage's end, a copy that
-    cannot go on), what a small LM writes is its own, and mostly invented."""
+    (``answered``). Past the plan (the copy that runs on after a last window that does not close
+    an answer, a copy that cannot go on), what a small LM writes is its own, and mostly invented."""
     between_windows: bool = False
     """An LM token now ends the answer (``answered``) instead of the LM writing on: an answer
     window that closes an answer was just copied and the LM refuses the next one's opening, or

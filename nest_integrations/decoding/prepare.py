@@ -136,8 +136,9 @@ def window_token_plan(windows: Sequence[Window], tokens_of: Callable[[str], tupl
     per title: documentation names an option or a function in its heading and nowhere else
     ("### ignoreTrailingSlash" over "By default, Fastify will take into account the trailing
     slashes"). A window that holds none of the question's own words only says where to open,
-    and one that ends mid-sentence ("(e.g.") would stop unfinished: it does not stop (the copy
-    goes on past it) and no window follows it. A window after another copy opens at its first
+    and one that ends mid-sentence ("(e.g.") would stop unfinished: it does not stop (it is
+    copied whole, then the copy runs on past it: ``runs_on`` of its :data:`PlannedOpening`) and
+    no window follows it. A window after another copy opens at its first
     copyable token and at the line breaks before it when they are tokens of their own, so it
     does not run into the text before it. Windows that touch in their passage are copied as one
     (:func:`join_touching`). Pure: the decoder (:func:`plan_windows`) and ``nest bench windows``
