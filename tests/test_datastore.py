@@ -290,22 +290,24 @@ def test_precompute_refuses_a_training_sample_below_one_key_and_a_codec_of_anoth
 
 
 def test_the_chunk_that_goes_on_from_a_passage_is_the_next_of_its_document(tiny_lm):
-    """Chunks chain by document and offset: the next one starts right after (or, overlapping,
-    inside) this one; another document's chunk, a gap, a removed chunk or no document is no
-    continuation."""
-    doc = "First part of the text. Second part of the text. Third part."
+    """Chunks chain by document and offset: the next one starts after the white space cut between
+    them (or, overlapping, inside this one); another document's chunk, a chunk missing between
+    two (removed) or no document is no continuation."""
+    middle = "The second part of the text goes on for a while, long enough that it is missed when gone. "
+    doc = "First part of the text.  \n\n    " + middle + "Third part."
+    second, third = doc.index("The second"), doc.index("Third")
     chunks = [
-        Passage(id="d#2", text=doc[48:], doc_id="d", doc_char_start=48),
-        Passage(id="d#0", text=doc[:24], doc_id="d"),
-        Passage(id="d#1", text=doc[20:48], doc_id="d", doc_char_start=20),  # overlaps d#0 by 4 characters
-        Passage(id="e#0", text=doc[:24], doc_id="e"),
-        Passage(id="loose", text=doc[:24]),
+        Passage(id="d#2", text=doc[third:], doc_id="d", doc_char_start=third),
+        Passage(id="d#0", text=doc[:23], doc_id="d"),  # ends before the blank line and indentation cut at the seam
+        Passage(id="d#1", text=doc[second:third], doc_id="d", doc_char_start=second),
+        Passage(id="e#0", text=doc[:23], doc_id="e"),
+        Passage(id="loose", text=doc[:23]),
     ]
     store = TokenDatastore(chunks, PassageEncoder(tiny_lm))
     following = {p.id: store.following_chunk(store.index_of(p.id)) for p in chunks}
     assert {k: (store.passages[v].id if v is not None else None) for k, v in following.items()} == {
         "d#0": "d#1", "d#1": "d#2", "d#2": None, "e#0": None, "loose": None,
     }
-    assert store.remove(["d#1"]) == 1 and store.following_chunk(store.index_of("d#0")) is None, "d#2 starts 24 characters on"
-    store.add(Passage(id="d#1b", text=doc[24:48], doc_id="d", doc_char_start=24))
+    assert store.remove(["d#1"]) == 1 and store.following_chunk(store.index_of("d#0")) is None, "a chunk is missing before d#2"
+    store.add(Passage(id="d#1b", text=doc[second - 9 : third], doc_id="d", doc_char_start=second - 9))  # overlapping the cut
     assert store.passages[store.following_chunk(store.index_of("d#0"))].id == "d#1b"

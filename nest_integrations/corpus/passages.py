@@ -19,6 +19,11 @@ from nest_integrations.core.jsonsafe import json_safe
 
 PathLike = Union[str, Path]
 
+CHUNK_GAP_CHARS = 64
+"""Characters a chunker may leave out between two chunks of a document: the white space it strips
+at a cut (blank lines, the next line's indentation: up to 35 characters in reStructuredText
+manuals). A larger gap means a chunk between the two is missing (removed from a store)."""
+
 
 @dataclass(frozen=True)
 class Passage:
@@ -64,6 +69,13 @@ class Passage:
     def doc_char_end(self) -> int:
         """End offset (exclusive) of ``text`` inside the document's text."""
         return self.doc_char_start + len(self.text)
+
+    def continued_by(self, later: "Passage") -> bool:
+        """Whether ``later`` may be the chunk after this one in their document: the same
+        ``doc_id`` (not empty), starting after this one starts, and inside it (splitters overlap
+        their chunks) or at most :data:`CHUNK_GAP_CHARS` characters after its end. The nearest
+        such chunk is the one that goes on from it."""
+        return bool(self.doc_id) and later.doc_id == self.doc_id and self.doc_char_start < later.doc_char_start <= self.doc_char_end + CHUNK_GAP_CHARS
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable dict with every field (``metadata`` is copied)."""

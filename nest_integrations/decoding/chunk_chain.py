@@ -14,7 +14,7 @@ import numpy as np
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.store.candidates import CandidateSet
 
-__all__ = ["continue_at", "next_chunk"]
+__all__ = ["continue_at", "cut_between", "next_chunk"]
 
 
 def continue_at(passages: Sequence[Passage], candidates: CandidateSet, pidx: int, pos: int) -> Optional[tuple[int, int]]:
@@ -29,24 +29,29 @@ def next_chunk(passages: Sequence[Passage], candidates: CandidateSet, pidx: int)
     document starts anew, when that chunk is a candidate.
 
     Chunks chain by ``doc_id`` and ``doc_char_start`` (the CLI's chunking,
-    LangChain's ``add_start_index``, LlamaIndex's ``start_char_idx``). The
-    next chunk starts at most 2 characters (whitespace) after this one ends,
-    or before it when the splitter overlaps chunks: its tokens that repeat
-    this chunk's end are skipped.
+    LangChain's ``add_start_index``, LlamaIndex's ``start_char_idx``;
+    :meth:`~nest_integrations.corpus.passages.Passage.continued_by`): the next
+    chunk starts after the white space a chunker strips at a cut
+    (:func:`cut_between`), or before this one ends when the splitter overlaps
+    chunks: its tokens that repeat this chunk's end are skipped.
     """
     here = passages[pidx]
-    if not here.doc_id:
-        return None
-    following = [
-        q for q in candidates.passage_indices
-        if passages[q].doc_id == here.doc_id and here.doc_char_start < passages[q].doc_char_start <= here.doc_char_end + 2
-    ]
+    following = [q for q in candidates.passage_indices if here.continued_by(passages[q])]
     if not following:
         return None
     nxt = min(following, key=lambda q: passages[q].doc_char_start)
     token_ends = passages[nxt].doc_char_start + candidates.passage(nxt).char_spans[:, 1]
     pos = int(np.searchsorted(token_ends, here.doc_char_end, side="right"))
     return (nxt, pos) if _has_token(candidates, nxt, pos) else None
+
+
+def cut_between(passages: Sequence[Passage], pidx: int, nxt: int) -> bool:
+    """Whether the chunker left characters out between passage ``pidx`` and the chunk ``nxt``
+    that goes on from it: the white space of a cut (a line break at least, where a chunk ends
+    with a paragraph or a line and the next opens with the following one). A copy that crosses
+    it needs a break of its own ("... and to fail in a callback:" and the example's first line
+    would run together)."""
+    return pidx != nxt and passages[nxt].doc_char_start > passages[pidx].doc_char_end
 
 
 def _has_token(candidates: CandidateSet, pidx: int, pos: int) -> bool:

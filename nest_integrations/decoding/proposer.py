@@ -37,7 +37,7 @@ from nest_integrations.policy.copy_policy import acceptable_start, continues, se
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.encoder import EncodedPassage
-from .chunk_chain import continue_at
+from .chunk_chain import continue_at, cut_between, next_chunk
 from .generation import Generation
 from .mixing import Mixture
 from .proposal import Proposal, Verdict
@@ -127,7 +127,10 @@ class SpanProposer:
                             return Proposal(TokenRecord(next(iter(self.eos_ids), 0)))
                         return self._propose(gen, mixture, at, None, generator)
                 else:  # a copy running on: past a directive line or a comment, as a reader reads on
-                    proposal = self._past_hidden(gen, *resumed, len(gen.candidates.passage(resumed[0]).token_ids) - 1)  # type: ignore[union-attr]
+                    proposal = self._next_visible(gen, *resumed)
+                    if proposal is not None and self._crosses_cut(gen, resume_at[0], *proposal):
+                        plan.opening = proposal  # copied after the break, as a planned opening is
+                        return Proposal(TokenRecord(self.break_id, separator=True))  # type: ignore[arg-type]
             elif float(mixture.lam[at]) <= config.delta:
                 proposal = self._select_span(gen, p_m, mixture.values[at], mixture.entries[at])
         if proposal is not None:
@@ -170,6 +173,33 @@ class SpanProposer:
         visible = copyable_tokens(self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans)
         ahead = np.flatnonzero(visible[pos : last + 1])
         return (pidx, pos + int(ahead[0])) if len(ahead) else None
+
+    def _next_visible(self, gen: Generation, pidx: int, pos: int) -> Optional[tuple[int, int]]:
+        """Where a copy running on from token ``pos`` of passage ``pidx`` goes on: the first token
+        from there a reader sees, in that passage or, when the rest of it is markup (the
+        ``.. code-block::`` line that announces the next chunk's example), in the next chunk of
+        its document; None when there is none."""
+        assert gen.candidates is not None and self.datastore is not None
+        visible = self._past_hidden(gen, pidx, pos, len(gen.candidates.passage(pidx).token_ids) - 1)
+        if visible is not None:
+            return visible
+        following = next_chunk(self.datastore.passages, gen.candidates, pidx)
+        if following is None:
+            return None
+        return self._past_hidden(gen, *following, len(gen.candidates.passage(following[0]).token_ids) - 1)
+
+    def _crosses_cut(self, gen: Generation, came_from: int, pidx: int, pos: int) -> bool:
+        """Whether a copy that came from passage ``came_from`` and goes on at token ``pos`` of the
+        next chunk ``pidx`` would run into the text so far across the white space the chunker cut
+        between them (:func:`~nest_integrations.decoding.chunk_chain.cut_between`): the LM's
+        paragraph break is set there first, as between planned copies."""
+        assert gen.candidates is not None and self.datastore is not None
+        if self.break_id is None or not gen.text or gen.text[-1].isspace():
+            return False
+        if not cut_between(self.datastore.passages, came_from, pidx):
+            return False
+        start, end = gen.candidates.passage(pidx).char_spans[pos]
+        return not self.datastore.passages[pidx].text[int(start) : int(end)][:1].isspace()
 
     def _inside_copied_code(self, gen: Generation) -> Optional[Proposal]:
         """Where the LM would write next while the answer's last token was copied from inside a

@@ -137,8 +137,9 @@ class TokenDatastore:
 
     def following_chunk(self, index: int) -> int | None:
         """Index of the passage that goes on from passage ``index`` in its document: the live
-        chunk of the same ``doc_id`` that starts next after it, at most 2 characters (white
-        space) after its end or inside it (splitters overlap their chunks); None at the
+        chunk of the same ``doc_id`` that starts next after it, when it continues it
+        (:meth:`~nest_integrations.corpus.passages.Passage.continued_by`: after the white space
+        cut at its end, or inside it where splitters overlap their chunks); None at the
         document's end and for a passage without a document. The same chaining as
         :func:`~nest_integrations.decoding.chunk_chain.next_chunk`, over the whole datastore
         instead of a generation's candidates."""
@@ -157,7 +158,7 @@ class TokenDatastore:
                 self._chunks_by_document = chunks
             starts = self._chunks_by_document.get(here.doc_id, [])
         after = bisect.bisect_right(starts, (here.doc_char_start, len(self.passages)))
-        if after < len(starts) and starts[after][0] <= here.doc_char_end + 2:
+        if after < len(starts) and here.continued_by(self.passages[starts[after][1]]):
             return starts[after][1]
         return None
 
