@@ -504,3 +504,22 @@ def test_a_planned_copy_that_runs_on_ends_no_answer_at_its_windows_end():
     assert plan.next_copy() and plan.take_opening() == (1, 0) and plan.window_end == (1, 5) and plan.runs_on
     assert plan.next_copy() and plan.window_end is None and not plan.copies_whole(1, 6) and plan.take_opening() is None
     assert not plan.next_copy(), "past a copy that ran on, nothing is planned"
+
+
+def test_a_paragraph_break_that_nothing_follows_is_dropped_and_never_streamed(tiny_lm):
+    """A break set before a copy the LM then refuses separates nothing: the answer ends without
+    it, and the stream holds it back until what follows it is committed."""
+    from nest_integrations.decoding.generation import Generation
+    from nest_integrations.decoding.spans import TokenRecord
+
+    from nest_integrations.decoding.proposer import paragraph_break_id
+
+    verifier, break_id = NestDecoder(tiny_lm).verifier, paragraph_break_id(tiny_lm.tokenizer)
+    word = tiny_lm.tokenizer(" Done.", add_special_tokens=False)["input_ids"]
+    gen = Generation(config=NestConfig(max_new_tokens=80))
+    verifier.commit(gen, [TokenRecord(t) for t in word] + [TokenRecord(break_id, separator=True)])
+    assert gen.text == " Done.\n\n" and gen.stable_length() == len(" Done.")
+    gen.plan.whole = True  # a planned answer: the model writes nothing in it
+    verifier.commit(gen, [TokenRecord(5)])  # the LM's own token where the copy should go on
+    assert gen.finished and gen.stats.finish_reason == "answered"
+    assert gen.text == " Done." and gen.ids == word and not any(r.separator for r in gen.records)

@@ -46,6 +46,14 @@ class Generation:
     """Text the output continues: a plain-text prompt (a chat answer starts afresh)."""
 
     def finish(self, reason: FinishReason) -> None:
+        """End the generation with ``reason``. A paragraph break set between two copies
+        (:attr:`~nest_integrations.decoding.spans.TokenRecord.separator`) that nothing followed
+        (the LM refused the copy after it, or the budget ran out) is dropped: it separates nothing."""
+        if self.records and self.records[-1].separator:
+            self.records.pop()
+            self.ids.pop()
+            self.boundaries.pop()
+            self.text = self.text[: self.boundaries[-1] if self.boundaries else 0]
         self.finished = True
         self.stats.finish_reason = reason
 
@@ -61,11 +69,13 @@ class Generation:
         return self.text[:cut] if cut >= 0 else self.text
 
     def stable_length(self) -> int:
-        """Characters that can be streamed: not past a possible stop-string start."""
+        """Characters that can be streamed: not past a possible stop-string start, nor a
+        paragraph break between copies before the copy after it is committed."""
         text = self.final_text()
         if len(text) < len(self.text) or self.finished:
             return len(text)
-        text = text[: self.boundaries[-1] if self.boundaries else 0]
+        held_back = 2 if self.records and self.records[-1].separator else 1  # a break streams with what follows it
+        text = text[: self.boundaries[-held_back] if len(self.boundaries) >= held_back else 0]
         hold = 0
         for stop in self.config.stop:
             for n in range(min(len(stop) - 1, len(text)), 0, -1):
