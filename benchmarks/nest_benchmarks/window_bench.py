@@ -34,6 +34,7 @@ import numpy as np
 
 from nest_integrations import NestConfig, NestIndex, Passage
 from nest_integrations.corpus.markdown_structure import copyable_tokens, section_ends_at, title_tokens
+from nest_integrations.decoding.chunk_chain import first_new_token
 from nest_integrations.decoding.prepare import PlannedCopy, choose_answer_windows, window_token_plan
 from nest_integrations.policy.copy_policy import Window
 from nest_integrations.policy.relevance import RelevanceGate
@@ -96,7 +97,7 @@ def planned_copies(
         return planned
     passage = index.datastore.passages[following]
     next_text, next_spans = tokens_of(passage.id)
-    first = int(np.searchsorted(passage.doc_char_start + next_spans[:, 1], by_id[run_on.window.passage_id].doc_char_end, side="right"))
+    first = first_new_token(by_id[run_on.window.passage_id], passage, next_spans)
     if first < len(next_spans) and not section_ends_at(next_text, int(next_spans[first, 0])):  # no new section opens it
         window = Window(passage.id, int(next_spans[first, 0]), len(next_text), run_on.window.score)
         planned.append(PlannedCopy(window, first, _section_last(next_text, next_spans, first), False))

@@ -14,7 +14,7 @@ import numpy as np
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.store.candidates import CandidateSet
 
-__all__ = ["continue_at", "cut_between", "next_chunk"]
+__all__ = ["continue_at", "cut_between", "first_new_token", "next_chunk"]
 
 
 def continue_at(passages: Sequence[Passage], candidates: CandidateSet, pidx: int, pos: int) -> Optional[tuple[int, int]]:
@@ -40,9 +40,15 @@ def next_chunk(passages: Sequence[Passage], candidates: CandidateSet, pidx: int)
     if not following:
         return None
     nxt = min(following, key=lambda q: passages[q].doc_char_start)
-    token_ends = passages[nxt].doc_char_start + candidates.passage(nxt).char_spans[:, 1]
-    pos = int(np.searchsorted(token_ends, here.doc_char_end, side="right"))
+    pos = first_new_token(here, passages[nxt], candidates.passage(nxt).char_spans)
     return (nxt, pos) if _has_token(candidates, nxt, pos) else None
+
+
+def first_new_token(here: Passage, nxt: Passage, char_spans: np.ndarray) -> int:
+    """Position of the first token of chunk ``nxt`` (int (L, 2) ``char_spans``) that ends past
+    ``here``'s end in their document: where a copy that finished ``here`` goes on, the tokens a
+    splitter's overlap repeats skipped; L when none does."""
+    return int(np.searchsorted(nxt.doc_char_start + char_spans[:, 1], here.doc_char_end, side="right"))
 
 
 def cut_between(passages: Sequence[Passage], pidx: int, nxt: int) -> bool:

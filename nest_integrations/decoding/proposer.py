@@ -154,15 +154,22 @@ class SpanProposer:
         opening are a word or a sign, no white space between ("...close the file.Path.read_bytes",
         a section's title straight after a sentence). A window that opens at its passage's start,
         or after a window that ends its section, has no line break of its own to copy."""
-        if self.break_id is None or not gen.text or gen.text[-1].isspace():
-            return False
         pidx, pos = gen.plan.opening  # type: ignore[misc]
         text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
         if gen.plan.copying_title and gen.plan.window_end is not None:
             pos = next(iter(title_tokens(text, encoded.char_spans, pos, gen.plan.window_end[1])), len(encoded.char_spans))
         else:
             pos = self._opening_token(encoded, text, pos)
-        return pos < len(encoded.char_spans) and not text[int(encoded.char_spans[pos, 0]) : int(encoded.char_spans[pos, 1])][:1].isspace()
+        return self._runs_into(gen, pidx, pos)
+
+    def _runs_into(self, gen: Generation, pidx: int, pos: int) -> bool:
+        """Whether copying token ``pos`` of passage ``pidx`` next would run it into the text so
+        far: a break token is known, the text ends in a word or a sign, and the token (when there
+        is one) does not open with white space."""
+        if self.break_id is None or not gen.text or gen.text[-1].isspace():
+            return False
+        text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
+        return pos < len(char_spans) and not text[int(char_spans[pos, 0]) : int(char_spans[pos, 1])][:1].isspace()
 
     def _past_hidden(self, gen: Generation, pidx: int, pos: int, last: int) -> Optional[tuple[int, int]]:
         """Where a copy at token ``pos`` of passage ``pidx`` goes on: the first token from ``pos``
@@ -193,13 +200,8 @@ class SpanProposer:
         next chunk ``pidx`` would run into the text so far across the white space the chunker cut
         between them (:func:`~nest_integrations.decoding.chunk_chain.cut_between`): the LM's
         paragraph break is set there first, as between planned copies."""
-        assert gen.candidates is not None and self.datastore is not None
-        if self.break_id is None or not gen.text or gen.text[-1].isspace():
-            return False
-        if not cut_between(self.datastore.passages, came_from, pidx):
-            return False
-        start, end = gen.candidates.passage(pidx).char_spans[pos]
-        return not self.datastore.passages[pidx].text[int(start) : int(end)][:1].isspace()
+        assert self.datastore is not None
+        return cut_between(self.datastore.passages, came_from, pidx) and self._runs_into(gen, pidx, pos)
 
     def _inside_copied_code(self, gen: Generation) -> Optional[Proposal]:
         """Where the LM would write next while the answer's last token was copied from inside a
