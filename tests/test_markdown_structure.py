@@ -12,6 +12,7 @@ from nest_integrations.corpus.markdown_structure import (
     copyable_tokens,
     first_copyable,
     is_markdown,
+    looks_like_markdown,
     parse_blocks,
     section_ends_at,
     section_title,
@@ -366,3 +367,11 @@ def test_a_footnote_shows_its_note_but_not_its_markers():
     assert "[^attr]" not in copied and "[^pypi]" not in copied
     assert not start_allowed(NOTES, NOTES.index("[^attr]:")) and start_allowed(NOTES, NOTES.index("We considered"))
     assert NOTES[slice(*section_title(NOTES, NOTES.index("Looking")))] == "Names", "the heading is still a heading"
+
+
+def test_a_footnote_reference_alone_makes_a_chunk_markdown():
+    """A chunk of a Markdown page may show no other Markdown syntax; its footnote reference is
+    still markup. A regular expression's character class is not one."""
+    chunk = "That is a hacky requirement for a very common problem.[^immutable]\n\n- To attach methods you have to subclass it.\n"
+    assert looks_like_markdown(chunk) and _hidden_text(chunk) == ["[^immutable]"]
+    assert not looks_like_markdown("Strip it with re.sub(r'[^a-z]+', '', s) and go on.")

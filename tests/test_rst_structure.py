@@ -180,6 +180,23 @@ def test_a_tilde_underline_is_a_title_not_a_markdown_code_fence():
     assert looks_like_markdown("Some code:\n\n~~~\nx = 1\n~~~\n"), "a tilde fence after a blank line stays a fence"
 
 
+def test_a_backtick_underline_is_a_title_and_a_fence_under_a_code_line_is_a_fence():
+    """reStructuredText underlines a title with any punctuation, backticks too; a Markdown fence
+    is three backticks, also right under a line of text or code."""
+    text = ".. click:example::\n\n    @cli.command()\n    def clone():\n        pass\n\nInterleaved Commands\n````````````````````\n\nWhile not relevant here.\n"
+    assert not looks_like_markdown(text) and looks_like_rst(text)
+    assert [kind for kind, _ in _blocks(text)] == ["directive", "code", "heading", "paragraph"]
+    assert looks_like_markdown("Example:\n```\nx = 1\n```\n") and looks_like_markdown("  })\n```\n\nAfter the code.\n")
+
+
+def test_a_chunk_that_starts_inside_a_run_of_link_targets_hides_the_targets():
+    """A chunker can cut between a target's name and its URL: the URL line opens the chunk, and
+    the targets under it are markup all the same, not the rest of a paragraph."""
+    text = "https://pkg.example.org/search?token=borg\n.. _Homebrew: https://formulae.brew.sh/formula/borgbackup\n.. _Ubuntu PPA: https://launchpad.net/borgbackup\n\nPlease ask package maintainers to build a package.\n"
+    assert [kind for kind, _ in _blocks(text)] == ["paragraph", "link_definition", "paragraph"]
+    assert all(".. _" not in t for kind, t in _blocks(text) if kind == "paragraph")
+
+
 TABLE = """Packages
 ========
 

@@ -83,10 +83,11 @@ _SNIFF = re.compile(
     r"|<!--"  # an HTML comment
     r"|^ {0,3}</?[A-Za-z][A-Za-z0-9-]*(?:[ \t/>]|$)"  # an HTML tag opening a line
     r"|^ {0,3}\[[^\]\n]+\]:[ \t]*\S"  # a link-reference definition
-    r"|^ {0,3}\|?[ \t]*:?-{3,}:?[ \t]*\|",  # a table's delimiter row
+    r"|^ {0,3}\|?[ \t]*:?-{3,}:?[ \t]*\|"  # a table's delimiter row
+    r"|\S\[\^[\w-]+\](?=[\s.,;:!?)]|\Z)",  # a footnote reference after a word ("problem.[^1]"), not a regex's [^a-z]+
     re.MULTILINE,
 )
-_TILDES = re.compile(r"[ \t]*~{3,}[ \t]*")
+_FENCE_LINE = re.compile(r"[ \t]*(~{3,}|`{3,})[ \t]*")
 _INFO_FENCE = re.compile(r"[ \t]*(?:>[ \t]*)*(?:```|~~~)[`~]*[ \t]*[^`~\s]")
 _BARE_FENCE = re.compile(r"^[ \t]*(?:>[ \t]*)*(?:```|~~~)[`~]*[ \t]*$", re.MULTILINE)
 _LINK_DEFINITION = re.compile(r"[ \t]*(?:>[ \t]*)*\[[^\]\n]+\]:")
@@ -112,17 +113,24 @@ def named_markdown(name: object) -> bool:
 
 def looks_like_markdown(text: str) -> bool:
     """Whether ``text`` shows Markdown block syntax that prose does not have (see the module
-    docstring); a line of tildes right under a line of text is a reStructuredText title's
-    underline, not a code fence."""
-    return any(not _tilde_underline(text, match.start()) for match in _SNIFF.finditer(text))
+    docstring); a fence-like line right under a line of text can be a reStructuredText title's
+    underline instead (:func:`_fence_like_underline`)."""
+    return any(not _fence_like_underline(text, match.start()) for match in _SNIFF.finditer(text))
 
 
-def _tilde_underline(text: str, pos: int) -> bool:
-    """Whether the line at ``pos`` is nothing but ``~`` and the line above it holds text."""
+def _fence_like_underline(text: str, pos: int) -> bool:
+    """Whether the line at ``pos`` underlines the line of text above it: nothing but ``~``, or
+    four or more backticks and at least as long as that line. A Markdown fence can follow a
+    line of text too ("Example:" or a code line, then three backticks), but is three backticks
+    long; reStructuredText underlines a title with any punctuation, as long as the title or
+    longer."""
     line_start = text.rfind("\n", 0, pos) + 1
     line = text[line_start:].partition("\n")[0]
-    above = text[: max(line_start - 1, 0)].rpartition("\n")[2]
-    return line_start > 0 and _TILDES.fullmatch(line) is not None and bool(above.strip())
+    above = text[: max(line_start - 1, 0)].rpartition("\n")[2].strip()
+    fence = _FENCE_LINE.fullmatch(line)
+    if line_start == 0 or fence is None or not above:
+        return False
+    return fence.group(1)[0] == "~" or len(fence.group(1)) >= max(4, len(above))
 
 
 def is_markdown(text: str, metadata: Mapping[str, Any] | None = None, title: str = "") -> bool:

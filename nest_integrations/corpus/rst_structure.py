@@ -217,11 +217,15 @@ class _Reader:
         return first
 
     def read_paragraph(self, i: int) -> tuple[int, bool]:
-        """A paragraph or list item from line ``i``: ``(next line, whether it ends in ::)``."""
+        """A paragraph or list item from line ``i``: ``(next line, whether it ends in ::)``. It also
+        ends before a line at its indentation that opens explicit markup: docutils reads such a
+        line as text, but a chunk that starts inside a run of link targets (``.. _name: url``, one a
+        line) has lost the line the run began with, and the rest are targets, not a paragraph."""
         base = self.indent[i]
         stop = i + 1
         while stop < len(self.raw) and not self.blank[stop] and self.indent[stop] >= base:
-            if self.indent[stop] == base and _ITEM.match(self.raw[stop][base:]):
+            rest = self.raw[stop][base:]
+            if self.indent[stop] == base and (_ITEM.match(rest) or (_EXPLICIT.match(rest) and not _FOOTNOTE.match(rest))):
                 break
             stop += 1
         kind: BlockKind = "list_item" if _ITEM.match(self.raw[i][base:]) else "paragraph"
