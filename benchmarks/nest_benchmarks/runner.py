@@ -757,8 +757,8 @@ def run_eval(
         conditions: ``"present"`` and/or ``"absent"`` (see the module docstring);
             default both for bio, ``("present",)`` otherwise.
         max_new_tokens: generation budget per output; None for the task's
-            default (:data:`~.tasks.TASK_MAX_NEW_TOKENS`: 64 for the question
-            tasks, 128 otherwise).
+            default (:data:`~.tasks.TASK_MAX_NEW_TOKENS`: 64 for the bundled
+            question sets, 256 for markdown-qa, 128 otherwise).
         out_dir: folder for ``items.jsonl``, ``summary.json``, ``summary.md``
             (created if needed; existing files are overwritten).
         qa_path: the qa task's JSONL file.

@@ -876,9 +876,10 @@ wiki-qa-hard items marked ``meta["unanswerable"]`` have none and are scored apar
 
 TASK_MAX_NEW_TOKENS: dict[str, int] = {
     "bio": 128, "completion": 128, "qa": 64, "wiki-qa": 64, "docs": 64, "markdown-docs": 64,
-    "markdown-docs-pino": 64, "wiki-qa-hard": 64, "markdown-qa": 128,
+    "markdown-docs-pino": 64, "wiki-qa-hard": 64, "markdown-qa": 256,
 }
-"""Default generation budget per task: questions get short answers."""
+"""Default generation budget per task: the bundled question sets get short answers; a documentation folder's
+questions (markdown-qa) get what ``nest generate`` gives by default."""
 
 
 def get_task(name: str) -> Callable[..., list[EvalItem]]:

@@ -28,7 +28,7 @@ def evaluate(
     ),
     modes: str = typer.Option("base,rag,knnlm,nest,ra_nest", help="Comma-separated modes."),
     max_new_tokens: Optional[int] = typer.Option(
-        None, min=1, help="Tokens per generation (default: 64 for qa, wiki-qa and docs, 128 otherwise)."
+        None, min=1, help="Tokens per generation (default: 64 for the bundled question sets, 256 for markdown-qa, 128 otherwise)."
     ),
     qa_path: Optional[Path] = typer.Option(None, "--qa", help="Questions JSONL (tasks qa and markdown-qa)."),
     docs_chunking: str = typer.Option(

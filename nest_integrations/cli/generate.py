@@ -69,7 +69,7 @@ def generate(
     datastore: Optional[Path] = typer.Option(None, "--datastore", "-d", help="Index folder (default: the demo index)."),
     query: Optional[str] = typer.Option(None, help="First-stage retrieval query (default: the prompt)."),
     mode: str = typer.Option("nest", help="base, rag, knnlm, nest or ra_nest."),
-    max_new_tokens: int = typer.Option(128, min=1, help="Tokens to generate at most."),
+    max_new_tokens: int = typer.Option(256, min=1, help="Tokens to generate at most (as nest chat)."),
     as_json: bool = typer.Option(
         False, "--json", help="Print the output contract as one compact JSON line (append answers to a .jsonl file)."
     ),

@@ -142,7 +142,12 @@ class NestConfig(BaseModel):
         "no_repeat_ngram_size); 0 turns it off. A small LM writing alone otherwise repeats its sentences.",
     )
     # --- generation ------------------------------------------------------
-    max_new_tokens: int = Field(128, ge=0, description="Tokens to generate at most.")
+    max_new_tokens: int = Field(
+        256, ge=0,
+        description="Tokens to generate at most. A question's answer usually ends before, with its last answer "
+        "window (finish_reason 'answered'); this bounds everything else, and cuts an answer whose windows are long "
+        "(documentation's code examples), so lower it for shorter answers.",
+    )
     stop: list[str] = Field(
         default_factory=list, description="Stop strings (non-empty); the text ends before the first one."
     )
