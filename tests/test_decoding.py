@@ -344,6 +344,27 @@ def test_a_copy_that_crosses_the_white_space_a_chunker_cut_gets_a_paragraph_brea
     assert ("\n\n", False) in [(span.text, span.copied) for span in out.spans] and not any(model_written(out, span) for span in out.spans)
 
 
+def test_the_example_a_window_announces_is_copied_to_its_first_lines_end_though_the_lm_refuses_it(tiny_lm):
+    """After "...fail in a callback:" and the directive line under it, the example sits in the next
+    chunk, its indentation cut away. The LM's check refuses all but its own best token (gamma 1):
+    the example's first line is copied all the same, after a paragraph break, to its line's end;
+    how far the copy goes on past it is the LM's to decide."""
+    first = "Yes Parameters\n==============\n\nTo ask before a dangerous command, add a ``--yes`` flag and fail in a callback:\n\n.. code-block:: python"
+    second = "@click.confirmation_option(prompt='Drop the db?')\n    def dropdb():\n        pass\n"
+    cut = len(first) + len("\n\n    ")
+    chunks = [Passage(id="opts#0", text=first, doc_id="opts"), Passage(id="opts#1", text=second, doc_id="opts", doc_char_start=cut)]
+    store = TokenDatastore(chunks, PassageEncoder(tiny_lm))
+    knobs = dict(mode="nest", alpha=-5.0, tau=0.1, delta=1.0, gamma=1.0, min_passage_relevance=-1.0, max_new_tokens=80)
+    decoder = NestDecoder(tiny_lm, store, ListRetriever(chunks[:1]), NestConfig(**knobs), relevance=word_share)
+    question = "How do I add a --yes flag so that a dangerous command asks first?"
+    out = decoder.generate([{"role": "user", "content": question}], query=question)
+    tail = out.text.split("fail in a callback:")[1]
+    assert tail.startswith("\n\n@click.confirmation_option(prompt='Drop the db?')"), out.text
+    copied = tail[2:]
+    assert second.startswith(copied) and (copied == second or second[len(copied)] == "\n"), "whole lines of the example"
+    assert "code-block" not in out.text and not any(model_written(out, span) for span in out.spans)
+
+
 def test_windows_that_would_run_into_each_other_get_a_paragraph_break_of_no_ones(tiny_lm):
     """Two windows from passages of one paragraph each: nothing of either source separates them,
     so the decoder sets the LM's paragraph break between them: not copied, not the model's words."""

@@ -58,6 +58,13 @@ class CopyPlan:
     """An LM token now ends the answer (``answered``) instead of the LM writing on: an answer
     window that closes an answer was just copied and the LM refuses the next one's opening, or
     a copied line of code ended and its block has no fence to close it with."""
+    announced: bool = False
+    """The copy proposed next goes on where its source does, and its first line is copied without
+    the LM's check: a copy that runs on (:attr:`runs_on`) just past its window, which announced
+    it ("... with the ``multiple`` flag:") and was chosen for it, or the copy after a paragraph
+    break set where a copy goes on past a line of markup or across a chunker's cut. After a colon
+    or a break the LM often refuses the example's first line (``@click.command()``), and the
+    answer ended at the announcement. The LM checks the rest, which decides how far it goes on."""
 
     @classmethod
     def of_copies(cls, planned: Sequence[PlannedOpening], whole: bool) -> "CopyPlan":
@@ -69,6 +76,11 @@ class CopyPlan:
         """The planned opening, once (None after it was taken, or without one)."""
         opening, self.opening = self.opening, None
         return opening
+
+    def take_announced(self) -> bool:
+        """Whether the copy proposed now is the first of a copy that runs on (:attr:`announced`), once."""
+        announced, self.announced = self.announced, False
+        return announced
 
     def in_planned_copy(self, pidx: int, pos: int) -> bool:
         """Whether token ``pos`` of passage ``pidx`` is at or before the end of the planned copy
@@ -90,12 +102,12 @@ class CopyPlan:
         run on (:attr:`runs_on`: no planned copy is made from here). False when none is left
         and it does not run on (the answer is done)."""
         if self.runs_on:
-            self.window_end, self.runs_on = None, False
+            self.window_end, self.runs_on, self.announced = None, False, True
             return True
         if not self.next_windows:
             return False
         self.between_windows = not self.copying_title  # a title is followed by its window, whatever the LM says
-        self.after_title = self.copying_title
+        self.after_title, self.announced = self.copying_title, False
         (self.opening, self.window_end, self.copying_title, self.runs_on), *self.next_windows = self.next_windows
         return True
 

@@ -20,7 +20,8 @@ Beyond the paper, each decision is a small rule of its own:
   the relaxed check (``config.check_answer_windows`` off), a section's title unchecked above it;
 * inside copied code the LM writes nothing: the copy goes on to the line's end, or to the
   block's closing fence;
-* two planned copies that would run into each other get a paragraph break between them.
+* two planned copies that would run into each other get a paragraph break between them, and so
+  does a copy that goes on past a line of markup or across a chunker's cut.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class SpanProposer:
         proposal = None
         unchecked = False  # the opening line break under a copied title, or a planned window copied whole
         whole = False  # a planned window: its whole draft goes unchecked, not its first token alone
+        announced = False  # a copy going on where the source does: its first line goes unchecked
         if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
             if plan.opening is not None and self._runs_into_copy(gen):
                 return Proposal(TokenRecord(self.break_id, separator=True))  # type: ignore[arg-type]
@@ -114,30 +116,35 @@ class SpanProposer:
                 text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
                 proposal = (pidx, self._opening_token(encoded, text, pos))
                 line_break = not text[slice(*encoded.char_spans[proposal[1]])].strip()
-                whole = plan.copies_whole(*proposal)
-                unchecked, plan.after_title = (plan.after_title and line_break) or whole, False
+                whole, announced = plan.copies_whole(*proposal), plan.take_announced()
+                unchecked, plan.after_title = (plan.after_title and line_break) or whole or announced, False
             elif resume_at is not None and (resumed := continue_at(self.datastore.passages, gen.candidates, *resume_at)) is not None:  # type: ignore[union-attr]
-                proposal = resumed
-                if whole := plan.copies_whole(*proposal):
+                if whole := plan.copies_whole(*resumed):
                     unchecked = True
-                    proposal = self._past_hidden(gen, *proposal, gen.plan.window_end[1])  # type: ignore[index]
+                    proposal = self._past_hidden(gen, *resumed, gen.plan.window_end[1])  # type: ignore[index]
                     if proposal is None:  # the rest of the window is markup a reader does not see
                         gen.end_planned_copy()
                         if gen.finished:  # commit takes nothing more
                             return Proposal(TokenRecord(next(iter(self.eos_ids), 0)))
-                        return self._propose(gen, mixture, at, None, generator)
+                        # The next window opens, or this one runs on from here, past its markup.
+                        return self._propose(gen, mixture, at, resume_at, generator)
                 else:  # a copy running on: past a directive line or a comment, as a reader reads on
                     proposal = self._next_visible(gen, *resumed)
-                    if proposal is not None and self._crosses_cut(gen, resume_at[0], *proposal):
-                        plan.opening = proposal  # copied after the break, as a planned opening is
-                        return Proposal(TokenRecord(self.break_id, separator=True))  # type: ignore[arg-type]
+                if proposal is not None and self._breaks_before(gen, resume_at[0], resumed, proposal):
+                    plan.opening, plan.announced = proposal, True  # copied after the break, as a planned opening is
+                    return Proposal(TokenRecord(self.break_id, separator=True))  # type: ignore[arg-type]
+                announced = proposal is not None and plan.take_announced()
+                unchecked = unchecked or announced
             elif float(mixture.lam[at]) <= config.delta:
                 proposal = self._select_span(gen, p_m, mixture.values[at], mixture.entries[at])
         if proposal is not None:
             pidx, pos = proposal
             tokens = gen.candidates.passage(pidx).token_ids  # type: ignore[union-attr]
-            end = self._copy_end(gen, pidx, pos)
+            end = self._copy_end(gen, pidx, pos, source_repeats=announced)
             span = [TokenRecord(int(tokens[i]), pidx, i) for i in range(pos, end)]
+            if span and announced and not whole:
+                span = span[: self._first_line_length(gen, pidx, pos, end)]
+                return Proposal(span[0], span[1:], unchecked=True)
             if span and unchecked:
                 return Proposal(span[0], span[1:], unchecked=whole)
             first_ok = relaxed_accept_ratio(p_m[None], torch.tensor([span[0].token_id]), config.effective_gamma) if span else None
@@ -195,13 +202,40 @@ class SpanProposer:
             return None
         return self._past_hidden(gen, *following, len(gen.candidates.passage(following[0]).token_ids) - 1)
 
-    def _crosses_cut(self, gen: Generation, came_from: int, pidx: int, pos: int) -> bool:
-        """Whether a copy that came from passage ``came_from`` and goes on at token ``pos`` of the
-        next chunk ``pidx`` would run into the text so far across the white space the chunker cut
-        between them (:func:`~nest_integrations.decoding.chunk_chain.cut_between`): the LM's
-        paragraph break is set there first, as between planned copies."""
-        assert self.datastore is not None
-        return cut_between(self.datastore.passages, came_from, pidx) and self._runs_into(gen, pidx, pos)
+    def _first_line_length(self, gen: Generation, pidx: int, pos: int, end: int) -> int:
+        """Tokens from ``pos`` (before ``end``) of passage ``pidx`` up to the end of the first line
+        that shows text: a copy forced past the LM's check stops at a line's end, not mid-way
+        through a line of code the LM might not go on with."""
+        assert gen.candidates is not None and self.datastore is not None
+        text, spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans
+        start = int(spans[pos, 0])
+        shown = len(text[start:]) - len(text[start:].lstrip())
+        line_end = text.find("\n", start + shown)
+        if line_end < 0:
+            return end - pos
+        return max(1, int(np.searchsorted(spans[pos:end, 0], line_end, side="left")))
+
+    def _breaks_before(self, gen: Generation, came_from: int, resumed: tuple[int, int], going_on: tuple[int, int]) -> bool:
+        """Whether a copy that came from passage ``came_from``, was to go on at ``resumed`` and goes
+        on at ``going_on`` instead would run into the text so far across a line break a reader
+        sees: the markup skipped between them holds one (the directive line between "... with the
+        ``multiple`` flag:" and its example), or it crosses the white space a chunker cut between
+        two chunks (:func:`~nest_integrations.decoding.chunk_chain.cut_between`). The LM's
+        paragraph break is set there first, as between planned copies; markup skipped inside a
+        line (an inline tag) sets none."""
+        assert self.datastore is not None and gen.candidates is not None
+        passages = self.datastore.passages
+
+        def start(pidx: int, pos: int) -> int:
+            spans = gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
+            return int(spans[pos, 0]) if pos < len(spans) else len(passages[pidx].text)
+
+        if going_on[0] == resumed[0]:
+            skipped = passages[resumed[0]].text[start(*resumed) : start(*going_on)]
+        else:
+            skipped = passages[resumed[0]].text[start(*resumed) :] + passages[going_on[0]].text[: start(*going_on)]
+        crossed = going_on[0] != came_from and cut_between(passages, came_from, going_on[0])
+        return ("\n" in skipped or crossed) and self._runs_into(gen, *going_on)
 
     def _inside_copied_code(self, gen: Generation) -> Optional[Proposal]:
         """Where the LM would write next while the answer's last token was copied from inside a
@@ -283,13 +317,16 @@ class SpanProposer:
             return pos
         return first_copyable(text, encoded.char_spans, pos)
 
-    def _copy_end(self, gen: Generation, pidx: int, pos: int) -> int:
+    def _copy_end(self, gen: Generation, pidx: int, pos: int, source_repeats: bool = False) -> int:
         """Where a copy from token ``pos`` of passage ``pidx`` must end (exclusive): at most
         ``span_length`` tokens, never past the passage, never into Markdown a reader does not
         see (:func:`~nest_integrations.corpus.markdown_structure.copyable_end`), never into a token this
         answer has already copied (a used entry), never past the end of the planned copy it is in (the
         plan moves on from there), never completing a run of ``repeat_ngram`` tokens the answer
-        already holds (:func:`~nest_integrations.policy.repetition.repeat_free_length`)."""
+        already holds (:func:`~nest_integrations.policy.repetition.repeat_free_length`). A planned
+        window copied whole, and with ``source_repeats`` the first line of a copy that goes on
+        where its source does, are the source's text, repeats and all (an example that calls
+        ``click.confirm('Do you want to continue?', ...)`` again)."""
         candidates, config = gen.candidates, gen.config
         assert candidates is not None
         tokens = candidates.passage(pidx).token_ids
@@ -298,8 +335,8 @@ class SpanProposer:
             end = min(end, gen.plan.window_end[1] + 1)  # type: ignore[index]
         end = copyable_end(self.datastore.passages[pidx].text, candidates.passage(pidx).char_spans, pos, end)  # type: ignore[union-attr]
         end = next((i for i in range(pos, end) if candidates.is_used(pidx, i)), end)
-        if gen.plan.copies_whole(pidx, pos):
-            return end  # the planned window is the source's text, repeats and all
+        if source_repeats or gen.plan.copies_whole(pidx, pos):
+            return end
         return pos + repeat_free_length(gen.ids, [int(t) for t in tokens[pos:end]], config.repeat_ngram)
 
     @staticmethod
