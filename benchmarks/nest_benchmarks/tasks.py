@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nest_integrations import Passage, load_wikipedia_summaries
+from nest_integrations import NestConfig, Passage, load_wikipedia_summaries
 from nest_integrations.core.jsonl import iter_jsonl
 from nest_integrations.policy.conversation import retrieval_query
 
@@ -876,7 +876,7 @@ wiki-qa-hard items marked ``meta["unanswerable"]`` have none and are scored apar
 
 TASK_MAX_NEW_TOKENS: dict[str, int] = {
     "bio": 128, "completion": 128, "qa": 64, "wiki-qa": 64, "docs": 64, "markdown-docs": 64,
-    "markdown-docs-pino": 64, "wiki-qa-hard": 64, "markdown-qa": 256,
+    "markdown-docs-pino": 64, "wiki-qa-hard": 64, "markdown-qa": NestConfig.model_fields["max_new_tokens"].default,
 }
 """Default generation budget per task: the bundled question sets get short answers; a documentation folder's
 questions (markdown-qa) get what ``nest generate`` gives by default."""

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.loaders import load_wikipedia_summaries
 from nest_integrations.corpus.passages import Passage
 from nest_benchmarks.docs_corpus import (
@@ -323,7 +324,7 @@ def test_registry() -> None:
     assert set(TASKS) == {"bio", "completion", "qa", "wiki-qa", "docs", "markdown-docs", "markdown-docs-pino", "wiki-qa-hard", "markdown-qa"}
     assert QA_TASKS <= set(TASKS) and set(TASK_MAX_NEW_TOKENS) == set(TASKS)
     # Your own documentation questions are answered at nest generate's budget; the bundled sets at 64.
-    assert all(TASK_MAX_NEW_TOKENS[t] == (128 if t == "markdown-qa" else 64) for t in QA_TASKS)
+    assert all(TASK_MAX_NEW_TOKENS[t] == (NestConfig().max_new_tokens if t == "markdown-qa" else 64) for t in QA_TASKS)
     assert get_task("bio") is bio_items
     assert get_task("qa") is qa_items
     assert get_task("wiki-qa") is wiki_qa_items and get_task("docs") is docs_items
