@@ -8,11 +8,11 @@ softmax of the windows' scores within each question, fitted to put its mass on t
 that hold the answer (the selector only ranks one question's windows against each other, and
 a fit over all rows at once let the questions with many easy windows decide the ranking of the
 rest); one more logistic regression over the scores scales them and sets the intercept, so that
-the selector's output stays a probability that a window holds the answer. Each domain is also scored by a model fitted on the *other* domains
-(leave-one-domain-out), the estimate of how the fit carries to documentation it never
-saw. For the unanswerable questions it reports how well the best window's probability
-tells them from the answerable ones (ROC AUC): whether the model could also decide that
-nothing answers.
+the selector's output stays a probability that a window holds the answer. Each domain is also
+scored by a model fitted on the *other* domains (leave-one-domain-out), the estimate of how the
+fit carries to documentation it never saw. For the unanswerable questions it reports how well
+the best window's probability tells them from the answerable ones (ROC AUC): whether the model
+could also decide that nothing answers.
 
     python benchmarks/fit_selector.py --out results/selector-fit \\
         --domain attrs=IDX/attrs:benchmarks/domains/attrs/qa.jsonl \\

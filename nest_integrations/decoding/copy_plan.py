@@ -78,7 +78,7 @@ class CopyPlan:
         return opening
 
     def take_announced(self) -> bool:
-        """Whether the copy proposed now is the first of a copy that runs on (:attr:`announced`), once."""
+        """Whether the copy proposed now goes on where its source does (:attr:`announced`), once."""
         announced, self.announced = self.announced, False
         return announced
 
