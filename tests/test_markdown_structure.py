@@ -290,6 +290,20 @@ def test_a_chunk_that_begins_inside_a_code_block_reads_its_code_as_code():
     assert [b.kind for b in parse_blocks(ending_inside)] == ["paragraph", "code"]
 
 
+def test_a_chunk_cut_inside_an_indented_code_block_keeps_its_first_lines_indentation():
+    steps = "\n".join(f"    # step {i}\n    run_step({i})" for i in range(30))
+    text = f"Setup\n=====\n\nRun the steps::\n\n{steps}\n\nThe steps are done.\n"
+    chunks = chunk_text(text, max_words=20)
+    inside = [text[start:end] for start, end in chunks if text.index(steps) < start < text.index("The steps")]
+    assert len(inside) > 1
+    # Every code line stays indented as in the document: none opens a chunk at its first
+    # column, where a shell comment would read as a Markdown heading.
+    assert all(chunk.startswith("    ") for chunk in inside)
+    assert not any(line.startswith("#") for start, end in chunks for line in text[start:end].splitlines())
+    prose = "One sentence here.   Another one follows it.  " * 5
+    assert all(not prose[start].isspace() for start, _ in chunk_text(prose, max_words=6))
+
+
 def test_llama_index_node_parser_offsets_are_exact():
     pytest.importorskip("llama_index.core")
     from llama_index.core import Document

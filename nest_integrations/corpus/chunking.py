@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Sequence
 
-from .markdown_structure import Block, is_markdown, looks_like_markdown, parse_blocks
+from .markdown_structure import Block, has_structure, is_markdown, looks_like_markdown, parse_blocks
 from .passages import Passage, check_unique_ids
 
 logger = logging.getLogger(__name__)
@@ -180,7 +180,9 @@ def chunk_text(
 
     Sentences (ended by ``.``, ``!``, ``?``, ``…`` before whitespace, or by a
     newline) are packed greedily into chunks; a sentence over the budget on its
-    own is split at word boundaries. Ranges exclude surrounding whitespace and
+    own is split at word boundaries. Ranges exclude surrounding whitespace, except
+    that in a structured text (reStructuredText, Markdown: :func:`~nest_integrations.corpus.markdown_structure.has_structure`)
+    a chunk's first line keeps its indentation (:func:`_from_line_start`);
     ``text[start:end]`` is the exact original text (no normalisation).
     Markdown is cut along its sections instead (:func:`section_chunks`).
 
@@ -205,7 +207,8 @@ def chunk_text(
     if markdown or (markdown is None and looks_like_markdown(text)):
         return [(c.start, c.end) for c in section_chunks(text, max_words=max_words, max_tokens=max_tokens, tokenizer=tokenizer)]
     cost, budget = _budget(max_words, max_tokens, tokenizer)
-    return _pack(text, _sentence_pieces(text, (0, len(text)), cost, budget), cost, budget)
+    chunks = _pack(text, _sentence_pieces(text, (0, len(text)), cost, budget), cost, budget)
+    return [(_from_line_start(text, start), end) for start, end in chunks] if has_structure(text) else chunks
 
 
 @dataclass(frozen=True)
@@ -290,6 +293,15 @@ def _section_pieces(text: str, blocks: Sequence[Block], cost: Callable[[str], in
     return out
 
 
+def _from_line_start(text: str, start: int) -> int:
+    """``start``, or the start of its line when only spaces and tabs come before it there. A
+    chunk cut inside an indented code block opens with one of its lines: without its
+    indentation that line would read as the text's own (a shell ``# comment`` as a heading,
+    a console table's ``----`` as a title's underline) and the block as no code at all."""
+    line_start = text.rfind("\n", 0, start) + 1
+    return line_start if not text[line_start:start].strip(" \t") else start
+
+
 def _shared_path(blocks: Sequence[Block], start: int, end: int) -> tuple[str, ...]:
     """The heading path every readable block or heading overlapping ``[start, end)`` shares
     (front matter, comments and link definitions count only in a chunk of nothing else)."""
@@ -318,7 +330,9 @@ def section_chunks(
     items, code blocks, tables). Only a block over the budget on its own is
     cut: a code block or table at line ends, any other block by sentences. A
     heading never ends a chunk when what follows it fits beside it. Ranges
-    exclude surrounding whitespace; ``text[c.start:c.end]`` is the exact text.
+    exclude surrounding blank lines and trailing white space, but a chunk's first
+    line keeps its indentation (:func:`_from_line_start`); ``text[c.start:c.end]``
+    is the exact text.
 
     Returns:
         :class:`TextChunk` in document order; ``[]`` for blank text.
@@ -327,7 +341,9 @@ def section_chunks(
     blocks = parse_blocks(text)
     if not blocks:
         return []
-    return [TextChunk(s, e, _shared_path(blocks, s, e)) for s, e in _section_pieces(text, blocks, cost, budget)]
+    return [
+        TextChunk(_from_line_start(text, s), e, _shared_path(blocks, s, e)) for s, e in _section_pieces(text, blocks, cost, budget)
+    ]
 
 
 def chunk_passages(
