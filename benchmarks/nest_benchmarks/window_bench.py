@@ -126,8 +126,9 @@ def planned_text(index: NestIndex, passages: Sequence[Passage], planned: Sequenc
     """The text of the planned windows' tokens, in copy order, cut after ``max_new_tokens`` of
     them, and its length in tokens. Each window's tokens are a verbatim slice of its passage
     (the token spans tile the text) less the hidden markup the decoder never copies (an anchor
-    such as ``<a id="removeHeader"></a>`` names the answer but is not in it); windows are
-    joined as copied, without a separator."""
+    such as ``<a id="removeHeader"></a>`` names the answer but is not in it); where a window
+    would run into the text before it (both a word or a sign, no white space between), a
+    paragraph break comes first, one token of the budget, as the decoder sets the LM's."""
     by_id = {p.id: p for p in passages}
     pieces, budget = [], max_new_tokens
     for copy in planned:
@@ -135,16 +136,20 @@ def planned_text(index: NestIndex, passages: Sequence[Passage], planned: Sequenc
             break
         text = _text_of(index, by_id, copy.window.passage_id)
         _, spans = index.datastore.encoder.tokenize(text)
-        last = min(copy.last, copy.first + budget - 1)
-        if copy.first > last or copy.first >= len(spans):
+        if copy.first >= len(spans):
             continue
         if copy.title:  # the section's title, without its heading's marks
-            positions = title_tokens(text, spans, copy.first, last)
+            positions = title_tokens(text, spans, copy.first, copy.last)
         else:  # hidden markup (an anchor, a comment) is never copied
             copyable = copyable_tokens(text, spans)
-            positions = [i for i in range(copy.first, last + 1) if copyable[i]]
-        pieces.append("".join(text[spans[i, 0] : spans[i, 1]] for i in positions))
-        budget -= last - copy.first + 1
+            positions = [i for i in range(copy.first, copy.last + 1) if copyable[i]]
+        opening = text[spans[positions[0], 0] : spans[positions[0], 1]] if positions else ""
+        if pieces and opening[:1] and not opening[:1].isspace() and not pieces[-1][-1:].isspace():
+            pieces.append("\n\n")
+            budget -= 1
+        last = min(copy.last, copy.first + budget - 1)
+        pieces.append("".join(text[spans[i, 0] : spans[i, 1]] for i in positions if i <= last))
+        budget -= max(0, last - copy.first + 1)
     return "".join(pieces), max_new_tokens - budget
 
 

@@ -109,3 +109,13 @@ def test_a_window_that_announces_what_follows_runs_on_into_the_next_chunk_to_its
     row = item_row(index, item, NestConfig(max_new_tokens=64, min_passage_relevance=-1.0))
     assert [w["passage_id"] for w in row["windows"]][-2:] == ["srv#0", "srv#1"] and row["window_recall"] == 1.0, row
     assert "as follows:\n" in row["planned_text"] and "Logging" not in row["planned_text"] and "JSON" not in row["planned_text"]
+
+
+def test_windows_of_two_passages_are_joined_by_a_paragraph_break(index):
+    # Planned text as the decoder writes it: a window that would run into the one before gets a
+    # break first ("...radioactivity.Alan Turing" would hide a gold answer's word boundary).
+    row = rows(domain_report(index, [question("two", "Who were Marie Curie and Alan Turing?", ["Turing"])], NestConfig(max_new_tokens=96, answer_windows=2)))["two"]
+    sources = {w["passage_id"] for w in row["windows"]}
+    assert len(sources) == 2
+    text = row["planned_text"]
+    assert "\n\n" in text and not any(text[i] in ".!?" and text[i + 1].isalpha() for i in range(len(text) - 1))
