@@ -327,20 +327,22 @@ def test_a_window_that_announces_an_example_runs_on_into_the_next_chunk_to_its_s
     assert out.attribution_ratio == 1.0 and [s.source.id for s in out.spans if s.copied][-1] == "opts#1"
 
 
-def test_a_copy_that_crosses_the_white_space_a_chunker_cut_gets_a_paragraph_break_of_no_ones(tiny_lm):
-    """The chunker strips the blank line and indentation where it cuts: a copy running on from
-    "...fail in a callback:" into the next chunk's "def abort(...)" would run the two together, so
-    the LM's paragraph break is set between them (not copied, not the model's words)."""
+@pytest.mark.parametrize("indent", ["", "    "], ids=["indentation-cut", "indentation-kept"])
+def test_a_copy_that_crosses_the_white_space_a_chunker_cut_gets_a_paragraph_break_of_no_ones(tiny_lm, indent):
+    """A chunker strips the blank line where it cuts (a splitter the indentation too; ``nest index
+    build`` keeps it): a copy running on from "...fail in a callback:" into the next chunk's
+    "def abort(...)" would run the two onto one line, so the LM's paragraph break is set between
+    them (not copied, not the model's words)."""
     first = "Yes Parameters\n==============\n\nTo ask before a dangerous command, add a ``--yes`` flag and fail in a callback:"
-    second = "def abort_if_false(ctx, param, value):\n        if not value:\n            ctx.abort()\n"
-    cut = len(first) + len("\n\n    ")  # the white space the chunker left out
+    second = f"{indent}def abort_if_false(ctx, param, value):\n        if not value:\n            ctx.abort()\n"
+    cut = len(first) + len("\n\n    ") - len(indent)  # the white space the chunker left out
     chunks = [Passage(id="opts#0", text=first, doc_id="opts"), Passage(id="opts#1", text=second, doc_id="opts", doc_char_start=cut)]
     store = TokenDatastore(chunks, PassageEncoder(tiny_lm))
     knobs = dict(mode="nest", alpha=-5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=80)
     decoder = NestDecoder(tiny_lm, store, ListRetriever(chunks[:1]), NestConfig(**knobs), relevance=word_share)
     question = "How do I add a --yes flag so that a dangerous command asks first?"
     out = decoder.generate([{"role": "user", "content": question}], query=question)
-    assert "fail in a callback:\n\ndef abort_if_false(ctx, param, value):" in out.text, out.text
+    assert f"fail in a callback:\n\n{indent}def abort_if_false(ctx, param, value):" in out.text, out.text
     assert ("\n\n", False) in [(span.text, span.copied) for span in out.spans] and not any(model_written(out, span) for span in out.spans)
 
 
