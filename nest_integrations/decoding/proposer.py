@@ -218,7 +218,7 @@ class SpanProposer:
         line_end = text.find("\n", start + shown)
         if line_end < 0:
             return end - pos
-        return max(1, int(np.searchsorted(spans[pos:end, 0], line_end, side="left")))
+        return max(1, min(_first_token_from(spans, line_end), end) - pos)
 
     def _breaks_before(self, gen: Generation, came_from: int, resumed: tuple[int, int], going_on: tuple[int, int]) -> bool:
         """Whether a copy that came from passage ``came_from``, was to go on at ``resumed`` and goes
@@ -263,12 +263,12 @@ class SpanProposer:
             return None
         line_end = text.find("\n", copied_to, block[1])
         if text[copied_to : line_end if line_end >= 0 else block[1]].strip():  # mid-line
-            stop = int(np.searchsorted(encoded.char_spans[:, 0], line_end if line_end >= 0 else block[1], side="left"))
+            stop = _first_token_from(encoded.char_spans, line_end if line_end >= 0 else block[1])
             positions = range(pos + 1, max(stop, pos + 2))
         elif (fence := closing_fence(text, block)) is not None:
             fence_start = fence[0] + 1 if gen.text.rstrip(" \t").endswith("\n") else fence[0]
-            first = int(np.searchsorted(encoded.char_spans[:, 0], fence_start, side="left"))
-            last_token = int(np.searchsorted(encoded.char_spans[:, 0], fence[1], side="left")) - 1
+            first = _first_token_from(encoded.char_spans, fence_start)
+            last_token = _first_token_from(encoded.char_spans, fence[1]) - 1
             positions = range(first, last_token + 1)
             gen.plan.end_with(pidx, last_token)
         else:
@@ -356,6 +356,12 @@ class SpanProposer:
             keep = sorted_p.cumsum(0) - sorted_p < config.top_p
             probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
         return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _first_token_from(char_spans: np.ndarray, char: int) -> int:
+    """Index of the first token of int (L, 2) ``char_spans`` that starts at character ``char`` or
+    later (L when none does): where a copy that must end before ``char`` stops, exclusive."""
+    return int(np.searchsorted(char_spans[:, 0], char, side="left"))
 
 
 def paragraph_break_id(tokenizer: Any) -> Optional[int]:
