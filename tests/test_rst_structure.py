@@ -173,6 +173,25 @@ def test_a_chunk_cut_inside_an_indented_directive_ends_each_code_body_where_its_
     ]
 
 
+def test_a_text_that_opens_inside_an_indented_code_block_reads_it_as_code():
+    """A chunk cut inside a literal block opens with its indented lines, and neither the ``::``
+    nor a directive above them: they are code when they read as code (a shell comment in them is
+    no heading to hide), prose after them is read as such; an indented note's body stays text."""
+    text = (
+        "        # Custom options\n        __envelope__ = {\"single\": None}\n\n"
+        "        def get_envelope_key(self, many):\n            return self.__envelope__\n\n"
+        "Raising errors\n--------------\n\nHooks may raise a ``ValidationError``.\n"
+    )
+    assert looks_like_rst(text)
+    assert _blocks(text) == [
+        ("code", text[8 : text.index("\n\nRaising")]),
+        ("heading", "Raising errors\n--------------"),
+        ("paragraph", "Hooks may raise a ``ValidationError``."),
+    ]
+    note = "    Note that even if a parameter does not allow multiple values, Click\n    will still accept it.\n"
+    assert [kind for kind, _ in _blocks(note)] == ["paragraph"]
+
+
 def test_a_tilde_underline_is_a_title_not_a_markdown_code_fence():
     text = "Installing\n==========\n\nDependencies\n~~~~~~~~~~~~\n\n.. note::\n\n  Old systems need a newer Python.\n"
     assert not looks_like_markdown(text) and looks_like_rst(text)

@@ -21,7 +21,10 @@ as the Markdown reader, in character offsets into the original text:
   as code (:func:`reads_as_code`: a doctest, a shell prompt, or Python), otherwise the body's
   paragraphs are read like any others;
 * literal blocks (the lines indented under a paragraph that ends in ``::``) and doctest
-  blocks (``>>>`` lines): ``"code"``;
+  blocks (``>>>`` lines): ``"code"``; so are the lines a text opens with when they are indented
+  by four spaces or a tab (:data:`OPENS_INDENTED`): a chunk cut inside a literal block or a
+  directive's body shows neither the ``::`` nor the directive above them, and CommonMark reads
+  such lines as code too (a note's body cut the same way is read as code as well);
 * grid tables (lines opening with ``+-`` or ``+=``): ``"table"``; simple tables (between
   border lines of ``=`` runs, ``=====  =====``): ``"table"``, their border lines and the ``-``
   runs under a header cell that spans columns hidden inside the block (:func:`parse_rst`):
@@ -71,6 +74,9 @@ _SNIFF = re.compile(
     r"|^[ \t]*=+(?:[ \t]+=+)+[ \t]*$",  # a simple table's border (_TABLE_BORDER)
     re.MULTILINE,
 )
+OPENS_INDENTED = re.compile(r"\A(?:[ \t]*\n)*(?: {4}|\t)[ \t]*\S")
+"""A text whose first non-blank line is indented by four spaces or a tab: it opens inside an
+indented block (a chunk of a document cut within its code)."""
 _ITEM = re.compile(r"(?:[-*+]|\d+[.)]|#\.)[ \t]+\S")
 _SHELL_OR_DOCTEST = re.compile(r"(?:\$|>>>|%)[ \t]")
 _CODE_SIGN = re.compile(r"[(=@\[{]|^[ \t]*(?:import|from|def|class)\b", re.MULTILINE)
@@ -84,8 +90,9 @@ def _title_fits(title: str, adornment: str) -> bool:
 def looks_like_rst(text: str) -> bool:
     """Whether ``text`` shows reStructuredText's block syntax: an underlined title, explicit
     markup (a line opening with ``..``: a directive, a target, a comment), a literal block
-    under a ``::`` paragraph, or a simple table's border line."""
-    if _SNIFF.search(text):
+    under a ``::`` paragraph, a simple table's border line, or lines indented like code that
+    the text opens with (:data:`OPENS_INDENTED`)."""
+    if _SNIFF.search(text) or OPENS_INDENTED.match(text):
         return True
     return any(_title_fits(m.group(1), m.group(2)) and not _ADORNMENT.fullmatch(m.group(1)) for m in _UNDERLINED.finditer(text))
 
@@ -125,9 +132,9 @@ class _Reader:
 
     def body_end(self, first: int) -> int:
         """The line after an indented body (code) that starts at line ``first``: its lines are blank
-        or indented at least as far as its first one (trailing blank lines left out). A chunk's
-        first line has lost its indentation, so the directive or paragraph above a body says less
-        about where the body ends than the body does."""
+        or indented at least as far as its first one (trailing blank lines left out). A chunk may
+        open inside a body, or a splitter may have cut away its first line's indentation, so the
+        directive or paragraph above a body says less about where it ends than the body does."""
         stop = first
         while stop < len(self.raw) and (self.blank[stop] or self.indent[stop] >= self.indent[first]):
             stop += 1
@@ -236,6 +243,12 @@ class _Reader:
         raw, n = self.raw, len(self.raw)
         literal_base: int | None = None  # indentation of the paragraph that announced a literal block
         i = 0
+        if OPENS_INDENTED.match(self.text):  # the body of a block whose start the text does not show
+            i = next(j for j in range(n) if not self.blank[j])
+            stop = self.body_end(i)
+            if reads_as_code(self.text[self.lines[i] : self.lines[stop]]):
+                self.add("code", i, stop)
+                i = stop
         while i < n:
             if self.blank[i]:
                 i += 1
