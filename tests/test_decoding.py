@@ -367,18 +367,21 @@ def test_the_example_a_window_announces_is_copied_to_its_first_lines_end_though_
     assert "code-block" not in out.text and not any(model_written(out, span) for span in out.spans)
 
 
-def test_windows_that_would_run_into_each_other_get_a_paragraph_break_of_no_ones(tiny_lm):
-    """Two windows from passages of one paragraph each: nothing of either source separates them,
-    so the decoder sets the LM's paragraph break between them: not copied, not the model's words."""
-    body = Passage(id="body", text="The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients.")
+@pytest.mark.parametrize("indent", ["", "    "], ids=["flush", "indented"])
+def test_windows_that_would_run_into_each_other_get_a_paragraph_break_of_no_ones(tiny_lm, indent):
+    """Two windows from passages of one paragraph each: nothing of either source separates them
+    (a line's indentation does not: a chunk cut inside a block opens with it), so the decoder
+    sets the LM's paragraph break between them: not copied, not the model's words."""
+    body = Passage(id="body", text=f"{indent}The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients.")
     idle = Passage(id="idle", text="The `keepAliveTimeout` option sets how many milliseconds an idle socket stays open before it closes.")
     store = TokenDatastore([idle, body], PassageEncoder(tiny_lm))
     knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=80)
     decoder = NestDecoder(tiny_lm, store, ListRetriever([idle, body]), NestConfig(**knobs), relevance=word_share)
     question = "How many milliseconds does an idle socket stay open, and which option sets the largest request body?"
     out = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=2)
-    assert out.text == f"{idle.text}\n\n{body.text}", out.text
-    assert [(span.text, span.copied) for span in out.spans] == [(idle.text, True), ("\n\n", False), (body.text, True)]
+    copied = out.text.split("\n\n", 1)[1]
+    assert out.text == f"{idle.text}\n\n{copied}" and body.text.endswith(copied) and copied.lstrip(" ") == body.text.lstrip(" "), out.text
+    assert [(span.text, span.copied) for span in out.spans] == [(idle.text, True), ("\n\n", False), (copied, True)]
     assert out.stats.finish_reason == "answered" and not any(model_written(out, span) for span in out.spans)
     assert MODEL_MARK not in render_markdown(out) and MODEL_MARK not in render_html(out)
 

@@ -169,19 +169,24 @@ class SpanProposer:
             pos = self._opening_token(encoded, text, pos)
         return self._runs_into(gen, pidx, pos)
 
-    def _runs_into(self, gen: Generation, pidx: int, pos: int, *, new_line: bool = False) -> bool:
+    def _runs_into(self, gen: Generation, pidx: int, pos: int) -> bool:
         """Whether copying token ``pos`` of passage ``pidx`` next would run it into the text so
-        far: a break token is known, the text ends in a word or a sign, and the token (when there
-        is one) does not open with white space. With ``new_line`` the source goes on at a line
-        of its own (past a line break the copy skips): then only a line break separates them, not
-        the spaces a code line's indentation opens with."""
+        far (a break token must be known). A token that opens a line of its source (only the
+        line's indentation before it) runs into any text that does not end in a line break:
+        the spaces of a code line's indentation separate no lines. Any other token runs into a
+        text that ends in a word or a sign unless it opens with white space."""
         if self.break_id is None or not gen.text:
             return False
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
-        token = text[int(char_spans[pos, 0]) : int(char_spans[pos, 1])] if pos < len(char_spans) else ""
-        if new_line:
-            return bool(token) and not gen.text.rstrip(" \t").endswith("\n") and not token.lstrip(" \t").startswith("\n")
-        return not gen.text[-1].isspace() and token[:1] != "" and not token[:1].isspace()
+        if pos >= len(char_spans):
+            return False
+        start = int(char_spans[pos, 0])
+        token = text[start : int(char_spans[pos, 1])]
+        if token.lstrip(" \t").startswith("\n"):
+            return False  # the token brings its own line break
+        if not text[text.rfind("\n", 0, start) + 1 : start].strip(" \t"):
+            return not gen.text.rstrip(" \t").endswith("\n")
+        return not gen.text[-1].isspace() and not token[:1].isspace()
 
     def _past_hidden(self, gen: Generation, pidx: int, pos: int, last: int) -> Optional[tuple[int, int]]:
         """Where a copy at token ``pos`` of passage ``pidx`` goes on: the first token from ``pos``
@@ -240,7 +245,7 @@ class SpanProposer:
         else:
             skipped = passages[resumed[0]].text[start(*resumed) :] + passages[going_on[0]].text[: start(*going_on)]
         crossed = going_on[0] != came_from and cut_between(passages, came_from, going_on[0])
-        return ("\n" in skipped or crossed) and self._runs_into(gen, *going_on, new_line=True)
+        return ("\n" in skipped or crossed) and self._runs_into(gen, *going_on)
 
     def _inside_copied_code(self, gen: Generation) -> Optional[Proposal]:
         """Where the LM would write next while the answer's last token was copied from inside a
