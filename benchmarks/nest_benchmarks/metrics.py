@@ -783,9 +783,11 @@ _MARKUP_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
     # may carry it as the label of the section it copies (decoding.prepare.PlannedCopy).
     ("heading", re.compile(r"^ {0,3}#{1,6}(?=[ \t]|$)", re.MULTILINE)),
     # reStructuredText: a title's underline or overline, a transition (and a Markdown rule); four
-    # characters or more, so a docstring's `"""` line in a code block is not one. Or a simple
-    # table's border: runs of `=` separated by spaces (`=====  =====`).
-    ("adornment", re.compile(r"^[ \t]*(?:([!-/:-@\[-`{-~])\1{3,}|=+(?:[ \t]+=+)+)[ \t]*$", re.MULTILINE)),
+    # characters or more, so a docstring's `"""` line in a code block is not one; indented by at
+    # most three spaces, as neither a title nor a rule can be indented further (such a line is
+    # code: a console table's dashes). Or a simple table's border: runs of `=` separated by
+    # spaces (`=====  =====`), at any indentation (a table in a directive's body).
+    ("adornment", re.compile(r"^(?: {0,3}([!-/:-@\[-`{-~])\1{3,}|[ \t]*=+(?:[ \t]+=+)+)[ \t]*$", re.MULTILINE)),
     # reStructuredText: a directive's line, a target, a substitution definition.
     ("explicit_markup", re.compile(r"^[ \t]*\.\.[ \t]+(?:[\w.:+-]+[ \t]?::|_[^\n]*:|\|[^|\n]+\|).*$", re.MULTILINE)),
     # Markdown: a footnote's marker, `[^1]:` opening its definition or `[^1]` in the text (the
@@ -822,8 +824,9 @@ def markup_ranges(text: str) -> list[tuple[int, int, str]]:
     (``[id]: target``, a footnote's ``[^id]: note`` not); an HTML tag or anchor of a known HTML element
     (``<a id="x">``, ``</h1>``, ``<sup>``); a heading line's marks (``#`` to ``######``):
     a copy that crosses into the next section takes them, one that carries only the title
-    of the section it copies does not; a line of one punctuation character repeated (a
-    reStructuredText title's underline or overline, a transition, a Markdown rule) or a
+    of the section it copies does not; a line of one punctuation character repeated, indented
+    by at most three spaces (a reStructuredText title's underline or overline, a transition, a
+    Markdown rule; indented further it is code) or a
     reStructuredText simple table's border (``=====  =====``); a reStructuredText directive
     line (``.. code-block:: python``), target (``.. _label:``) or substitution definition; a
     Markdown footnote's marker (``[^1]:`` opening its definition, whose note is text, and a

@@ -411,6 +411,8 @@ TABLE = (
     "=========  =======\nName       Tool\n=========  =======\nAlpine     apk\n=========  =======\n"
 )
 
+CONSOLE = "Keys\n====\n\n.. code-block:: console\n\n    $ restic key list\n     ID   User\n    ------------\n    *eb78  alice\n"
+
 
 @pytest.mark.parametrize(
     ("passage", "copied", "kinds"),
@@ -422,6 +424,7 @@ TABLE = (
         (TABLE, "Name       Tool", []),
         (TABLE, "Tool\n=========  =======\nAlpine", ["adornment"]),  # a simple table's border
         (TABLE, "Packages\n========", ["adornment"]),
+        (CONSOLE, "ID   User\n    ------------", []),  # dashes in an indented code block's output
     ],
 )
 def test_copied_markup_flags_footnote_markers_and_table_borders(passage: str, copied: str, kinds: list[str]) -> None:
