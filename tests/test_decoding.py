@@ -386,6 +386,22 @@ def test_windows_that_would_run_into_each_other_get_a_paragraph_break_of_no_ones
     assert MODEL_MARK not in render_markdown(out) and MODEL_MARK not in render_html(out)
 
 
+def test_a_code_block_a_window_leaves_open_is_closed_before_the_next_window(tiny_lm):
+    """A chunker cut a long example inside its fence: the window copied from that chunk ends in
+    the code. Before the next window opens, the decoder closes the block with its fence (set, not
+    copied, not the model's words), so what follows does not read as code."""
+    code = Passage(id="srv#0", doc_id="srv", text="The `keepAliveTimeout` option sets how long an idle socket stays open:\n\n```js\nconst app = fastify({ keepAliveTimeout: 5000 })")
+    body = Passage(id="body", text="The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients.")
+    store = TokenDatastore([code, body], PassageEncoder(tiny_lm))
+    knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=120)
+    decoder = NestDecoder(tiny_lm, store, ListRetriever([code, body]), NestConfig(**knobs), relevance=word_share)
+    question = "How long does an idle socket stay open with keepAliveTimeout, and which option sets the largest request body?"
+    out = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=2)
+    assert "keepAliveTimeout: 5000 })\n```\n\nThe `bodyLimit` option" in out.text, out.text
+    assert ("```", False) in [(span.text.strip(), span.copied) for span in out.spans], out.spans
+    assert not any(model_written(out, span) for span in out.spans) and out.attribution_ratio < 1.0
+
+
 def test_an_answer_ends_answered_when_the_lm_refuses_the_next_window(tiny_lm):
     """After a window that closes an answer, an LM token where the next window should open ends
     the answer: what was copied stands, and the LM does not write on to the token limit."""

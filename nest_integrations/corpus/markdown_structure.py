@@ -536,6 +536,21 @@ def closing_fence(text: str, block: tuple[int, int]) -> tuple[int, int] | None:
     return line_start - 1, end
 
 
+def unclosed_fence(text: str) -> str | None:
+    """The fence (three or more backticks or tildes, as its opener's) that closes the fenced code
+    block ``text`` ends inside: a copy that stopped where a chunker cut the block leaves it open,
+    and everything a Markdown reader sees after it would be code. None when ``text`` ends outside
+    a fenced block (or inside an indented one, which needs no fence)."""
+    layout = copy_layout(text)
+    if layout is None or not layout.code:
+        return None
+    start, end = layout.code[-1]
+    opener = re.match(r"(`{3,}|~{3,})", text[start:end])
+    if text[end:].strip() or opener is None or closing_fence(text, (start, end)) is not None:
+        return None
+    return opener.group(1)
+
+
 _HEADING_MARKS = re.compile(r"[ \t]*#{1,6}[ \t]+")
 _CLOSING_MARKS = re.compile(r"[ \t]+#+[ \t]*$")
 _UNDERLINE = re.compile(rf"[ \t]*({ADORNMENT_CHARACTER})\1*[ \t]*")

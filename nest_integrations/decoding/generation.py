@@ -48,8 +48,10 @@ class Generation:
     def finish(self, reason: FinishReason) -> None:
         """End the generation with ``reason``. A paragraph break set between two copies
         (:attr:`~nest_integrations.decoding.spans.TokenRecord.separator`) that nothing followed
-        (the LM refused the copy after it, or the budget ran out) is dropped: it separates nothing."""
-        if self.records and self.records[-1].separator:
+        (the LM refused the copy after it, or the budget ran out) is dropped: it separates nothing.
+        A code block's closing fence, also set by the decoder, stays: it closes what was copied."""
+        last_start = self.boundaries[-2] if len(self.boundaries) > 1 else 0
+        if self.records and self.records[-1].separator and not self.text[last_start:].strip():
             self.records.pop()
             self.ids.pop()
             self.boundaries.pop()

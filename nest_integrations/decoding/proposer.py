@@ -33,7 +33,9 @@ import torch
 
 from nest_integrations.core.config import NestConfig
 from nest_integrations.core.mixture import relaxed_accept_ratio
-from nest_integrations.corpus.markdown_structure import closing_fence, copyable_end, copyable_tokens, first_copyable, open_code_block, title_tokens
+from nest_integrations.corpus.markdown_structure import (
+    closing_fence, copyable_end, copyable_tokens, first_copyable, open_code_block, title_tokens, unclosed_fence,
+)
 from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
 from nest_integrations.store.datastore import TokenDatastore
@@ -102,6 +104,8 @@ class SpanProposer:
         whole = False  # a planned window: its whole draft goes unchecked, not its first token alone
         announced = False  # a copy going on where the source does: its first line goes unchecked
         if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
+            if plan.opening is not None and not plan.announced and (fence := self._closing_fence(gen)) is not None:
+                return fence
             if plan.opening is not None and self._runs_into_copy(gen):
                 return Proposal(TokenRecord(self.break_id, separator=True))  # type: ignore[arg-type]
             if plan.opening is not None and plan.copying_title and plan.window_end is not None:
@@ -155,6 +159,21 @@ class SpanProposer:
         if config.mode in ("nest", "ra_nest") and (repeats := repeating_tokens(gen.ids, config.lm_repeat_ngram)):
             p_m = p_m.index_fill(0, torch.tensor(sorted(repeats)), 0.0)
         return Proposal(TokenRecord(self._pick(p_m, config, generator)))
+
+    def _closing_fence(self, gen: Generation) -> Optional[Proposal]:
+        """The fence that closes a code block the answer so far leaves open, on a line of its own,
+        before a copy from elsewhere opens (:func:`~nest_integrations.corpus.markdown_structure.unclosed_fence`:
+        a window ended where a chunker cut its code); None when no block is open or the budget
+        cannot hold it. Like a paragraph break between copies, it is set by the decoder: not
+        copied, and no word of the model's own."""
+        fence = unclosed_fence(gen.text)
+        if fence is None or self.datastore is None:
+            return None
+        ids, _ = self.datastore.encoder.tokenize(("" if gen.text.endswith("\n") else "\n") + fence)
+        if len(gen.records) + len(ids) >= gen.config.max_new_tokens:
+            return None
+        records = [TokenRecord(int(i), separator=True) for i in ids]
+        return Proposal(records[0], records[1:], unchecked=True)
 
     def _runs_into_copy(self, gen: Generation) -> bool:
         """Whether the planned copy about to open would run into the text so far: both end and
