@@ -177,16 +177,16 @@ class SpanProposer:
 
     def _runs_into_copy(self, gen: Generation) -> bool:
         """Whether the planned copy about to open would run into the text so far: both end and
-        opening are a word or a sign, no white space between ("...close the file.Path.read_bytes",
-        a section's title straight after a sentence). A window that opens at its passage's start,
-        or after a window that ends its section, has no line break of its own to copy."""
+        opening are a word or a sign, no white space between ("...close the file.Path.read_bytes").
+        A window that opens at its passage's start, or after a window that ends its section, has
+        no line break of its own to copy. A section's title opens a line of its own: its label
+        (" Immutability", read after a heading's marks) runs into any text that does not end in a
+        line break ("... set an attribute. Immutability", a closing fence's line)."""
         pidx, pos = gen.plan.opening  # type: ignore[misc]
         text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
         if gen.plan.copying_title and gen.plan.window_end is not None:
-            pos = next(iter(title_tokens(text, encoded.char_spans, pos, gen.plan.window_end[1])), len(encoded.char_spans))
-        else:
-            pos = self._opening_token(encoded, text, pos)
-        return self._runs_into(gen, pidx, pos)
+            return self.break_id is not None and bool(gen.text) and not gen.text.rstrip(" \t").endswith("\n")
+        return self._runs_into(gen, pidx, self._opening_token(encoded, text, pos))
 
     def _runs_into(self, gen: Generation, pidx: int, pos: int) -> bool:
         """Whether copying token ``pos`` of passage ``pidx`` next would run it into the text so
