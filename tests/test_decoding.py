@@ -469,21 +469,24 @@ def test_the_line_break_under_a_copied_title_is_copied_unchecked_like_the_title(
     assert copied_prefix().startswith(f" Options\n\n{idle}"), "a planned window is copied whole"
 
 
-def test_a_sections_title_after_a_copy_opens_a_line_of_its_own(tiny_lm):
+@pytest.mark.parametrize("before", ["", "Sizes and limits of the server.\n\n"], ids=["first-heading", "later-heading"])
+def test_a_sections_title_after_a_copy_opens_a_line_of_its_own(tiny_lm, before):
     """The second window sits in another section: its title label (" Limits", read after the
     heading's marks, a space first) goes on a line of its own, after the paragraph break, not
-    onto the end of the first window ("...before it closes. Limits")."""
+    onto the end of the first window ("...before it closes. Limits"). A later heading's label is
+    copied from the line breaks before it, which are break enough."""
     idle = "The `keepAliveTimeout` option sets how many milliseconds an idle socket stays open before it closes."
     body = "The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients."
     first = Passage(id="timeouts", title="Server", text=f"{idle}\n")
-    second = Passage(id="limits", title="Server", text=f"## Limits\n\n{body}\n")
+    second = Passage(id="limits", title="Server", text=f"{before}## Limits\n\n{body}\n")
     store = TokenDatastore([first, second], PassageEncoder(tiny_lm))
     knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=90)
     decoder = NestDecoder(tiny_lm, store, ListRetriever([first, second]), NestConfig(**knobs), relevance=word_share)
     question = "How many milliseconds does an idle socket stay open, and which option sets the largest request body?"
     out = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=2)
     assert out.text.startswith(f"{idle}\n\n"), out.text
-    assert "Limits" in out.text and f"closes. Limits" not in out.text and not any(model_written(out, span) for span in out.spans)
+    assert "Limits" in out.text and "closes. Limits" not in out.text and "\n\n\n" not in out.text, out.text
+    assert not any(model_written(out, span) for span in out.spans)
 
 
 CODE_DOC = Passage(

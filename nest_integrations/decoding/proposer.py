@@ -185,7 +185,10 @@ class SpanProposer:
         pidx, pos = gen.plan.opening  # type: ignore[misc]
         text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
         if gen.plan.copying_title and gen.plan.window_end is not None:
-            return self.break_id is not None and bool(gen.text) and not gen.text.rstrip(" \t").endswith("\n")
+            first = next(iter(title_tokens(text, encoded.char_spans, pos, gen.plan.window_end[1])), None)
+            opening = "" if first is None else text[int(encoded.char_spans[first, 0]) : int(encoded.char_spans[first, 1])]
+            opens_a_line = opening.lstrip(" \t").startswith("\n")  # the line breaks before a later heading
+            return self.break_id is not None and bool(gen.text) and bool(opening) and not opens_a_line and not gen.text.rstrip(" \t").endswith("\n")
         return self._runs_into(gen, pidx, self._opening_token(encoded, text, pos))
 
     def _runs_into(self, gen: Generation, pidx: int, pos: int) -> bool:
