@@ -367,6 +367,15 @@ def test_the_example_a_window_announces_is_copied_to_its_first_lines_end_though_
     assert "code-block" not in out.text and not any(model_written(out, span) for span in out.spans)
 
 
+def _two_window_answer(tiny_lm, passages, question, max_new_tokens=80):
+    """The answer to ``question`` copied in two planned windows of ``passages`` (all retrieved),
+    with an LM that accepts every copy."""
+    store = TokenDatastore(passages, PassageEncoder(tiny_lm))
+    knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=max_new_tokens)
+    decoder = NestDecoder(tiny_lm, store, ListRetriever(passages), NestConfig(**knobs), relevance=word_share)
+    return decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=2)
+
+
 @pytest.mark.parametrize("indent", ["", "    "], ids=["flush", "indented"])
 def test_windows_that_would_run_into_each_other_get_a_paragraph_break_of_no_ones(tiny_lm, indent):
     """Two windows from passages of one paragraph each: nothing of either source separates them
@@ -374,11 +383,8 @@ def test_windows_that_would_run_into_each_other_get_a_paragraph_break_of_no_ones
     sets the LM's paragraph break between them: not copied, not the model's words."""
     body = Passage(id="body", text=f"{indent}The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients.")
     idle = Passage(id="idle", text="The `keepAliveTimeout` option sets how many milliseconds an idle socket stays open before it closes.")
-    store = TokenDatastore([idle, body], PassageEncoder(tiny_lm))
-    knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=80)
-    decoder = NestDecoder(tiny_lm, store, ListRetriever([idle, body]), NestConfig(**knobs), relevance=word_share)
     question = "How many milliseconds does an idle socket stay open, and which option sets the largest request body?"
-    out = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=2)
+    out = _two_window_answer(tiny_lm, [idle, body], question)
     copied = out.text.split("\n\n", 1)[1]
     assert out.text == f"{idle.text}\n\n{copied}" and body.text.endswith(copied) and copied.lstrip(" ") == body.text.lstrip(" "), out.text
     assert [(span.text, span.copied) for span in out.spans] == [(idle.text, True), ("\n\n", False), (copied, True)]
@@ -392,11 +398,8 @@ def test_a_code_block_a_window_leaves_open_is_closed_before_the_next_window(tiny
     copied, not the model's words), so what follows does not read as code."""
     code = Passage(id="srv#0", doc_id="srv", text="The `keepAliveTimeout` option sets how long an idle socket stays open:\n\n```js\nconst app = fastify({ keepAliveTimeout: 5000 })")
     body = Passage(id="body", text="The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients.")
-    store = TokenDatastore([code, body], PassageEncoder(tiny_lm))
-    knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=120)
-    decoder = NestDecoder(tiny_lm, store, ListRetriever([code, body]), NestConfig(**knobs), relevance=word_share)
     question = "How long does an idle socket stay open with keepAliveTimeout, and which option sets the largest request body?"
-    out = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=2)
+    out = _two_window_answer(tiny_lm, [code, body], question, max_new_tokens=120)
     assert "keepAliveTimeout: 5000 })\n```\n\nThe `bodyLimit` option" in out.text, out.text
     assert ("```", False) in [(span.text.strip(), span.copied) for span in out.spans], out.spans
     assert not any(model_written(out, span) for span in out.spans) and out.attribution_ratio < 1.0
@@ -479,11 +482,8 @@ def test_a_sections_title_after_a_copy_opens_a_line_of_its_own(tiny_lm, before):
     body = "The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients."
     first = Passage(id="timeouts", title="Server", text=f"{idle}\n")
     second = Passage(id="limits", title="Server", text=f"{before}## Limits\n\n{body}\n")
-    store = TokenDatastore([first, second], PassageEncoder(tiny_lm))
-    knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=90)
-    decoder = NestDecoder(tiny_lm, store, ListRetriever([first, second]), NestConfig(**knobs), relevance=word_share)
     question = "How many milliseconds does an idle socket stay open, and which option sets the largest request body?"
-    out = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=2)
+    out = _two_window_answer(tiny_lm, [first, second], question, max_new_tokens=90)
     assert out.text.startswith(f"{idle}\n\n"), out.text
     assert "Limits" in out.text and "closes. Limits" not in out.text and "\n\n\n" not in out.text, out.text
     assert not any(model_written(out, span) for span in out.spans)
