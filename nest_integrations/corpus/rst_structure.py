@@ -22,9 +22,9 @@ as the Markdown reader, in character offsets into the original text:
   paragraphs are read like any others;
 * literal blocks (the lines indented under a paragraph that ends in ``::``) and doctest
   blocks (``>>>`` lines): ``"code"``; so are the lines a text opens with when they are indented
-  by four spaces or a tab (:data:`OPENS_INDENTED`): a chunk cut inside a literal block or a
-  directive's body shows neither the ``::`` nor the directive above them, and CommonMark reads
-  such lines as code too (a note's body cut the same way is read as code as well);
+  by four spaces or a tab (:data:`OPENS_INDENTED`) and read as code (:func:`reads_as_code`): a
+  chunk cut inside a literal block or a directive's body shows neither the ``::`` nor the
+  directive above them (a note's body cut the same way reads as text);
 * grid tables (lines opening with ``+-`` or ``+=``): ``"table"``; simple tables (between
   border lines of ``=`` runs, ``=====  =====``): ``"table"``, their border lines and the ``-``
   runs under a header cell that spans columns hidden inside the block (:func:`parse_rst`):

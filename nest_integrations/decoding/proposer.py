@@ -186,9 +186,11 @@ class SpanProposer:
         text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
         if gen.plan.copying_title and gen.plan.window_end is not None:
             first = next(iter(title_tokens(text, encoded.char_spans, pos, gen.plan.window_end[1])), None)
-            opening = "" if first is None else text[int(encoded.char_spans[first, 0]) : int(encoded.char_spans[first, 1])]
+            if first is None or self.break_id is None or not gen.text:
+                return False
+            opening = text[int(encoded.char_spans[first, 0]) : int(encoded.char_spans[first, 1])]
             opens_a_line = opening.lstrip(" \t").startswith("\n")  # the line breaks before a later heading
-            return self.break_id is not None and bool(gen.text) and bool(opening) and not opens_a_line and not gen.text.rstrip(" \t").endswith("\n")
+            return not opens_a_line and not gen.text.rstrip(" \t").endswith("\n")
         return self._runs_into(gen, pidx, self._opening_token(encoded, text, pos))
 
     def _runs_into(self, gen: Generation, pidx: int, pos: int) -> bool:
