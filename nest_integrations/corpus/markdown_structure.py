@@ -545,7 +545,7 @@ def unclosed_fence(text: str) -> str | None:
     if layout is None or not layout.code:
         return None
     start, end = layout.code[-1]
-    opener = re.match(r"(`{3,}|~{3,})", text[start:end])
+    opener = _FENCE_LINE.match(text, start, end)
     if text[end:].strip() or opener is None or closing_fence(text, (start, end)) is not None:
         return None
     return opener.group(1)

@@ -142,6 +142,16 @@ class _Reader:
             stop -= 1
         return stop
 
+    def code_body(self, first: int, *, code: bool = False) -> int | None:
+        """The indented body from line ``first`` (:meth:`body_end`) as one ``"code"`` block when it
+        is code (``code``: a code directive's body, whatever it reads as) or reads as code
+        (:func:`reads_as_code`): the line after it; None, and nothing added, when it reads as text."""
+        stop = self.body_end(first)
+        if not code and not reads_as_code(self.text[self.lines[first] : self.lines[stop]]):
+            return None
+        self.add("code", first, stop)
+        return stop
+
     def paragraph_end(self, first: int) -> int:
         """The line after the run of non-blank lines from ``first``."""
         stop = first
@@ -216,12 +226,8 @@ class _Reader:
             first += 1
         if first == len(self.raw) or self.indent[first] <= self.indent[i]:
             return first  # no body
-        stop = self.body_end(first)
-        content = self.text[self.lines[first] : self.lines[stop]]
-        if directive.group(1).lower() in CODE_DIRECTIVES or reads_as_code(content):
-            self.add("code", first, stop)
-            return stop
-        return first
+        stop = self.code_body(first, code=directive.group(1).lower() in CODE_DIRECTIVES)
+        return first if stop is None else stop
 
     def read_paragraph(self, i: int) -> tuple[int, bool]:
         """A paragraph or list item from line ``i``: ``(next line, whether it ends in ::)``. It also
@@ -245,10 +251,8 @@ class _Reader:
         i = 0
         if OPENS_INDENTED.match(self.text):  # the body of a block whose start the text does not show
             i = next(j for j in range(n) if not self.blank[j])
-            stop = self.body_end(i)
-            if reads_as_code(self.text[self.lines[i] : self.lines[stop]]):
-                self.add("code", i, stop)
-                i = stop
+            stop = self.code_body(i)
+            i = i if stop is None else stop
         while i < n:
             if self.blank[i]:
                 i += 1

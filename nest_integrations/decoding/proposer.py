@@ -185,20 +185,18 @@ class SpanProposer:
         pidx, pos = gen.plan.opening  # type: ignore[misc]
         text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
         if gen.plan.copying_title and gen.plan.window_end is not None:
-            first = next(iter(title_tokens(text, encoded.char_spans, pos, gen.plan.window_end[1])), None)
-            if first is None or self.break_id is None or not gen.text:
-                return False
-            opening = text[int(encoded.char_spans[first, 0]) : int(encoded.char_spans[first, 1])]
-            opens_a_line = opening.lstrip(" \t").startswith("\n")  # the line breaks before a later heading
-            return not opens_a_line and not gen.text.rstrip(" \t").endswith("\n")
+            first = next(iter(title_tokens(text, encoded.char_spans, pos, gen.plan.window_end[1])), len(encoded.char_spans))
+            return self._runs_into(gen, pidx, first, opens_line=True)
         return self._runs_into(gen, pidx, self._opening_token(encoded, text, pos))
 
-    def _runs_into(self, gen: Generation, pidx: int, pos: int) -> bool:
+    def _runs_into(self, gen: Generation, pidx: int, pos: int, *, opens_line: bool = False) -> bool:
         """Whether copying token ``pos`` of passage ``pidx`` next would run it into the text so
-        far (a break token must be known). A token that opens a line of its source (only the
-        line's indentation before it) runs into any text that does not end in a line break:
-        the spaces of a code line's indentation separate no lines. Any other token runs into a
-        text that ends in a word or a sign unless it opens with white space."""
+        far (a break token must be known). A token that opens a line (``opens_line``: a section's
+        title label, read after its heading's marks; or only the line's indentation before it in
+        its source) runs into any text that does not end in a line break: the spaces of a code
+        line's indentation separate no lines. Any other token runs into a text that ends in a
+        word or a sign unless it opens with white space; a token that brings its own line break
+        runs into nothing."""
         if self.break_id is None or not gen.text:
             return False
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
@@ -207,8 +205,8 @@ class SpanProposer:
         start = int(char_spans[pos, 0])
         token = text[start : int(char_spans[pos, 1])]
         if token.lstrip(" \t").startswith("\n"):
-            return False  # the token brings its own line break
-        if not text[text.rfind("\n", 0, start) + 1 : start].strip(" \t"):
+            return False
+        if opens_line or not text[text.rfind("\n", 0, start) + 1 : start].strip(" \t"):
             return not gen.text.rstrip(" \t").endswith("\n")
         return not gen.text[-1].isspace() and not token[:1].isspace()
 
