@@ -535,6 +535,38 @@ def test_the_lm_never_writes_inside_copied_code(tiny_lm):
     assert proposer._inside_copied_code(gen) is None and gen.plan.between_windows
 
 
+LONG_EXAMPLE = Passage(
+    id="hooks.md",
+    text="The `onRequest` hook runs before the body is parsed; register it on the instance:\n\n```js\n"
+    + "".join(f"fastify.addHook('onRequest', async (request, reply) => {{ request.log.info('step {i}') }})\n" for i in range(6))
+    + "```\n",
+)
+
+
+@pytest.mark.parametrize("fenced", [True, False], ids=["fenced", "indented"])
+def test_a_budget_that_ends_inside_copied_code_ends_at_a_line_end_with_the_block_closed(tiny_lm, fenced):
+    """Whatever the token budget, an answer that copies a long example does not end inside it:
+    the copy stops at the last line end from which the budget can still close the block, and the
+    decoder's closing fence (not copied, not the model's words) is the answer's last line; an
+    indented block, which no fence closes, ends at a line end. A budget that ends there cut a line
+    ("rv = click.Group.get_command(self, ctx,") and left the block open to the answer's end."""
+    from nest_integrations.corpus.markdown_structure import unclosed_fence
+
+    text = LONG_EXAMPLE.text if fenced else "# Hooks\n\n" + LONG_EXAMPLE.text.replace("```js\n", "").replace("```\n", "").replace("\nfastify", "\n    fastify")
+    example = Passage(id="hooks.md", text=text)
+    lines = set(text.splitlines())
+    question = "How do I register an onRequest hook that runs before the body is parsed?"
+    for budget in range(40, 140, 7):
+        out = _two_window_answer(tiny_lm, [example], question, max_new_tokens=budget)
+        assert unclosed_fence(out.text) is None, (budget, out.text)
+        shown = out.text[: -len("\n```")] if fenced and out.text.endswith("\n```") else out.text
+        assert all(line in lines or not line for line in shown.strip("\n").splitlines()[1:]), (budget, out.text)
+        assert not any(model_written(out, span) for span in out.spans)
+        if out.stats.finish_reason == "length" and "fastify.addHook" in out.text:
+            assert out.text.endswith(")\n```" if fenced else ")"), (budget, out.text)
+            assert out.spans[-1].copied != fenced and out.stats.new_tokens <= budget
+
+
 def test_a_window_that_goes_on_from_a_better_one_is_copied_with_it():
     """The sentence right after the best window is copied straight after it, in the source's
     order, not after the second window; a window that ends where a better one starts keeps its

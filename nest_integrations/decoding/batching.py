@@ -376,7 +376,7 @@ class RowScheduler:
         if row.gen.finished:
             self._finish(row)
             return False
-        row.proposal = proposal.cut(row.gen.config.max_new_tokens - len(row.gen.records))
+        row.proposal = proposal.cut(row.gen.tokens_left())
         return self._stays(row)
 
     def _verify(self, row: Row, feed: "_Feed", start: int, logits: torch.Tensor, keys: torch.Tensor) -> bool:

@@ -44,6 +44,18 @@ class Generation:
     """Sentence starts (characters) of each candidate passage, computed when first needed."""
     lead_in: str = ""
     """Text the output continues: a plain-text prompt (a chat answer starts afresh)."""
+    budget: int = -1
+    """Tokens the answer may hold: ``config.max_new_tokens`` (set when -1), or fewer once a copy
+    in code stopped at the last line end from which the budget could close its block: the
+    closing fence is then the answer's last tokens (``length``)."""
+
+    def __post_init__(self) -> None:
+        if self.budget < 0:
+            self.budget = self.config.max_new_tokens
+
+    def tokens_left(self) -> int:
+        """Tokens the budget leaves the answer (0 or fewer: it is spent)."""
+        return self.budget - len(self.records)
 
     def finish(self, reason: FinishReason) -> None:
         """End the generation with ``reason``. A paragraph break set between two copies

@@ -19,7 +19,8 @@ Beyond the paper, each decision is a small rule of its own:
   (made by :mod:`~nest_integrations.decoding.prepare`): a planned window is copied whole, without
   the relaxed check (``config.check_answer_windows`` off), a section's title unchecked above it;
 * inside copied code the LM writes nothing: the copy goes on to the line's end, or to the
-  block's closing fence;
+  block's closing fence; nor does the token budget end inside it: the copy stops at the last
+  line end from which the budget can still close the block, and the closing fence ends the answer;
 * two planned copies that would run into each other get a paragraph break between them, and so
   does a copy that goes on past a line of markup or across a chunker's cut.
 """
@@ -47,6 +48,10 @@ from .proposal import Proposal, Verdict
 from .spans import TokenRecord
 
 __all__ = ["SpanProposer", "paragraph_break_id"]
+
+_FENCE_ROOM = 8
+"""Tokens a closing fence on a line of its own may take (three backticks and a line break take 2
+with the default tokenizer): a copy in code that ends this far before the budget is not parsed."""
 
 _SEAM_TRIES = 32
 """Neighbours tried, best p_M first, for one where a copy may start; beyond, the LM writes a token."""
@@ -146,6 +151,10 @@ class SpanProposer:
             tokens = gen.candidates.passage(pidx).token_ids  # type: ignore[union-attr]
             end = self._copy_end(gen, pidx, pos, source_repeats=announced)
             span = [TokenRecord(int(tokens[i]), pidx, i) for i in range(pos, end)]
+            if span and (fits := self._code_in_budget(gen, pidx, pos, len(span))) < len(span):
+                if fits == 0:
+                    return self._close_for_budget(gen)
+                span = span[:fits]
             if span and announced and not whole:
                 span = span[: self._first_line_length(gen, pidx, pos, end)]
                 return Proposal(span[0], span[1:], unchecked=True)
@@ -166,14 +175,77 @@ class SpanProposer:
         a window ended where a chunker cut its code); None when no block is open or the budget
         cannot hold it. Like a paragraph break between copies, it is set by the decoder: not
         copied, and no word of the model's own."""
-        fence = unclosed_fence(gen.text)
-        if fence is None or self.datastore is None:
+        ids = self._fence_tokens(gen.text)
+        if not ids or len(ids) >= gen.tokens_left():
             return None
-        ids, _ = self.datastore.encoder.tokenize(("" if gen.text.endswith("\n") else "\n") + fence)
-        if len(gen.records) + len(ids) >= gen.config.max_new_tokens:
-            return None
-        records = [TokenRecord(int(i), separator=True) for i in ids]
+        records = [TokenRecord(i, separator=True) for i in ids]
         return Proposal(records[0], records[1:], unchecked=True)
+
+    def _fence_tokens(self, text: str) -> list[int]:
+        """Token ids of the fence (if any) that closes the fenced block ``text`` ends inside, on a line
+        of its own (:func:`~nest_integrations.corpus.markdown_structure.unclosed_fence`); [] for none."""
+        fence = unclosed_fence(text)
+        if fence is None or self.datastore is None:
+            return []
+        ids, _ = self.datastore.encoder.tokenize(("" if text.endswith("\n") else "\n") + fence)
+        return [int(i) for i in ids]
+
+    def _code_in_budget(self, gen: Generation, pidx: int, pos: int, count: int) -> int:
+        """How many of the ``count`` tokens of a copy from token ``pos`` of passage ``pidx`` the answer
+        takes so that the budget (:meth:`~.generation.Generation.tokens_left`) does not end inside
+        copied code: all of them when the budget can still finish the line they end on and close
+        its block, or when they end outside a code block of their source
+        (:func:`~nest_integrations.corpus.markdown_structure.open_code_block`); else the most that end
+        at a line end and leave the budget room for the fence that closes the
+        block; 0 (close it now) when none do and the answer so far ends at a line end, else all
+        of them (the budget cuts the line, as it would have). A copy ends at a line end right
+        before its source's line break (the default tokenizer writes a line break and the next
+        line's indentation as one token; the closing fence brings its own line break), or after
+        a line break that is a token of its own.
+
+        A budget that ends inside copied code cuts a line ("rv = click.Group.get_command(self, ctx,")
+        and leaves its block open, which a Markdown reader renders as code to the end; a copy that
+        stops at a line end instead, with its block closed, shows whole lines of the source. The
+        answer is parsed only when the budget is within ``_FENCE_ROOM`` tokens of that line's end."""
+        room = gen.tokens_left()
+        text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
+        start = int(char_spans[pos, 0])
+
+        def answer(taken: int) -> str:
+            return gen.text + text[start : int(char_spans[pos + taken - 1, 1])] if taken else gen.text
+
+        def line_done(taken: int) -> bool:  # the answer ends where a line of the source does
+            return text.startswith("\n", int(char_spans[pos + taken - 1, 1]) if taken else start) or answer(taken).endswith("\n")
+
+        newline = text.find("\n", int(char_spans[pos + count - 1, 1]))
+        to_line_end = count if line_done(count) else (_first_token_from(char_spans, newline + 1) if newline >= 0 else len(char_spans)) - pos
+        if to_line_end + _FENCE_ROOM < room:
+            return count
+        if open_code_block(text, int(char_spans[pos + min(count, room) - 1, 1])) is None:
+            return count  # the budget ends in prose, as anywhere else
+        for taken in range(min(count, room), 0, -1):
+            done = line_done(taken)
+            if not done and taken < count:
+                continue
+            so_far = answer(taken)
+            fence = unclosed_fence(so_far)
+            if fence is not None and so_far.rstrip().rsplit("\n", 1)[-1].strip().startswith(fence):
+                continue  # the block's opening line alone: an empty block
+            if (taken if done else to_line_end) + len(self._fence_tokens(so_far)) <= room:
+                return taken
+        return 0 if gen.text.strip() and line_done(0) else count
+
+    def _close_for_budget(self, gen: Generation) -> Proposal:
+        """The budget cannot hold the next line of the copied code: the fence that closes the block
+        (set by the decoder, as between two copies) ends the answer, or, for a block that needs
+        none, the answer ends now (``length`` either way)."""
+        fence = self._fence_tokens(gen.text)
+        if fence and len(fence) <= gen.tokens_left():
+            gen.budget = len(gen.records) + len(fence)
+            records = [TokenRecord(i, separator=True) for i in fence]
+            return Proposal(records[0], records[1:], unchecked=True)
+        gen.finish("length")
+        return Proposal(TokenRecord(next(iter(self.eos_ids), 0)))  # commit takes nothing more
 
     def _runs_into_copy(self, gen: Generation) -> bool:
         """Whether the planned copy about to open would run into the text so far: both end and

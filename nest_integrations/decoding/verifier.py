@@ -8,7 +8,8 @@ distribution, so every forward advances by at least one token (the scheduler cro
 columns back to it). Accepted tokens join the text (:meth:`SpanVerifier.commit`) and the stop
 rules apply:
 
-* EOS, a stop string, ``max_new_tokens``;
+* EOS, a stop string, the token budget (``max_new_tokens``, or less where a copy in code stopped
+  to close its block: :meth:`~nest_integrations.decoding.generation.Generation.tokens_left`);
 * copying the last token of the planned copies
   (:class:`~nest_integrations.decoding.copy_plan.CopyPlan`; ``answered``), or an LM token where
   the plan refuses one;
@@ -110,7 +111,7 @@ class SpanVerifier:
                 gen.candidates.mark_used(record.passage_index, record.position, record.position)  # type: ignore[union-attr, arg-type]
             if any(s in gen.text for s in gen.config.stop):
                 gen.finish("stop")
-            elif len(gen.records) >= gen.config.max_new_tokens:
+            elif gen.tokens_left() <= 0:
                 gen.finish("length")
             elif copied:
                 if gen.plan.ends_at(record.passage_index, record.position):  # type: ignore[arg-type]
