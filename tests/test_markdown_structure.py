@@ -389,3 +389,16 @@ def test_a_footnote_reference_alone_makes_a_chunk_markdown():
     chunk = "That is a hacky requirement for a very common problem.[^immutable]\n\n- To attach methods you have to subclass it.\n"
     assert looks_like_markdown(chunk) and _hidden_text(chunk) == ["[^immutable]"]
     assert not looks_like_markdown("Strip it with re.sub(r'[^a-z]+', '', s) and go on.")
+
+
+def test_a_text_that_opens_with_a_bare_fence_opens_a_code_block_with_it():
+    """An answer that copied a diagram's bare opening fence and was cut before its closing one is
+    inside that block: the fence that closes it is the one to set. A chunk cut inside a block,
+    which closes it with a bare fence before its prose, still reads its opening lines as code."""
+    from nest_integrations.corpus.markdown_structure import unclosed_fence
+
+    diagram = "```\nfastify.close() called\n  │\n  ├─▶ closing = true (new requests receive 503)\n  │"
+    assert [(b.kind, b.start, b.end) for b in parse_blocks(diagram)] == [("code", 0, len(diagram))]
+    assert unclosed_fence(diagram) == "```"
+    cut = "  return reply.send(x)\n})\n```\n\nThen start the server."
+    assert [b.kind for b in parse_blocks(cut)] == ["code", "paragraph"] and unclosed_fence(cut) is None

@@ -182,8 +182,9 @@ def _link_definitions(text: str, lines: list[int], covered: list[bool]) -> list[
 
 def _fence_misreadings(source: str, tokens: list[Any]) -> tuple[int, int]:
     """How implausibly a parse reads the code fences of ``source``: ``(fence lines with an info
-    string read as code content, code blocks whose fence is never closed)``. Documentation
-    opens a fence with its language (```js) and closes it bare."""
+    string read as code content, code blocks whose fence is never closed or that hold no line)``.
+    Documentation opens a fence with its language (```js) and closes it bare, and writes no empty
+    block: a text that opens with a bare fence (a diagram's) opens a block with it."""
     lines = source.split("\n")
     inside = unclosed = 0
     for token in tokens:
@@ -191,7 +192,7 @@ def _fence_misreadings(source: str, tokens: list[Any]) -> tuple[int, int]:
             continue
         body = lines[token.map[0] + 1 : token.map[1]]
         inside += sum(bool(_INFO_FENCE.match(line)) for line in body)
-        unclosed += not body or not _BARE_FENCE.match(body[-1])
+        unclosed += len(body) < 2 or not _BARE_FENCE.match(body[-1])
     return inside, unclosed
 
 
