@@ -567,6 +567,34 @@ def test_a_budget_that_ends_inside_copied_code_ends_at_a_line_end_with_the_block
             assert out.spans[-1].copied != fenced and out.stats.new_tokens <= budget
 
 
+def test_an_answer_that_ends_inside_a_block_its_chunk_cut_gets_the_closing_fence(tiny_lm):
+    """A planned answer that ends where its copy does, inside a fenced block whose chunk a chunker
+    cut before the closing fence, ends with that fence on a line of its own: set by the decoder
+    (not copied, not the model's words), so a reader of the raw text sees the code end. Outside a
+    fence, or in a mode that copies nothing, the text is left as it is."""
+    from nest_integrations.decoding.output import NestOutput
+
+    cut = Passage(id="hooks.md#3", text="Register it on the instance:\n\n```js\nfastify.addHook('onRequest', handler)\nfastify.listen({ port: 3000 })")
+    decoder = NestDecoder(tiny_lm, TokenDatastore([], PassageEncoder(tiny_lm)))
+    gen, _, _ = _copied_to(decoder, cut, len(cut.text))
+    gen.finish("answered")
+    decoder.verifier.close(gen)
+    assert gen.text == cut.text + "\n```" and gen.records[-1].separator
+    output: NestOutput = gen.output(decoder.datastore.passages)
+    assert [(span.text, span.copied) for span in output.spans] == [(cut.text, True), ("\n```", False)]
+    assert not any(model_written(output, span) for span in output.spans)
+    prose, _, _ = _copied_to(decoder, CODE_DOC, CODE_DOC.text.index("then"))
+    prose.finish("answered")
+    before = prose.text
+    decoder.verifier.close(prose)
+    assert prose.text == before
+    base, _, _ = _copied_to(decoder, cut, len(cut.text))
+    base.config = NestConfig(mode="base")
+    base.finish("eos")
+    decoder.verifier.close(base)
+    assert not base.text.endswith("```")
+
+
 def test_a_window_that_goes_on_from_a_better_one_is_copied_with_it():
     """The sentence right after the best window is copied straight after it, in the source's
     order, not after the second window; a window that ends where a better one starts keeps its

@@ -552,6 +552,14 @@ def unclosed_fence(text: str) -> str | None:
     return opener.group(1)
 
 
+def closing_fence_line(text: str) -> str | None:
+    """What closes the fenced code block ``text`` ends inside (:func:`unclosed_fence`) on a line
+    of its own: the fence, after a line break unless ``text`` ends in one; None when ``text``
+    ends outside a fenced block."""
+    fence = unclosed_fence(text)
+    return None if fence is None else ("" if text.endswith("\n") else "\n") + fence
+
+
 _HEADING_MARKS = re.compile(r"[ \t]*#{1,6}[ \t]+")
 _CLOSING_MARKS = re.compile(r"[ \t]+#+[ \t]*$")
 _UNDERLINE = re.compile(rf"[ \t]*({ADORNMENT_CHARACTER})\1*[ \t]*")

@@ -415,6 +415,7 @@ class RowScheduler:
         if row.cancelled:
             return
         try:
+            row.speculation.verifier.close(row.gen)
             row.output = row.gen.output(row.speculation.passages)
             if row.listener is not None:
                 row.listener.finished(row, row.output)

@@ -35,7 +35,8 @@ import torch
 from nest_integrations.core.config import NestConfig
 from nest_integrations.core.mixture import relaxed_accept_ratio
 from nest_integrations.corpus.markdown_structure import (
-    closing_fence, copyable_end, copyable_tokens, first_copyable, open_code_block, title_tokens, unclosed_fence,
+    closing_fence, closing_fence_line, copyable_end, copyable_tokens, first_copyable, open_code_block, title_tokens,
+    unclosed_fence,
 )
 from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
@@ -183,11 +184,11 @@ class SpanProposer:
 
     def _fence_tokens(self, text: str) -> list[int]:
         """Token ids of the fence (if any) that closes the fenced block ``text`` ends inside, on a line
-        of its own (:func:`~nest_integrations.corpus.markdown_structure.unclosed_fence`); [] for none."""
-        fence = unclosed_fence(text)
-        if fence is None or self.datastore is None:
+        of its own (:func:`~nest_integrations.corpus.markdown_structure.closing_fence_line`); [] for none."""
+        closing = closing_fence_line(text)
+        if closing is None or self.datastore is None:
             return []
-        ids, _ = self.datastore.encoder.tokenize(("" if text.endswith("\n") else "\n") + fence)
+        ids, _ = self.datastore.encoder.tokenize(closing)
         return [int(i) for i in ids]
 
     def _code_in_budget(self, gen: Generation, pidx: int, pos: int, count: int) -> int:

@@ -17,6 +17,9 @@ rules apply:
   Markdown section (``stop_at_source_end``): what a small LM writes after a fully copied source
   is its own, and mostly invented. A copy reaching a chunk's end goes on into the next chunk
   of its document when that was retrieved.
+
+An answer that ended where its copies do inside a fenced block they left open gets the block's
+closing fence (:meth:`SpanVerifier.close`, applied by the scheduler once a row has finished).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from nest_integrations.core.mixture import accepted_prefix_length, relaxed_accept_ratio
-from nest_integrations.corpus.markdown_structure import section_ends_at
+from nest_integrations.corpus.markdown_structure import closing_fence_line, section_ends_at
 from nest_integrations.store.candidates import CandidateSet
 from nest_integrations.store.datastore import TokenDatastore
 from .chunk_chain import continue_at
@@ -98,14 +101,7 @@ class SpanVerifier:
                 return
             if not record.separator:
                 gen.plan.between_windows = False
-            gen.records.append(record)
-            gen.ids.append(record.token_id)
-            text = self.tokenizer.decode(gen.ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-            # A token ending inside a multi-byte character decodes to U+FFFD until
-            # the next token completes it; it owns no characters until then.
-            partial = text.endswith("\ufffd")
-            gen.boundaries.append((gen.boundaries[-1] if gen.boundaries else 0) if partial else len(text))
-            gen.text = text
+            self._append(gen, record)
             copied = record.passage_index is not None and gen.candidates is not None
             if copied:
                 gen.candidates.mark_used(record.passage_index, record.position, record.position)  # type: ignore[union-attr, arg-type]
@@ -123,6 +119,34 @@ class SpanVerifier:
                     gen.finish("source_end")
             if gen.finished:
                 return
+
+    def _append(self, gen: Generation, record: TokenRecord) -> None:
+        """Add one token to ``gen``: its record, its id, the text and the token's end in it."""
+        gen.records.append(record)
+        gen.ids.append(record.token_id)
+        text = self.tokenizer.decode(gen.ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        # A token ending inside a multi-byte character decodes to U+FFFD until
+        # the next token completes it; it owns no characters until then.
+        partial = text.endswith("\ufffd")
+        gen.boundaries.append((gen.boundaries[-1] if gen.boundaries else 0) if partial else len(text))
+        gen.text = text
+
+    def close(self, gen: Generation) -> None:
+        """The last tokens of a ``nest`` / ``ra_nest`` answer that ended where its copies end
+        (``answered``, ``source_end``, ``eos``) inside a fenced code block its last copy left open
+        (a chunker cut the block): the block's closing fence on a line of its own, set like a
+        paragraph break between copies (not copied, no word of the model's), when the budget holds
+        it. A reader of the raw text (a LangChain string, a file) sees the code end where the copy
+        did; the renderers close such a block too."""
+        if gen.config.mode not in ("nest", "ra_nest") or gen.stats.finish_reason not in ("answered", "source_end", "eos"):
+            return
+        closing = closing_fence_line(gen.text) if gen.records and gen.records[-1].copied else None
+        if closing is None:
+            return
+        ids = self.tokenizer(closing, add_special_tokens=False)["input_ids"]
+        if len(ids) <= gen.tokens_left():
+            for token in ids:
+                self._append(gen, TokenRecord(int(token), separator=True))
 
     def _source_exhausted(self, candidates: CandidateSet, record: TokenRecord) -> bool:
         """Whether ``record`` copied the last token of its passage and no candidate
