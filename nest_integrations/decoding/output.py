@@ -229,7 +229,8 @@ class GenerationStats(BaseModel):
     )
     finish_reason: Optional[FinishReason] = Field(
         None,
-        description="Why the generation ended: the LM's end-of-sequence token, a stop string, max_new_tokens, "
+        description="Why the generation ended: the LM's end-of-sequence token, a stop string, max_new_tokens ('length'; "
+        "a copy in code stops at the last line end before it and closes its block, so it may end a few tokens short), "
         "copying reached the end of its source (NestConfig.stop_at_source_end), or the copied sentence "
         "answered a question and the source goes on to something else (NestConfig.answer_focus), or no retrieved "
         "passage answers the question and the text says so instead of the LM answering alone (NestConfig.fallback).",
