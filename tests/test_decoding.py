@@ -565,6 +565,14 @@ def test_a_budget_that_ends_inside_copied_code_ends_at_a_line_end_with_the_block
         if out.stats.finish_reason == "length" and "fastify.addHook" in out.text:
             assert out.text.endswith(")\n```" if fenced else ")"), (budget, out.text)
             assert out.spans[-1].copied != fenced and out.stats.new_tokens <= budget
+    # A stream sends the same answer, the decoder's fence with the last chunk.
+    store = TokenDatastore([example], PassageEncoder(tiny_lm))
+    knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=61)
+    decoder = NestDecoder(tiny_lm, store, ListRetriever([example]), NestConfig(**knobs), relevance=word_share)
+    messages = [{"role": "user", "content": question}]
+    full = decoder.generate(messages, query=question, answer_windows=2)
+    chunks = list(decoder.stream(messages, query=question, answer_windows=2))
+    assert "".join(c.text for c in chunks) == full.text and merge_spans([s for c in chunks for s in c.spans]) == full.spans
 
 
 def test_an_answer_that_ends_inside_a_block_its_chunk_cut_gets_the_closing_fence(tiny_lm):
