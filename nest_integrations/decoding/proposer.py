@@ -36,7 +36,6 @@ from nest_integrations.core.config import NestConfig
 from nest_integrations.core.mixture import relaxed_accept_ratio
 from nest_integrations.corpus.markdown_structure import (
     closing_fence, closing_fence_line, copyable_end, copyable_tokens, first_copyable, open_code_block, title_tokens,
-    unclosed_fence,
 )
 from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
@@ -134,8 +133,8 @@ class SpanProposer:
                     proposal = self._past_hidden(gen, *resumed, gen.plan.window_end[1])  # type: ignore[index]
                     if proposal is None:  # the rest of the window is markup a reader does not see
                         gen.end_planned_copy()
-                        if gen.finished:  # commit takes nothing more
-                            return Proposal(TokenRecord(next(iter(self.eos_ids), 0)))
+                        if gen.finished:
+                            return self._nothing_more()
                         # The next window opens, or this one runs on from here, past its markup.
                         return self._propose(gen, mixture, at, resume_at, generator)
                 else:  # a copy running on: past a directive line or a comment, as a reader reads on
@@ -176,20 +175,22 @@ class SpanProposer:
         a window ended where a chunker cut its code); None when no block is open or the budget
         cannot hold it. Like a paragraph break between copies, it is set by the decoder: not
         copied, and no word of the model's own."""
-        ids = self._fence_tokens(gen.text)
+        ids = self._fence_tokens(closing_fence_line(gen.text))
         if not ids or len(ids) >= gen.tokens_left():
             return None
-        records = [TokenRecord(i, separator=True) for i in ids]
-        return Proposal(records[0], records[1:], unchecked=True)
+        return _set_by_decoder(ids)
 
-    def _fence_tokens(self, text: str) -> list[int]:
-        """Token ids of the fence (if any) that closes the fenced block ``text`` ends inside, on a line
-        of its own (:func:`~nest_integrations.corpus.markdown_structure.closing_fence_line`); [] for none."""
-        closing = closing_fence_line(text)
+    def _fence_tokens(self, closing: Optional[str]) -> list[int]:
+        """Token ids of ``closing``, the fence line that closes a fenced block
+        (:func:`~nest_integrations.corpus.markdown_structure.closing_fence_line`); [] for None."""
         if closing is None or self.datastore is None:
             return []
         ids, _ = self.datastore.encoder.tokenize(closing)
         return [int(i) for i in ids]
+
+    def _nothing_more(self) -> Proposal:
+        """What a generation that has just finished proposes: a token its commit does not take."""
+        return Proposal(TokenRecord(next(iter(self.eos_ids), 0)))
 
     def _code_in_budget(self, gen: Generation, pidx: int, pos: int, count: int) -> int:
         """How many of the ``count`` tokens of a copy from token ``pos`` of passage ``pidx`` the answer
@@ -229,10 +230,10 @@ class SpanProposer:
             if not done and taken < count:
                 continue
             so_far = answer(taken)
-            fence = unclosed_fence(so_far)
-            if fence is not None and so_far.rstrip().rsplit("\n", 1)[-1].strip().startswith(fence):
+            closing = closing_fence_line(so_far)
+            if closing is not None and so_far.rstrip().rsplit("\n", 1)[-1].strip().startswith(closing.lstrip("\n")):
                 continue  # the block's opening line alone: an empty block
-            if (taken if done else to_line_end) + len(self._fence_tokens(so_far)) <= room:
+            if (taken if done else to_line_end) + len(self._fence_tokens(closing)) <= room:
                 return taken
         return 0 if gen.text.strip() and line_done(0) else count
 
@@ -240,13 +241,12 @@ class SpanProposer:
         """The budget cannot hold the next line of the copied code: the fence that closes the block
         (set by the decoder, as between two copies) ends the answer, or, for a block that needs
         none, the answer ends now (``length`` either way)."""
-        fence = self._fence_tokens(gen.text)
+        fence = self._fence_tokens(closing_fence_line(gen.text))
         if fence and len(fence) <= gen.tokens_left():
             gen.budget = len(gen.records) + len(fence)
-            records = [TokenRecord(i, separator=True) for i in fence]
-            return Proposal(records[0], records[1:], unchecked=True)
+            return _set_by_decoder(fence)
         gen.finish("length")
-        return Proposal(TokenRecord(next(iter(self.eos_ids), 0)))  # commit takes nothing more
+        return self._nothing_more()
 
     def _runs_into_copy(self, gen: Generation) -> bool:
         """Whether the planned copy about to open would run into the text so far: both end and
@@ -456,6 +456,13 @@ class SpanProposer:
             keep = sorted_p.cumsum(0) - sorted_p < config.top_p
             probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
         return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _set_by_decoder(ids: list[int]) -> Proposal:
+    """Tokens the decoder sets, not copied and no word of the model's (a closing fence on a line of
+    its own): separators, accepted whole."""
+    records = [TokenRecord(i, separator=True) for i in ids]
+    return Proposal(records[0], records[1:], unchecked=True)
 
 
 def _first_token_from(char_spans: np.ndarray, char: int) -> int:
