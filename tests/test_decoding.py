@@ -367,12 +367,16 @@ def test_the_example_a_window_announces_is_copied_to_its_first_lines_end_though_
     assert "code-block" not in out.text and not any(model_written(out, span) for span in out.spans)
 
 
-def _two_window_answer(tiny_lm, passages, question, max_new_tokens=80):
-    """The answer to ``question`` copied in two planned windows of ``passages`` (all retrieved),
-    with an LM that accepts every copy."""
+def _accepting_decoder(tiny_lm, passages, max_new_tokens):
+    """A nest decoder over ``passages`` (all retrieved) with an LM that accepts every copy."""
     store = TokenDatastore(passages, PassageEncoder(tiny_lm))
     knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=max_new_tokens)
-    decoder = NestDecoder(tiny_lm, store, ListRetriever(passages), NestConfig(**knobs), relevance=word_share)
+    return NestDecoder(tiny_lm, store, ListRetriever(passages), NestConfig(**knobs), relevance=word_share)
+
+
+def _two_window_answer(tiny_lm, passages, question, max_new_tokens=80):
+    """The answer to ``question`` copied in two planned windows of ``passages`` (:func:`_accepting_decoder`)."""
+    decoder = _accepting_decoder(tiny_lm, passages, max_new_tokens)
     return decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=2)
 
 
@@ -566,9 +570,7 @@ def test_a_budget_that_ends_inside_copied_code_ends_at_a_line_end_with_the_block
             assert out.text.endswith(")\n```" if fenced else ")"), (budget, out.text)
             assert out.spans[-1].copied != fenced and out.stats.new_tokens <= budget
     # A stream sends the same answer, the decoder's fence with the last chunk.
-    store = TokenDatastore([example], PassageEncoder(tiny_lm))
-    knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=61)
-    decoder = NestDecoder(tiny_lm, store, ListRetriever([example]), NestConfig(**knobs), relevance=word_share)
+    decoder = _accepting_decoder(tiny_lm, [example], 61)
     messages = [{"role": "user", "content": question}]
     full = decoder.generate(messages, query=question, answer_windows=2)
     chunks = list(decoder.stream(messages, query=question, answer_windows=2))
