@@ -308,6 +308,12 @@ def test_the_chunk_that_goes_on_from_a_passage_is_the_next_of_its_document(tiny_
     assert {k: (store.passages[v].id if v is not None else None) for k, v in following.items()} == {
         "d#0": "d#1", "d#1": "d#2", "d#2": None, "e#0": None, "loose": None,
     }
+    preceding = {p.id: store.preceding_chunk(store.index_of(p.id)) for p in chunks}
+    assert {k: (store.passages[v].id if v is not None else None) for k, v in preceding.items()} == {
+        "d#0": None, "d#1": "d#0", "d#2": "d#1", "e#0": None, "loose": None,
+    }
     assert store.remove(["d#1"]) == 1 and store.following_chunk(store.index_of("d#0")) is None, "a chunk is missing before d#2"
+    assert store.preceding_chunk(store.index_of("d#2")) is None
     store.add(Passage(id="d#1b", text=doc[second - 9 : third], doc_id="d", doc_char_start=second - 9))  # overlapping the cut
     assert store.passages[store.following_chunk(store.index_of("d#0"))].id == "d#1b"
+    assert store.passages[store.preceding_chunk(store.index_of("d#1b"))].id == "d#0"

@@ -327,6 +327,16 @@ def test_a_window_that_announces_an_example_runs_on_into_the_next_chunk_to_its_s
     assert out.attribution_ratio == 1.0 and [s.source.id for s in out.spans if s.copied][-1] == "opts#1"
 
 
+def _run_on_answer(tiny_lm, chunks, question, gamma):
+    """The answer to ``question`` over the ``chunks`` of one document of which the first stage
+    returns the first alone: the copy runs on into the others, checked by the LM alone (alpha -5)
+    at ``gamma`` (1e-6 accepts every copy; 1 refuses all but the LM's own best token)."""
+    store = TokenDatastore(chunks, PassageEncoder(tiny_lm))
+    knobs = dict(mode="nest", alpha=-5.0, tau=0.1, delta=1.0, gamma=gamma, min_passage_relevance=-1.0, max_new_tokens=80)
+    decoder = NestDecoder(tiny_lm, store, ListRetriever(chunks[:1]), NestConfig(**knobs), relevance=word_share)
+    return decoder.generate([{"role": "user", "content": question}], query=question)
+
+
 @pytest.mark.parametrize("indent", ["", "    "], ids=["indentation-cut", "indentation-kept"])
 def test_a_copy_that_crosses_the_white_space_a_chunker_cut_gets_a_paragraph_break_of_no_ones(tiny_lm, indent):
     """A chunker strips the blank line where it cuts (a splitter the indentation too; ``nest index
@@ -337,11 +347,7 @@ def test_a_copy_that_crosses_the_white_space_a_chunker_cut_gets_a_paragraph_brea
     second = f"{indent}def abort_if_false(ctx, param, value):\n        if not value:\n            ctx.abort()\n"
     cut = len(first) + len("\n\n    ") - len(indent)  # the white space the chunker left out
     chunks = [Passage(id="opts#0", text=first, doc_id="opts"), Passage(id="opts#1", text=second, doc_id="opts", doc_char_start=cut)]
-    store = TokenDatastore(chunks, PassageEncoder(tiny_lm))
-    knobs = dict(mode="nest", alpha=-5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=80)
-    decoder = NestDecoder(tiny_lm, store, ListRetriever(chunks[:1]), NestConfig(**knobs), relevance=word_share)
-    question = "How do I add a --yes flag so that a dangerous command asks first?"
-    out = decoder.generate([{"role": "user", "content": question}], query=question)
+    out = _run_on_answer(tiny_lm, chunks, "How do I add a --yes flag so that a dangerous command asks first?", gamma=1e-6)
     assert f"fail in a callback:\n\n{indent}def abort_if_false(ctx, param, value):" in out.text, out.text
     assert ("\n\n", False) in [(span.text, span.copied) for span in out.spans] and not any(model_written(out, span) for span in out.spans)
 
@@ -355,16 +361,30 @@ def test_the_example_a_window_announces_is_copied_to_its_first_lines_end_though_
     second = "@click.confirmation_option(prompt='Drop the db?')\n    def dropdb():\n        pass\n"
     cut = len(first) + len("\n\n    ")
     chunks = [Passage(id="opts#0", text=first, doc_id="opts"), Passage(id="opts#1", text=second, doc_id="opts", doc_char_start=cut)]
-    store = TokenDatastore(chunks, PassageEncoder(tiny_lm))
-    knobs = dict(mode="nest", alpha=-5.0, tau=0.1, delta=1.0, gamma=1.0, min_passage_relevance=-1.0, max_new_tokens=80)
-    decoder = NestDecoder(tiny_lm, store, ListRetriever(chunks[:1]), NestConfig(**knobs), relevance=word_share)
-    question = "How do I add a --yes flag so that a dangerous command asks first?"
-    out = decoder.generate([{"role": "user", "content": question}], query=question)
+    out = _run_on_answer(tiny_lm, chunks, "How do I add a --yes flag so that a dangerous command asks first?", gamma=1.0)
     tail = out.text.split("fail in a callback:")[1]
     assert tail.startswith("\n\n@click.confirmation_option(prompt='Drop the db?')"), out.text
     copied = tail[2:]
     assert second.startswith(copied) and (copied == second or second[len(copied)] == "\n"), "whole lines of the example"
     assert "code-block" not in out.text and not any(model_written(out, span) for span in out.spans)
+
+
+@pytest.mark.parametrize("announced", ["::", ".. code-block:: console"], ids=["literal-block", "directive"])
+def test_a_copy_into_a_chunk_cut_inside_code_goes_on_to_its_lines_end_though_the_lm_refuses_it(tiny_lm, announced):
+    """A chunk cut inside a literal block opens with shell lines that read as text on their own
+    (no prompt, no Python): read after the chunk before it, which announces the block, they are
+    code. A copy running on into them that the LM's check would end mid-line goes on to the
+    line's end, so no command is cut ("sudo chown root:root /usr/local/bin/")."""
+    first = "Installing\n==========\n\nDrop the binary into your ``PATH`` and make it executable"
+    first += "::" if announced == "::" else ":\n\n" + announced
+    second = "    sudo cp borg-linux64 /usr/local/bin/borg\n    sudo chown root:root /usr/local/bin/borg\n    sudo chmod 755 /usr/local/bin/borg\n"
+    cut = len(first) + len("\n\n")
+    chunks = [Passage(id="inst#0", text=first, doc_id="inst"), Passage(id="inst#1", text=second, doc_id="inst", doc_char_start=cut)]
+    # The LM's check (gamma 0.5) ends the copy on the second line, after "sudo chown root:".
+    out = _run_on_answer(tiny_lm, chunks, "How do I install the binary so that I can run it?", gamma=0.5)
+    copied = "".join(span.text for span in out.spans if span.copied and span.source.id == "inst#1")
+    assert copied and second.startswith(copied) and (copied == second or second[len(copied)] == "\n"), out.text
+    assert not any(model_written(out, span) for span in out.spans), out.text
 
 
 def _accepting_decoder(tiny_lm, passages, max_new_tokens):

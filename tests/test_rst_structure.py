@@ -8,6 +8,7 @@ from nest_integrations.corpus.chunking import chunk_passages
 from nest_integrations.corpus.markdown_structure import (
     copy_layout,
     looks_like_markdown,
+    open_code_block,
     parse_blocks,
     section_ends_at,
     section_title,
@@ -190,6 +191,22 @@ def test_a_text_that_opens_inside_an_indented_code_block_reads_it_as_code():
     ]
     note = "    Note that even if a parameter does not allow multiple values, Click\n    will still accept it.\n"
     assert [kind for kind, _ in _blocks(note)] == ["paragraph"]
+
+
+def test_a_chunk_cut_inside_a_literal_block_is_inside_it_when_read_after_the_chunk_before():
+    """Shell lines without a prompt read as text on their own; after the chunk that announces
+    them (a ``::`` paragraph, a console directive cut off with a line of its output), they are the
+    block's code up to where their indentation ends, and the prose after them is not."""
+    shell = "    sudo cp borg /usr/local/bin/borg\n    sudo chmod 755 /usr/local/bin/borg\n\nThen run ``borg``.\n"
+    inside = shell.index("chmod")
+    assert open_code_block(shell, inside) is None
+    assert open_code_block(shell, inside, lead="Drop the binary into your ``PATH``::\n\n") == (4, shell.index("\n\nThen"))
+    assert open_code_block(shell, shell.index("run"), lead="Drop the binary into your ``PATH``::\n\n") is None
+    output = "     ID     User\n    ----------------\n    *eb78040b  kasimir\n"
+    lead = ".. code-block:: console\n\n    $ restic key list\n    enter password for repository:\n\n"
+    assert open_code_block(output, output.index("kasimir")) is None
+    assert open_code_block(output, output.index("kasimir"), lead=lead) == (0, len(output) - 1)
+    assert open_code_block(output, output.index("kasimir"), lead="Some prose here.\n\n") is None
 
 
 def test_a_tilde_underline_is_a_title_not_a_markdown_code_fence():

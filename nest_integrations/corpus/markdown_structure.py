@@ -512,10 +512,20 @@ def section_ends_at(text: str, pos: int) -> bool:
     return False
 
 
-def open_code_block(text: str, pos: int) -> tuple[int, int] | None:
+def open_code_block(text: str, pos: int, lead: str = "") -> tuple[int, int] | None:
     """``(start, end)`` of the code block whose body a copy that got to character ``pos`` of
     ``text`` is inside: ``pos`` past the block's first character and before its closing
-    fence line (or its end, for a block without one). None for prose and outside code."""
+    fence line (or its end, for a block without one). None for prose and outside code.
+
+    ``lead`` is the text a reader read before ``text`` in its document (the chunk before it,
+    :func:`~nest_integrations.decoding.chunk_chain.text_before`; "" for none): ``text`` is read
+    after it, so a chunk cut inside a block that the chunk before opens (a ``::`` paragraph, a
+    code directive, a fence) is inside that block from its first character (the block then
+    starts at 0). Read alone, its lines are code only when they read as code on their own
+    (shell lines without a prompt do not)."""
+    if lead:
+        block = open_code_block(lead + text, len(lead) + pos)
+        return None if block is None else (max(block[0] - len(lead), 0), block[1] - len(lead))
     layout = copy_layout(text)
     if layout is None:
         return None

@@ -14,7 +14,7 @@ import numpy as np
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.store.candidates import CandidateSet
 
-__all__ = ["continue_at", "cut_between", "first_new_token", "next_chunk"]
+__all__ = ["continue_at", "cut_between", "first_new_token", "next_chunk", "text_before"]
 
 
 def continue_at(passages: Sequence[Passage], candidates: CandidateSet, pidx: int, pos: int) -> Optional[tuple[int, int]]:
@@ -58,6 +58,21 @@ def cut_between(passages: Sequence[Passage], pidx: int, nxt: int) -> bool:
     it needs a break of its own ("... and to fail in a callback:" and the example's first line
     would run together)."""
     return pidx != nxt and passages[nxt].doc_char_start > passages[pidx].doc_char_end
+
+
+def text_before(passages: Sequence[Passage], before: Optional[int], pidx: int) -> str:
+    """What a reader of the document read right before passage ``pidx``: the text of chunk
+    ``before`` (the one ``pidx`` goes on from,
+    :meth:`~nest_integrations.store.datastore.TokenDatastore.preceding_chunk`; None for none)
+    up to where ``pidx`` starts, and for the white space a chunker cut between them a line
+    break, two for a longer cut (a blank line between paragraphs, or above an indented block;
+    the cut's own characters are not kept). "" for a chunk that opens its document."""
+    if before is None:
+        return ""
+    earlier, here = passages[before], passages[pidx]
+    if here.doc_char_start <= earlier.doc_char_end:  # a splitter's overlap
+        return earlier.text[: here.doc_char_start - earlier.doc_char_start]
+    return earlier.text + "\n" * min(here.doc_char_start - earlier.doc_char_end, 2)
 
 
 def _has_token(candidates: CandidateSet, pidx: int, pos: int) -> bool:

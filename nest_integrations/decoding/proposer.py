@@ -41,7 +41,7 @@ from nest_integrations.policy.copy_policy import acceptable_start, continues, se
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.encoder import EncodedPassage
-from .chunk_chain import continue_at, cut_between, next_chunk
+from .chunk_chain import continue_at, cut_between, next_chunk, text_before
 from .generation import Generation
 from .mixing import Mixture
 from .proposal import Proposal, Verdict
@@ -223,7 +223,7 @@ class SpanProposer:
         to_line_end = count if line_done(count) else (_first_token_from(char_spans, newline + 1) if newline >= 0 else len(char_spans)) - pos
         if to_line_end + _FENCE_ROOM < room:
             return count
-        if open_code_block(text, int(char_spans[pos + min(count, room) - 1, 1])) is None:
+        if self._open_code_block(pidx, int(char_spans[pos + min(count, room) - 1, 1])) is None:
             return count  # the budget ends in prose, as anywhere else
         for taken in range(min(count, room), 0, -1):
             done = line_done(taken)
@@ -358,7 +358,7 @@ class SpanProposer:
         pidx, pos = int(last.passage_index), int(last.position)  # type: ignore[arg-type]
         text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)
         copied_to = int(encoded.char_spans[pos, 1])
-        block = open_code_block(text, copied_to)
+        block = self._open_code_block(pidx, copied_to)
         if block is None:
             return None
         line_end = text.find("\n", copied_to, block[1])
@@ -379,6 +379,15 @@ class SpanProposer:
             gen.plan.between_windows = True
             return None
         return Proposal(span[0], span[1:], unchecked=True)
+
+    def _open_code_block(self, pidx: int, pos: int) -> Optional[tuple[int, int]]:
+        """The code block of passage ``pidx`` a copy that got to its character ``pos`` is inside,
+        read after the chunk its document has before it
+        (:func:`~nest_integrations.corpus.markdown_structure.open_code_block`): a chunk cut inside
+        a literal block opens with lines that need the ``::`` above them to read as code."""
+        passages = self.datastore.passages  # type: ignore[union-attr]
+        lead = text_before(passages, self.datastore.preceding_chunk(pidx), pidx)  # type: ignore[union-attr]
+        return open_code_block(passages[pidx].text, pos, lead)
 
     def _select_span(self, gen: Generation, p_m: torch.Tensor, values: torch.Tensor, entries: torch.Tensor) -> Optional[tuple[int, int]]:
         """(passage index, start position) of the neighbour whose value has the highest p_M

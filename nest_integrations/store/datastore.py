@@ -144,8 +144,28 @@ class TokenDatastore:
         :func:`~nest_integrations.decoding.chunk_chain.next_chunk`, over the whole datastore
         instead of a generation's candidates."""
         here = self.passages[index]
-        if not here.doc_id:
-            return None
+        starts = self._document_chunks(here.doc_id)
+        after = bisect.bisect_right(starts, (here.doc_char_start, len(self.passages)))
+        if after < len(starts) and here.continued_by(self.passages[starts[after][1]]):
+            return starts[after][1]
+        return None
+
+    def preceding_chunk(self, index: int) -> int | None:
+        """Index of the live passage that passage ``index`` goes on from in its document (the one
+        whose :meth:`following_chunk` it is); None at the document's start and for a passage
+        without a document."""
+        here = self.passages[index]
+        starts = self._document_chunks(here.doc_id)
+        before = bisect.bisect_left(starts, (here.doc_char_start, -1)) - 1
+        if before >= 0 and self.following_chunk(starts[before][1]) == index:
+            return starts[before][1]
+        return None
+
+    def _document_chunks(self, doc_id: str) -> list[tuple[int, int]]:
+        """``(doc_char_start, index)`` of the live passages of document ``doc_id``, sorted; [] for
+        none (an empty ``doc_id``: a passage without a document)."""
+        if not doc_id:
+            return []
         with self._lock:
             if self._chunks_by_document is None:
                 chunks: dict[str, list[tuple[int, int]]] = {}
@@ -156,11 +176,7 @@ class TokenDatastore:
                 for starts in chunks.values():
                     starts.sort()
                 self._chunks_by_document = chunks
-            starts = self._chunks_by_document.get(here.doc_id, [])
-        after = bisect.bisect_right(starts, (here.doc_char_start, len(self.passages)))
-        if after < len(starts) and here.continued_by(self.passages[starts[after][1]]):
-            return starts[after][1]
-        return None
+            return self._chunks_by_document.get(doc_id, [])
 
     @property
     def hidden_size(self) -> int:
