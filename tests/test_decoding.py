@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -551,12 +552,42 @@ def test_the_lm_never_writes_inside_copied_code(tiny_lm):
     assert gen.finished and gen.stats.finish_reason == "answered"
     assert gen.text.endswith("quill build --out site --verbose\n```")
     assert all(r.passage_index is not None for r in gen.records)
-    # Outside code the rule does nothing; an indented block, which no fence closes, ends at the LM's token.
+    # Outside code the rule does nothing; an indented block, which no fence closes, ends at the line's end.
     prose, _, _ = _copied_to(decoder, CODE_DOC, text.index("then"))
-    assert proposer._inside_copied_code(prose) is None and not prose.plan.between_windows
+    assert proposer._inside_copied_code(prose) is None and not prose.finished
     indented = Passage(id="ind.md", text="# Run\n\nType:\n\n    quill build\n    quill serve\n\nDone.\n")
     gen, _, _ = _copied_to(decoder, indented, indented.text.index("build") + len("build"))
-    assert proposer._inside_copied_code(gen) is None and gen.plan.between_windows
+    proposer._inside_copied_code(gen)
+    assert gen.finished and gen.stats.finish_reason == "answered" and gen.text.endswith("quill build")
+
+
+def test_no_span_from_another_source_is_spliced_into_copied_code(tiny_lm):
+    """Mid-line in copied code the copy goes on from its own source, though a neighbour in another
+    passage goes on from the same words (one example's ``C(x=`` went on with another's ``42)``)."""
+    from nest_integrations.decoding.generation import Generation
+    from nest_integrations.decoding.mixing import Mixture
+    from nest_integrations.decoding.proposal import Verdict
+    from nest_integrations.decoding.spans import TokenRecord
+
+    decoder = NestDecoder(tiny_lm, TokenDatastore([], PassageEncoder(tiny_lm)))
+    other = Passage(id="publish.md", text="To publish elsewhere, run quill build --out public and upload the folder.")
+    pidx, oidx = decoder.datastore.add(CODE_DOC), decoder.datastore.add(other)
+    candidates = decoder.datastore.candidates([pidx, oidx])
+    encoded, elsewhere = candidates.passage(pidx), candidates.passage(oidx)
+    last = int((encoded.char_spans[:, 1] <= CODE_DOC.text.index(" --out")).sum()) - 1  # "...quill build"
+    gen = Generation(config=NestConfig(), candidates=candidates)
+    decoder.verifier.commit(gen, [TokenRecord(int(encoded.token_ids[i]), pidx, i) for i in range(last + 1)])
+    there = int((elsewhere.char_spans[:, 1] <= other.text.index(" --out")).sum())  # its " --out", after "quill build"
+    entry = int(np.flatnonzero((candidates.passage_index == oidx) & (candidates.positions == there))[0])
+    vocabulary = tiny_lm.model.config.vocab_size
+    mixture = Mixture(  # the LM indifferent, the neighbour's weight whole: a span elsewhere would be taken
+        p_m=torch.full((1, vocabulary), 1.0 / vocabulary), lam=torch.zeros(1),
+        values=torch.tensor([[int(elsewhere.token_ids[there])]]), entries=torch.tensor([[entry]]), ratio=torch.ones(1),
+    )
+    proposal = decoder.speculation.proposer.propose(gen, Verdict(mixture), None)
+    copied = [proposal.first, *proposal.draft]
+    assert {r.passage_index for r in copied} == {pidx} and proposal.unchecked
+    assert "".join(tiny_lm.tokenizer.decode([r.token_id]) for r in copied) == " --out site --verbose"
 
 
 LONG_EXAMPLE = Passage(

@@ -56,8 +56,7 @@ class CopyPlan:
     an answer, a copy that cannot go on), what a small LM writes is its own, and mostly invented."""
     between_windows: bool = False
     """An LM token now ends the answer (``answered``) instead of the LM writing on: an answer
-    window that closes an answer was just copied and the LM refuses the next one's opening, or
-    a copied line of code ended and its block has no fence to close it with."""
+    window that closes an answer was just copied and the LM refuses the next one's opening."""
     announced: bool = False
     """The copy proposed next goes on where its source does, and its first line is copied without
     the LM's check: a copy that runs on (:attr:`runs_on`) just past its window, which announced

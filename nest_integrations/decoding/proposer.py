@@ -85,8 +85,10 @@ class SpanProposer:
         of ``verdict`` (``verdict.accepted``).
 
         A copy is proposed (in ``nest`` / ``ra_nest`` with candidates) from, in this order: the
-        plan's opening (used once); ``verdict.resume_at``, where the last copy goes on; the
-        best neighbour when lambda <= delta (:meth:`_select_span`). The copy's first token must
+        plan's opening (used once); ``verdict.resume_at``, where the last copy goes on; after a
+        token copied from inside a code block, the rest of its line or the block's end
+        (:meth:`_inside_copied_code`: no span from elsewhere inside copied code); the best
+        neighbour when lambda <= delta (:meth:`_select_span`). The copy's first token must
         pass the relaxed check against this p_M (a section's title, and the line break that opens
         its window after it, need not: ``plan.copying_title``, ``plan.after_title``); then it is
         the next token and the rest of the copy, up to :meth:`_copy_end`, the draft. Otherwise the
@@ -144,6 +146,8 @@ class SpanProposer:
                     return Proposal(TokenRecord(self.break_id, separator=True))  # type: ignore[arg-type]
                 announced = proposal is not None and plan.take_announced()
                 unchecked = unchecked or announced
+            elif (in_code := self._inside_copied_code(gen)) is not None:
+                return in_code  # no span from elsewhere spliced into copied code
             elif float(mixture.lam[at]) <= config.delta:
                 proposal = self._select_span(gen, p_m, mixture.values[at], mixture.entries[at])
         if proposal is not None:
@@ -348,10 +352,12 @@ class SpanProposer:
         next token and draft that keep the code the source's, all unchecked, or None outside code.
 
         Model text spliced into copied code reads as the documentation's own (an option that
-        does not exist inside a copied command), so: mid-line, the copy goes on to the line's
-        end; at a line's end, the block's closing fence is copied and the answer ends there
-        (``answered``); a block without one (indented, or cut by the chunking) ends the answer
-        at the LM's token (``plan.between_windows``)."""
+        does not exist inside a copied command), and so does a span of another source spliced
+        mid-line (``C(x=`` going on with another example's ``42)``), so: mid-line, the copy goes
+        on to the line's end; at a line's end, the block's closing fence is copied and the answer
+        ends there (``answered``); a block without one (indented, or cut by the chunking) ends
+        the answer at that line end (:meth:`_end_in_code`). The proposer asks before it looks
+        for a span elsewhere."""
         last = gen.records[-1] if gen.records else None
         if last is None or last.passage_index is None or gen.candidates is None or self.datastore is None:
             return None
@@ -372,13 +378,17 @@ class SpanProposer:
             positions = range(first, last_token + 1)
             gen.plan.end_with(pidx, last_token)
         else:
-            gen.plan.between_windows = True  # the LM's token ends the answer where the copied code line does
-            return None
+            return self._end_in_code(gen)
         span = [TokenRecord(int(encoded.token_ids[i]), pidx, i) for i in positions if i < len(encoded.token_ids)]
         if not span:
-            gen.plan.between_windows = True
-            return None
+            return self._end_in_code(gen)
         return Proposal(span[0], span[1:], unchecked=True)
+
+    def _end_in_code(self, gen: Generation) -> Proposal:
+        """A copied line of code ended and its block has no fence to close it with: the answer
+        ends there (``answered``), before the LM or a span from elsewhere writes in the block."""
+        gen.finish("answered")
+        return self._nothing_more()
 
     def _open_code_block(self, pidx: int, pos: int) -> Optional[tuple[int, int]]:
         """The code block of passage ``pidx`` a copy that got to its character ``pos`` is inside,
