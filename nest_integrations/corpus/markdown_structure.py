@@ -536,6 +536,15 @@ def open_code_block(text: str, pos: int, lead: str = "") -> tuple[int, int] | No
     return None
 
 
+def ends_in_code(text: str) -> bool:
+    """Whether the last line of ``text`` that shows anything is a line of a code block, its fence
+    lines included (a closing fence): text from elsewhere after it needs a line of its own, or
+    it reads as more code (and after a fence on its line it keeps the block open)."""
+    end = len(text.rstrip())
+    layout = copy_layout(text) if end else None
+    return layout is not None and any(start < end <= stop for start, stop in layout.code)
+
+
 def closing_fence(text: str, block: tuple[int, int]) -> tuple[int, int] | None:
     """``(start, end)`` of the line break before the closing fence of the code ``block`` of
     ``text`` and the fence itself (what closes the block when copied after any of its lines);

@@ -35,7 +35,7 @@ import torch
 from nest_integrations.core.config import NestConfig
 from nest_integrations.core.mixture import relaxed_accept_ratio
 from nest_integrations.corpus.markdown_structure import (
-    closing_fence, closing_fence_line, copyable_end, copyable_tokens, first_copyable, open_code_block, title_tokens,
+    closing_fence, closing_fence_line, copyable_end, copyable_tokens, ends_in_code, first_copyable, open_code_block, title_tokens,
 )
 from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
@@ -271,7 +271,9 @@ class SpanProposer:
         far (a break token must be known). A token that opens a line (``opens_line``: a section's
         title label, read after its heading's marks; or only the line's indentation before it in
         its source) runs into any text that does not end in a line break: the spaces of a code
-        line's indentation separate no lines. Any other token runs into a text that ends in a
+        line's indentation separate no lines; so does any token after a text whose last line is
+        code (:func:`~nest_integrations.corpus.markdown_structure.ends_in_code`: on a closing
+        fence's line it keeps the block open). Any other token runs into a text that ends in a
         word or a sign unless it opens with white space; a token that brings its own line break
         runs into nothing."""
         if self.break_id is None or not gen.text:
@@ -283,7 +285,7 @@ class SpanProposer:
         token = text[start : int(char_spans[pos, 1])]
         if token.lstrip(" \t").startswith("\n"):
             return False
-        if opens_line or not text[text.rfind("\n", 0, start) + 1 : start].strip(" \t"):
+        if opens_line or not text[text.rfind("\n", 0, start) + 1 : start].strip(" \t") or ends_in_code(gen.text):
             return not gen.text.rstrip(" \t").endswith("\n")
         return not gen.text[-1].isspace() and not token[:1].isspace()
 
