@@ -10,6 +10,7 @@ import pytest
 from nest_integrations.corpus.markdown_structure import (
     copy_layout,
     copyable_tokens,
+    ends_in_code,
     first_copyable,
     is_markdown,
     looks_like_markdown,
@@ -402,3 +403,12 @@ def test_a_text_that_opens_with_a_bare_fence_opens_a_code_block_with_it():
     assert unclosed_fence(diagram) == "```"
     cut = "  return reply.send(x)\n})\n```\n\nThen start the server."
     assert [b.kind for b in parse_blocks(cut)] == ["code", "paragraph"] and unclosed_fence(cut) is None
+
+
+def test_a_text_ends_in_code_on_a_code_line_or_its_closing_fence():
+    fence = "```"
+    assert ends_in_code(f"Capture it:\n\n{fence}js\nparse(args, cb)\n{fence}")
+    assert ends_in_code(f"Capture it:\n\n{fence}js\nparse(args, cb)\n")
+    assert ends_in_code("Run it::\n\n    borg create repo::archive ~\n")
+    assert not ends_in_code(f"Capture it:\n\n{fence}js\nparse(args, cb)\n{fence}\n\nThen read the output.")
+    assert not ends_in_code("Plain prose that ends here.") and not ends_in_code("")
