@@ -58,3 +58,16 @@ def test_an_answer_stops_only_where_a_sentence_or_line_ends():
     assert closes_answer(text, len(text) - 2) is False, "mid-word"
 
 
+def test_an_answer_does_not_stop_where_a_line_announces_what_follows():
+    text = (
+        "On Debian, install the package from the official repos, e.g.\n\n.. code-block:: console\n\n"
+        "    $ apt-get install restic\n\nTo get the development version, run\n\n.. code-block:: shell-session\n\n"
+        "    $ pip install -U git+https://example.org/repo.git@dev\n"
+    )
+    assert closes_answer(text, text.index("e.g.") + 4) is False, "'e.g.' ends no sentence: the example follows"
+    assert closes_answer(text, text.index("console") + 7) is False, "a code directive: its code follows"
+    assert closes_answer(text, text.index("restic") + 6) is True, "the announced code line ends it"
+    assert closes_answer(text, text.index("run") + 3) is True, "a line end with nothing announced"
+    assert closes_answer(text, text.index("shell-session") + 13) is False
+
+

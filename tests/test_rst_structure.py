@@ -16,7 +16,7 @@ from nest_integrations.corpus.markdown_structure import (
     start_allowed,
 )
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.corpus.rst_structure import looks_like_rst, reads_as_code
+from nest_integrations.corpus.rst_structure import announces_code, looks_like_rst, reads_as_code
 
 SAMPLE = """.. _options:
 
@@ -134,6 +134,12 @@ def test_a_directive_body_is_code_when_it_reads_as_code():
     assert reads_as_code("    $ restic init --repo /srv\n")
     assert not reads_as_code("    The values arrive as a tuple, in the order given.\n")
     assert not reads_as_code("    Deprecated\n"), "a lone word parses as Python but is no code"
+
+
+def test_a_code_directive_announces_the_code_below_it():
+    assert announces_code(".. code-block:: console") and announces_code("   .. code:: bash") and announces_code(".. doctest::")
+    assert not announces_code(".. note:: Keep the key safe.") and not announces_code(".. include:: cache.rst")
+    assert not announces_code("Run the code-block below::"), "a paragraph, not a directive"
 
 
 def test_chunks_of_an_rst_file_hide_their_underlines_and_directives():

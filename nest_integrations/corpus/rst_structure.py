@@ -97,6 +97,13 @@ def looks_like_rst(text: str) -> bool:
     return any(_title_fits(m.group(1), m.group(2)) and not _ADORNMENT.fullmatch(m.group(1)) for m in _UNDERLINED.finditer(text))
 
 
+def announces_code(line: str) -> bool:
+    """Whether ``line`` is a directive whose body is code (``.. code-block:: console``,
+    :data:`CODE_DIRECTIVES`): the code it announces follows it, on the lines below."""
+    directive = _DIRECTIVE.match(line.strip())
+    return directive is not None and directive.group(1).lower() in CODE_DIRECTIVES
+
+
 def reads_as_code(body: str) -> bool:
     """Whether a directive's ``body`` is code: it opens with a shell prompt or a doctest
     (``$ ``, ``>>> ``), or it parses as Python and shows a call, an assignment, a decorator, a

@@ -28,12 +28,14 @@ All offsets are character offsets into a passage's text.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
 from nest_integrations.corpus.chunking import sentence_spans
 from nest_integrations.corpus.markdown_structure import copy_layout, readable_blocks, start_allowed
 from nest_integrations.corpus.passages import Passage
+from nest_integrations.corpus.rst_structure import announces_code
 from .relevance import is_name_query
 from .words import folded_words
 
@@ -50,6 +52,8 @@ MAX_BLOCK_WINDOW_WORDS = 120
 """A Markdown answer window takes in the whole blocks it touches up to this many words
 (:func:`whole_blocks`): longer paragraphs or code blocks keep the sentence window."""
 
+_ANNOUNCING = re.compile(r"(?::|\b[eE]\.g\.|\b[iI]\.e\.)$")
+"""A line's end that announces what follows: a colon, or "e.g." / "i.e." (no sentence ends there)."""
 _OPENERS = {"(": ")", "[": "]", "\u201c": "\u201d", "\u2018": "\u2019"}
 _QUESTION_WORDS = frozenset(
     "how what which who whom whose when where why is are was were do does did can could should would will shall "
@@ -206,9 +210,11 @@ def whole_blocks(text: str, start: int, end: int) -> tuple[int, int]:
 def closes_answer(text: str, end: int) -> bool:
     """Whether an answer copied up to character ``end`` of ``text`` ends a sentence or a line
     (a list item, a code line, the text's end) with every bracket it opened closed within the
-    line: only then may it stop as answered. "... (e.g." and "as follows:" do not."""
+    line and nothing announced: only then may it stop as answered. "... (e.g." does not, nor
+    a line that announces what follows it: "as follows:", "... from the official repos, e.g.",
+    or a directive whose body is code (``.. code-block:: console``) with the code below it."""
     line_start = text.rfind("\n", 0, end) + 1
     line = text[line_start:end].rstrip()
-    if unclosed_brackets(line) - line.count('"') % 2 > 0 or line.endswith(":"):
+    if unclosed_brackets(line) - line.count('"') % 2 > 0 or _ANNOUNCING.search(line) or announces_code(line):
         return False
     return not text[end:].strip(" \t") or text[end:].lstrip(" \t").startswith("\n") or ends_sentence(line)
