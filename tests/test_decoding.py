@@ -353,6 +353,19 @@ def test_a_copy_that_crosses_the_white_space_a_chunker_cut_gets_a_paragraph_brea
     assert ("\n\n", False) in [(span.text, span.copied) for span in out.spans] and not any(model_written(out, span) for span in out.spans)
 
 
+def test_a_copy_that_crosses_a_cut_inside_a_sentence_gets_the_line_break_the_chunker_cut(tiny_lm):
+    """A chunk that ends "... from the official repos, e.g." announces the next one's "with
+    ``apt-get``:" and its command; the chunker cut the one line break between them. The copy goes
+    on across the cut after a line break set by the decoder, as the sentence's own: a paragraph
+    break there would split the sentence in two."""
+    first = "Debian\n======\n\nOn Debian, there's a package called ``restic`` which can be\ninstalled from the official repos, e.g."
+    second = "with ``apt-get``:\n\n.. code-block:: console\n\n    $ apt-get install restic\n"
+    chunks = [Passage(id="inst#0", text=first, doc_id="inst"), Passage(id="inst#1", text=second, doc_id="inst", doc_char_start=len(first) + 1)]
+    out = _run_on_answer(tiny_lm, chunks, "How do I install restic on Debian?", gamma=1e-6)
+    assert "official repos, e.g.\nwith ``apt-get``:" in out.text, out.text
+    assert ("\n", False) in [(span.text, span.copied) for span in out.spans] and not any(model_written(out, span) for span in out.spans)
+
+
 def test_the_example_a_window_announces_is_copied_to_its_first_lines_end_though_the_lm_refuses_it(tiny_lm):
     """After "...fail in a callback:" and the directive line under it, the example sits in the next
     chunk, its indentation cut away. The LM's check refuses all but its own best token (gamma 1):

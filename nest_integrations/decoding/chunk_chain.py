@@ -14,7 +14,7 @@ import numpy as np
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.store.candidates import CandidateSet
 
-__all__ = ["continue_at", "cut_between", "first_new_token", "next_chunk", "text_before"]
+__all__ = ["continue_at", "cut_between", "cut_width", "first_new_token", "next_chunk", "text_before"]
 
 
 def continue_at(passages: Sequence[Passage], candidates: CandidateSet, pidx: int, pos: int) -> Optional[tuple[int, int]]:
@@ -57,7 +57,14 @@ def cut_between(passages: Sequence[Passage], pidx: int, nxt: int) -> bool:
     with a paragraph or a line and the next opens with the following one). A copy that crosses
     it needs a break of its own ("... and to fail in a callback:" and the example's first line
     would run together)."""
-    return pidx != nxt and passages[nxt].doc_char_start > passages[pidx].doc_char_end
+    return pidx != nxt and cut_width(passages, pidx, nxt) > 0
+
+
+def cut_width(passages: Sequence[Passage], pidx: int, nxt: int) -> int:
+    """Characters of white space the chunker left out between passage ``pidx`` and the chunk
+    ``nxt`` that goes on from it (0 for none, or an overlap): 1 is a line break inside a block
+    (a paragraph's next line, a list's next item, a line of code), more a blank line at least."""
+    return max(passages[nxt].doc_char_start - passages[pidx].doc_char_end, 0)
 
 
 def text_before(passages: Sequence[Passage], before: Optional[int], pidx: int) -> str:
@@ -72,7 +79,7 @@ def text_before(passages: Sequence[Passage], before: Optional[int], pidx: int) -
     earlier, here = passages[before], passages[pidx]
     if here.doc_char_start <= earlier.doc_char_end:  # a splitter's overlap
         return earlier.text[: here.doc_char_start - earlier.doc_char_start]
-    return earlier.text + "\n" * min(here.doc_char_start - earlier.doc_char_end, 2)
+    return earlier.text + "\n" * min(cut_width(passages, before, pidx), 2)
 
 
 def _has_token(candidates: CandidateSet, pidx: int, pos: int) -> bool:

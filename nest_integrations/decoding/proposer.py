@@ -41,7 +41,7 @@ from nest_integrations.policy.copy_policy import acceptable_start, continues, se
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.encoder import EncodedPassage
-from .chunk_chain import continue_at, cut_between, next_chunk, text_before
+from .chunk_chain import continue_at, cut_between, cut_width, next_chunk, text_before
 from .generation import Generation
 from .mixing import Mixture
 from .proposal import Proposal, Verdict
@@ -141,9 +141,9 @@ class SpanProposer:
                         return self._propose(gen, mixture, at, resume_at, generator)
                 else:  # a copy running on: past a directive line or a comment, as a reader reads on
                     proposal = self._next_visible(gen, *resumed)
-                if proposal is not None and self._breaks_before(gen, resume_at[0], resumed, proposal):
+                if proposal is not None and (separator := self._break_before(gen, resume_at[0], resumed, proposal)) is not None:
                     plan.opening, plan.announced = proposal, True  # copied after the break, as a planned opening is
-                    return Proposal(TokenRecord(self.break_id, separator=True))  # type: ignore[arg-type]
+                    return Proposal(TokenRecord(separator, separator=True))
                 announced = proposal is not None and plan.take_announced()
                 unchecked = unchecked or announced
             elif (in_code := self._inside_copied_code(gen)) is not None:
@@ -326,14 +326,17 @@ class SpanProposer:
             return end - pos
         return max(1, min(_first_token_from(spans, line_end), end) - pos)
 
-    def _breaks_before(self, gen: Generation, came_from: int, resumed: tuple[int, int], going_on: tuple[int, int]) -> bool:
-        """Whether a copy that came from passage ``came_from``, was to go on at ``resumed`` and goes
-        on at ``going_on`` instead would run into the text so far across a line break a reader
-        sees: the markup skipped between them holds one (the directive line between "... with the
-        ``multiple`` flag:" and its example), or it crosses the white space a chunker cut between
-        two chunks (:func:`~nest_integrations.decoding.chunk_chain.cut_between`). The LM's
-        paragraph break is set there first, as between planned copies; markup skipped inside a
-        line (an inline tag) sets none."""
+    def _break_before(self, gen: Generation, came_from: int, resumed: tuple[int, int], going_on: tuple[int, int]) -> Optional[int]:
+        """The break token a copy that came from passage ``came_from``, was to go on at ``resumed``
+        and goes on at ``going_on`` instead needs first, or None when it does not run into the
+        text so far (:meth:`_runs_into`). Markup skipped between them that holds a line break
+        (the directive line between "... with the ``multiple`` flag:" and its example) gets the
+        paragraph break, as between planned copies; markup skipped inside a line (an inline tag)
+        gets none. A chunker's cut between two chunks
+        (:func:`~nest_integrations.decoding.chunk_chain.cut_between`) gets the white space it
+        cut as a reader saw it: one character is the line break inside a paragraph, a list or
+        a block of code (a paragraph break there would split a sentence or a line of code in
+        two), a longer cut the paragraph break between blocks."""
         assert self.datastore is not None and gen.candidates is not None
         passages = self.datastore.passages
 
@@ -346,7 +349,16 @@ class SpanProposer:
         else:
             skipped = passages[resumed[0]].text[start(*resumed) :] + passages[going_on[0]].text[: start(*going_on)]
         crossed = going_on[0] != came_from and cut_between(passages, came_from, going_on[0])
-        return ("\n" in skipped or crossed) and self._runs_into(gen, *going_on)
+        if not ("\n" in skipped or crossed) or not self._runs_into(gen, *going_on):
+            return None
+        if "\n" not in skipped and cut_width(passages, came_from, going_on[0]) == 1 and (line_break := self._line_break_id()) is not None:
+            return line_break
+        return self.break_id
+
+    def _line_break_id(self) -> Optional[int]:
+        """The id of the one token for ``"\n"``, or None when it takes more than one."""
+        ids, _ = self.datastore.encoder.tokenize("\n")  # type: ignore[union-attr]
+        return int(ids[0]) if len(ids) == 1 else None
 
     def _inside_copied_code(self, gen: Generation) -> Optional[Proposal]:
         """Where the LM would write next while the answer's last token was copied from inside a
