@@ -18,6 +18,8 @@ Reported per set:
     python results/lm-likelihood-signals/lm_signals.py --out results/lm-likelihood-signals \\
         --domain attrs=IDX/attrs:benchmarks/domains/attrs/qa.jsonl ...
 
+``--model gemma-3-270m`` scores with the larger base LM (``make setup-gemma``) instead of the default.
+
 A domain is ``NAME=INDEX:QA`` (a markdown-qa JSONL file). Writes ``signals.json`` and prints the
 Markdown table.
 """
@@ -58,10 +60,13 @@ def question_log_probs(lm, question: str, windows: list[str]) -> np.ndarray:
     for row, sequence in enumerate(sequences):  # left-padded: the question ends every row
         ids[row, length - len(sequence) :] = torch.tensor(sequence)
         mask[row, length - len(sequence) :] = 1
-    with torch.no_grad():
-        logits = lm.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits.float()
-    log_probs = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
-    return log_probs[:, -len(question_ids) :].mean(-1).numpy()
+    scored = len(question_ids)
+    with torch.no_grad():  # logits of the positions that predict the question's tokens only
+        logits = lm.model(
+            input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), logits_to_keep=scored + 1
+        ).logits.float()
+    log_probs = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, -scored:, None])[..., 0]
+    return log_probs.mean(-1).numpy()
 
 
 def first_three(order: np.ndarray, row: dict) -> list[int]:
@@ -136,9 +141,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--domain", action="append", required=True, help="NAME=INDEX:QA")
     parser.add_argument("--top", type=int, default=8, help="the selector's best windows the LM re-ranks")
+    parser.add_argument("--model", default="default", help="the LM that scores (load_lm's name or path)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    lm = load_lm("default")
+    lm = load_lm(args.model)
     results = {}
     for spec in args.domain:
         name, rest = spec.split("=", 1)
