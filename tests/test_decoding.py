@@ -443,12 +443,22 @@ def test_a_code_block_a_window_leaves_open_is_closed_before_the_next_window(tiny
     assert not any(model_written(out, span) for span in out.spans) and out.attribution_ratio < 1.0
 
 
-@pytest.mark.parametrize("block", ["```js\nparse(args, (err, argv, output) => bot.respond(output))\n```", "::\n\n    parse(args, (err, argv, output) => bot.respond(output))"], ids=["fenced", "indented"])
+@pytest.mark.parametrize(
+    "block",
+    [
+        "```js\nparse(args, (err, argv, output) => bot.respond(output))\n```",
+        "::\n\n    parse(args, (err, argv, output) => bot.respond(output))",
+        ".. code-block:: js\n\n    // capture the output in a callback\n    parse(args, (err, argv, output) => bot.respond(output))",
+    ],
+    ids=["fenced", "indented", "directive-body-alone"],
+)
 def test_a_window_after_copied_code_opens_a_line_of_its_own(tiny_lm, block):
     """A window from elsewhere after one that ends in code (a closing fence, a line of an
     indented block) gets the paragraph break though it opens with white space: on a fence's line
-    it keeps the block open in a Markdown reader, on a code line it reads as more code."""
-    code = Passage(id="cb", text=f"Capture the output in a callback:\n\n{block}")
+    it keeps the block open in a Markdown reader, on a code line it reads as more code. A code
+    directive's body copied without its directive line is code in its source though the answer's
+    text alone reads it as a paragraph."""
+    code = Passage(id="cb", text=block if block.startswith("..") else f"Capture the output in a callback:\n\n{block}")
     # The second window opens after "2.", with the white space before `argv` (a numbered list
     # item's marker ends the sentence before it).
     body = Passage(id="out", text="The callback receives:\n\n1. `err`: a validation error.\n2. `argv`: the parsed arguments.\n3. `output`: any text that would have been printed.")

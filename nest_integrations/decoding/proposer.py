@@ -272,8 +272,7 @@ class SpanProposer:
         title label, read after its heading's marks; or only the line's indentation before it in
         its source) runs into any text that does not end in a line break: the spaces of a code
         line's indentation separate no lines; so does any token after a text whose last line is
-        code (:func:`~nest_integrations.corpus.markdown_structure.ends_in_code`: on a closing
-        fence's line it keeps the block open). Any other token runs into a text that ends in a
+        code (:meth:`_text_ends_in_code`: on a closing fence's line it keeps the block open). Any other token runs into a text that ends in a
         word or a sign unless it opens with white space; a token that brings its own line break
         runs into nothing."""
         if self.break_id is None or not gen.text:
@@ -285,9 +284,24 @@ class SpanProposer:
         token = text[start : int(char_spans[pos, 1])]
         if token.lstrip(" \t").startswith("\n"):
             return False
-        if opens_line or not text[text.rfind("\n", 0, start) + 1 : start].strip(" \t") or ends_in_code(gen.text):
+        if opens_line or not text[text.rfind("\n", 0, start) + 1 : start].strip(" \t") or self._text_ends_in_code(gen):
             return not gen.text.rstrip(" \t").endswith("\n")
         return not gen.text[-1].isspace() and not token[:1].isspace()
+
+    def _text_ends_in_code(self, gen: Generation) -> bool:
+        """Whether the text so far ends in a line of code: its own text reads so
+        (:func:`~nest_integrations.corpus.markdown_structure.ends_in_code`), or its last token was
+        copied from inside a code block of its source. The source tells what the text alone
+        cannot: a literal block's ``::`` or a code directive's line is markup the answer does not
+        show, and a body copied without it reads as a paragraph."""
+        if ends_in_code(gen.text):
+            return True
+        last = gen.records[-1] if gen.records else None
+        if last is None or last.passage_index is None or gen.candidates is None:
+            return False
+        pidx, pos = int(last.passage_index), int(last.position)  # type: ignore[arg-type]
+        last_char = int(gen.candidates.passage(pidx).char_spans[pos, 1]) - 1
+        return self._open_code_block(pidx, last_char) is not None
 
     def _past_hidden(self, gen: Generation, pidx: int, pos: int, last: int) -> Optional[tuple[int, int]]:
         """Where a copy at token ``pos`` of passage ``pidx`` goes on: the first token from ``pos``
