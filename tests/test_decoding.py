@@ -366,6 +366,22 @@ def test_a_copy_that_crosses_a_cut_inside_a_sentence_gets_the_line_break_the_chu
     assert ("\n", False) in [(span.text, span.copied) for span in out.spans] and not any(model_written(out, span) for span in out.spans)
 
 
+def test_a_copy_past_a_directive_keeps_its_codes_indentation_not_its_prose_bodys(tiny_lm):
+    """The copy runs on from "... run" into the command its code directive announces and on past
+    a ``.. seealso::`` line into its body. The command keeps its indentation (a Markdown reader
+    shows it as code); the body's is the directive's syntax, and indented four spaces the prose
+    would read as code too: it opens at its text, after the decoder's paragraph break."""
+    text = (
+        "Get the bleeding edge version\n=============================\n\nTo get the latest development version, run\n\n"
+        ".. code-block:: shell-session\n\n    $ pip install -U git+https://example.org/marshmallow.git@dev\n\n\n"
+        ".. seealso::\n\n    Need help upgrading to newer releases? See the upgrading page.\n"
+    )
+    out = _run_on_answer(tiny_lm, [Passage(id="inst#0", text=text, doc_id="inst")], "How do I install the latest development version?", gamma=1e-6)
+    assert "run\n\n    $ pip install -U git+https://example.org/marshmallow.git@dev" in out.text, out.text
+    assert "Need help upgrading to newer releases?" in out.text and "\n    Need help" not in out.text, out.text
+    assert ("\n\n", False) in [(span.text, span.copied) for span in out.spans] and not any(model_written(out, span) for span in out.spans)
+
+
 def test_the_example_a_window_announces_is_copied_to_its_first_lines_end_though_the_lm_refuses_it(tiny_lm):
     """After "...fail in a callback:" and the directive line under it, the example sits in the next
     chunk, its indentation cut away. The LM's check refuses all but its own best token (gamma 1):

@@ -10,6 +10,7 @@ from nest_integrations.corpus.markdown_structure import (
     looks_like_markdown,
     open_code_block,
     parse_blocks,
+    past_markup_indent,
     section_ends_at,
     section_title,
     shows_text,
@@ -134,6 +135,14 @@ def test_a_directive_body_is_code_when_it_reads_as_code():
     assert reads_as_code("    $ restic init --repo /srv\n")
     assert not reads_as_code("    The values arrive as a tuple, in the order given.\n")
     assert not reads_as_code("    Deprecated\n"), "a lone word parses as Python but is no code"
+
+
+def test_a_copy_past_a_directive_opens_at_its_prose_bodys_text_but_keeps_codes_indentation():
+    text = ".. seealso::\n\n    Need help? See the upgrading page.\n\n.. code-block:: console\n\n    $ pip install x\n"
+    after_note, after_code = text.index("::") + 2, text.index("console") + 7
+    assert past_markup_indent(text, after_note) == text.index("Need"), "prose indented by the directive's syntax"
+    assert past_markup_indent(text, after_code) == after_code, "code keeps its indentation"
+    assert past_markup_indent(text, text.index(" help")) == text.index(" help"), "no line break: nothing to skip"
 
 
 def test_a_code_directive_announces_the_code_below_it():

@@ -536,6 +536,22 @@ def open_code_block(text: str, pos: int, lead: str = "") -> tuple[int, int] | No
     return None
 
 
+def past_markup_indent(text: str, pos: int) -> int:
+    """``pos``, or, when only white space that holds a line break stands between character ``pos``
+    of ``text`` and an indented line of prose (the body of a directive such as ``.. seealso::``,
+    under its hidden line), the first character of that line's text. A copy that goes on there
+    past the hidden markup starts at the text: the indentation is the directive's syntax, and a
+    Markdown reader renders prose indented four spaces as code. Code keeps its indentation, and
+    so does a text without block structure."""
+    layout = copy_layout(text)
+    first = len(text) - len(text[pos:].lstrip())
+    if layout is None or first >= len(text) or "\n" not in text[pos:first]:
+        return pos
+    if text.rfind("\n", pos, first) + 1 == first or _inside(layout.code, first):
+        return pos
+    return first
+
+
 def ends_in_code(text: str) -> bool:
     """Whether the last line of ``text`` that shows anything is a line of a code block, its fence
     lines included (a closing fence): text from elsewhere after it needs a line of its own, or

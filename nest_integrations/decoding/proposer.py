@@ -35,7 +35,8 @@ import torch
 from nest_integrations.core.config import NestConfig
 from nest_integrations.core.mixture import relaxed_accept_ratio
 from nest_integrations.corpus.markdown_structure import (
-    closing_fence, closing_fence_line, copyable_end, copyable_tokens, ends_in_code, first_copyable, open_code_block, title_tokens,
+    closing_fence, closing_fence_line, copyable_end, copyable_tokens, ends_in_code, first_copyable, open_code_block, past_markup_indent,
+    title_tokens,
 )
 from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
@@ -307,11 +308,19 @@ class SpanProposer:
         """Where a copy at token ``pos`` of passage ``pidx`` goes on: the first token from ``pos``
         to ``last`` that a reader sees (markup such as an inline HTML tag, or the directive line
         a chunk opens with, is skipped, not left for the LM to write around), or None when there
-        is none."""
+        is none. Past skipped markup, the indentation of a directive's body of prose is skipped
+        too (:func:`~nest_integrations.corpus.markdown_structure.past_markup_indent`): the copy
+        opens at its text, after the decoder's paragraph break."""
         assert gen.candidates is not None and self.datastore is not None
-        visible = copyable_tokens(self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans)
-        ahead = np.flatnonzero(visible[pos : last + 1])
-        return (pidx, pos + int(ahead[0])) if len(ahead) else None
+        text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans
+        ahead = np.flatnonzero(copyable_tokens(text, char_spans)[pos : last + 1])
+        if not len(ahead):
+            return None
+        found = pos + int(ahead[0])
+        if found > pos and (start := past_markup_indent(text, int(char_spans[found, 0]))) > char_spans[found, 0]:
+            at_text = int(np.searchsorted(char_spans[:, 1], start, side="right"))  # the token that holds it
+            found = at_text if at_text <= last else found
+        return (pidx, found)
 
     def _next_visible(self, gen: Generation, pidx: int, pos: int) -> Optional[tuple[int, int]]:
         """Where a copy running on from token ``pos`` of passage ``pidx`` goes on: the first token
