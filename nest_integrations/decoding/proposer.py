@@ -273,9 +273,9 @@ class SpanProposer:
         title label, read after its heading's marks; or only the line's indentation before it in
         its source) runs into any text that does not end in a line break: the spaces of a code
         line's indentation separate no lines; so does any token after a text whose last line is
-        code (:meth:`_text_ends_in_code`: on a closing fence's line it keeps the block open). Any other token runs into a text that ends in a
-        word or a sign unless it opens with white space; a token that brings its own line break
-        runs into nothing."""
+        code (:meth:`_text_ends_in_code`: on a closing fence's line it keeps the block open). Any
+        other token runs into a text that ends in a word or a sign unless it opens with white
+        space; a token that brings its own line break runs into nothing."""
         if self.break_id is None or not gen.text:
             return False
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
