@@ -46,7 +46,7 @@ from .mixing import Mixer
 from .output import GenerationStats, NestOutput
 from .prepare import Preparer, ScoredPassages
 from .prompts import MIN_PROMPT_TOKENS, PromptLike, check_prompt, check_prompts, check_text, encode_prompt, eos_token_ids, format_prompt, with_transcript_stop
-from .proposer import SpanProposer, paragraph_break_id
+from .proposer import SpanProposer, line_break_id, paragraph_break_id
 from .scoring import TeacherForced, TeacherForcedScorer
 from .speculation import Speculation
 from .verifier import SpanVerifier
@@ -114,7 +114,8 @@ class NestDecoder:
         """Whether this model's rows share batches (:func:`~nest_integrations.decoding.batching.supports_batching`)."""
         mixer = Mixer(self.rrc_parameters)
         self.verifier = SpanVerifier(lm.tokenizer, datastore, self.eos_ids)
-        self.speculation = Speculation(mixer, SpanProposer(datastore, self.eos_ids, paragraph_break_id(lm.tokenizer)), self.verifier, datastore)
+        proposer = SpanProposer(datastore, self.eos_ids, paragraph_break_id(lm.tokenizer), line_break_id(lm.tokenizer))
+        self.speculation = Speculation(mixer, proposer, self.verifier, datastore)
         """What each row of this decoder applies at every step: its mixer, proposer and verifier."""
         self.preparer = Preparer(lm.tokenizer, datastore, retriever, relevance, corpus_terms, self.verifier,
                                  lambda config: self.ensure_calibration(config))

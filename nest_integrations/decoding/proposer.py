@@ -48,7 +48,7 @@ from .mixing import Mixture
 from .proposal import Proposal, Verdict
 from .spans import TokenRecord
 
-__all__ = ["SpanProposer", "paragraph_break_id"]
+__all__ = ["SpanProposer", "line_break_id", "paragraph_break_id"]
 
 _FENCE_ROOM = 8
 """Tokens a closing fence on a line of its own may take (three backticks and a line break take 2
@@ -74,12 +74,17 @@ class SpanProposer:
         break_id: the tokenizer's one token for a paragraph break (``"\n\n"``, else
             ``"\n"``; :func:`paragraph_break_id`), set between two planned copies that would
             run into each other; None: none is set.
+        line_break_id: the tokenizer's one token for ``"\n"`` (:func:`line_break_id`), set where
+            a copy crosses a chunker's cut of one character; None: the paragraph break is set.
     """
 
-    def __init__(self, datastore: Optional[TokenDatastore], eos_ids: set[int], break_id: Optional[int] = None):
+    def __init__(
+        self, datastore: Optional[TokenDatastore], eos_ids: set[int], break_id: Optional[int] = None, line_break_id: Optional[int] = None,
+    ):
         self.datastore = datastore
         self.eos_ids = eos_ids
         self.break_id = break_id
+        self.line_break_id = line_break_id
 
     def propose(self, gen: Generation, verdict: Verdict, generator: Optional[torch.Generator]) -> Proposal:
         """The next token and the draft that follows it, from the p_M at the next token's position
@@ -297,12 +302,17 @@ class SpanProposer:
         show, and a body copied without it reads as a paragraph."""
         if ends_in_code(gen.text):
             return True
+        copied = self._last_copied(gen)
+        return copied is not None and self._open_code_block(copied[0], copied[2] - 1) is not None
+
+    def _last_copied(self, gen: Generation) -> Optional[tuple[int, int, int]]:
+        """``(passage index, position, character end)`` of the answer's last token in its source
+        passage; None when there is none or the model wrote it."""
         last = gen.records[-1] if gen.records else None
-        if last is None or last.passage_index is None or gen.candidates is None:
-            return False
+        if last is None or last.passage_index is None or gen.candidates is None or self.datastore is None:
+            return None
         pidx, pos = int(last.passage_index), int(last.position)  # type: ignore[arg-type]
-        last_char = int(gen.candidates.passage(pidx).char_spans[pos, 1]) - 1
-        return self._open_code_block(pidx, last_char) is not None
+        return pidx, pos, int(gen.candidates.passage(pidx).char_spans[pos, 1])
 
     def _past_hidden(self, gen: Generation, pidx: int, pos: int, last: int) -> Optional[tuple[int, int]]:
         """Where a copy at token ``pos`` of passage ``pidx`` goes on: the first token from ``pos``
@@ -374,14 +384,9 @@ class SpanProposer:
         crossed = going_on[0] != came_from and cut_between(passages, came_from, going_on[0])
         if not ("\n" in skipped or crossed) or not self._runs_into(gen, *going_on):
             return None
-        if "\n" not in skipped and cut_width(passages, came_from, going_on[0]) == 1 and (line_break := self._line_break_id()) is not None:
-            return line_break
+        if "\n" not in skipped and cut_width(passages, came_from, going_on[0]) == 1 and self.line_break_id is not None:
+            return self.line_break_id
         return self.break_id
-
-    def _line_break_id(self) -> Optional[int]:
-        """The id of the one token for ``"\n"``, or None when it takes more than one."""
-        ids, _ = self.datastore.encoder.tokenize("\n")  # type: ignore[union-attr]
-        return int(ids[0]) if len(ids) == 1 else None
 
     def _inside_copied_code(self, gen: Generation) -> Optional[Proposal]:
         """Where the LM would write next while the answer's last token was copied from inside a
@@ -395,12 +400,11 @@ class SpanProposer:
         ends there (``answered``); a block without one (indented, or cut by the chunking) ends
         the answer at that line end (:meth:`_end_in_code`). The proposer asks before it looks
         for a span elsewhere."""
-        last = gen.records[-1] if gen.records else None
-        if last is None or last.passage_index is None or gen.candidates is None or self.datastore is None:
+        copied = self._last_copied(gen)
+        if copied is None:
             return None
-        pidx, pos = int(last.passage_index), int(last.position)  # type: ignore[arg-type]
-        text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)
-        copied_to = int(encoded.char_spans[pos, 1])
+        pidx, pos, copied_to = copied
+        text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
         block = self._open_code_block(pidx, copied_to)
         if block is None:
             return None
@@ -529,8 +533,15 @@ def _first_token_from(char_spans: np.ndarray, char: int) -> int:
 
 def paragraph_break_id(tokenizer: Any) -> Optional[int]:
     """The id of ``tokenizer``'s one token for ``"\n\n"``, else for ``"\n"``; None when neither is one token."""
-    for text in ("\n\n", "\n"):
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) == 1:
-            return int(ids[0])
-    return None
+    double = _single_token_id(tokenizer, "\n\n")
+    return double if double is not None else line_break_id(tokenizer)
+
+
+def line_break_id(tokenizer: Any) -> Optional[int]:
+    """The id of ``tokenizer``'s one token for ``"\n"``; None when it takes more than one."""
+    return _single_token_id(tokenizer, "\n")
+
+
+def _single_token_id(tokenizer: Any, text: str) -> Optional[int]:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return int(ids[0]) if len(ids) == 1 else None
