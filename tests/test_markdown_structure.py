@@ -390,6 +390,11 @@ def test_a_footnote_reference_alone_makes_a_chunk_markdown():
     chunk = "That is a hacky requirement for a very common problem.[^immutable]\n\n- To attach methods you have to subclass it.\n"
     assert looks_like_markdown(chunk) and _hidden_text(chunk) == ["[^immutable]"]
     assert not looks_like_markdown("Strip it with re.sub(r'[^a-z]+', '', s) and go on.")
+    # MyST writes a named reference after a space too; read as reStructuredText (its roles), the
+    # chunk would hide nothing and the reference would be copied.
+    spaced = "  - This can be disabled by passing `weakref_slot=False` to {func}`attrs.define` [^pypyweakref].\n"
+    assert looks_like_markdown(spaced) and _hidden_text(spaced) == ["[^pypyweakref]"]
+    assert not looks_like_markdown("Match any other letter with [^a-z] in the pattern.")
 
 
 def test_a_text_that_opens_with_a_bare_fence_opens_a_code_block_with_it():

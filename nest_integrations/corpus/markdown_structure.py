@@ -84,7 +84,8 @@ _SNIFF = re.compile(
     r"|^ {0,3}</?[A-Za-z][A-Za-z0-9-]*(?:[ \t/>]|$)"  # an HTML tag opening a line
     r"|^ {0,3}\[[^\]\n]+\]:[ \t]*\S"  # a link-reference definition
     r"|^ {0,3}\|?[ \t]*:?-{3,}:?[ \t]*\|"  # a table's delimiter row
-    r"|\S\[\^[\w-]+\](?=[\s.,;:!?)]|\Z)",  # a footnote reference after a word ("problem.[^1]"), not a regex's [^a-z]+
+    r"|\S\[\^[\w-]+\](?=[\s.,;:!?)]|\Z)"  # a footnote reference after a word ("problem.[^1]"), not a regex's [^a-z]+
+    r"|[ \t]\[\^[A-Za-z][A-Za-z0-9_][\w-]*\](?=[\s.,;:!?)]|\Z)",  # ...or a named one after a space ("`@attr.s` [^pypy]"), not [^a-z]
     re.MULTILINE,
 )
 _FENCE_LINE = re.compile(r"[ \t]*(~{3,}|`{3,})[ \t]*")
