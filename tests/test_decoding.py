@@ -299,11 +299,30 @@ def test_a_question_copies_its_best_answer_windows_in_turn_and_stops_answered(ti
     question = "How many milliseconds does an idle socket stay open, and which option sets the largest request body?"
     every = decoder.generate([{"role": "user", "content": question}], query=question)  # answer_windows=3
     assert every.text == f" Options\n\n{idle}\n\n{body}\n\n{unrelated}", every.text
-    both = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=2)
+    both = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=2, fill_windows=0)
     assert both.text == f" Options\n\n{idle}\n\n{body}", both.text  # the section's title labels the answer
     assert both.stats.finish_reason == "answered" and both.attribution_ratio == 1.0
-    one = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=1)
+    one = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=1, fill_windows=0)
     assert one.text == f" Options\n\n{idle}" and one.stats.finish_reason == "answered"
+
+
+def test_a_fill_window_is_copied_only_when_it_fits_whole(tiny_lm):
+    """A window past the answer_windows best ones is copied when it fits in what is left of the
+    budget; one that would be cut is left out, and the answer ends answered, not mid-sentence."""
+    idle = "The `keepAliveTimeout` option sets how many milliseconds an idle socket stays open before it closes."
+    body = "The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients."
+    doc = Passage(id="srv", text=f"{idle}\n\n{body}\n")
+    store = TokenDatastore([doc], PassageEncoder(tiny_lm))
+    knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, answer_windows=1)
+    decoder = NestDecoder(tiny_lm, store, ListRetriever([doc]), NestConfig(**knobs), relevance=word_share)
+    question = "How many milliseconds does an idle socket stay open, and which option sets the largest request body?"
+    ask = lambda **kw: decoder.generate([{"role": "user", "content": question}], query=question, **kw)  # noqa: E731
+    assert ask(max_new_tokens=80).text == f"{idle}\n\n{body}"  # the fill window fits
+    short = len(tiny_lm.tokenizer(idle, add_special_tokens=False).input_ids) + 5
+    alone = ask(max_new_tokens=short)
+    assert alone.text == idle and alone.stats.finish_reason == "answered"
+    cut = ask(max_new_tokens=short, answer_windows=2, fill_windows=0)  # the same window as a second answer window
+    assert cut.text.startswith(f"{idle}\n\n") and cut.text != f"{idle}\n\n{body}" and cut.stats.finish_reason == "length"
 
 
 def test_a_window_that_announces_an_example_runs_on_into_the_next_chunk_to_its_sections_end(tiny_lm):

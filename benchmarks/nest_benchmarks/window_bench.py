@@ -8,7 +8,8 @@ same order, and stops there:
 1. the first stage, ``config.passage_k`` passages (:func:`~.runner.first_stage`, ``present``);
 2. the relevance gate (:func:`gate_kept`, as the decoder applies it);
 3. for a question for which the gate kept a passage, the answer windows of the retrieved ones
-   (:func:`~nest_integrations.decoding.prepare.choose_answer_windows`, the decoder's choice)
+   (:func:`~nest_integrations.decoding.prepare.choose_answer_windows`, the decoder's choice, fill
+   windows that fit whole included)
    as the decoder plans them in tokens (:func:`planned_copies`, through the decoder's
    :func:`~nest_integrations.decoding.prepare.window_token_plan`): a window that does not close an answer runs on to its
    passage's end and no window follows it;
@@ -79,12 +80,12 @@ def planned_copies(
     if not kept:
         return []
     by_id = {p.id: p for p in retrieved}
-    chosen = choose_answer_windows(query, retrieved, index.relevance, config)
 
     def tokens_of(passage_id: str) -> tuple[str, np.ndarray]:
         text = _text_of(index, by_id, passage_id)
         return text, index.datastore.encoder.tokenize(text)[1]
 
+    chosen = choose_answer_windows(query, retrieved, index.relevance, config, tokens_of)
     planned = window_token_plan(chosen, tokens_of)
     if not planned or planned[-1].stops or planned[-1].title:
         return planned

@@ -119,6 +119,13 @@ class NestConfig(BaseModel):
         "before it is copied; max_new_tokens cuts the last one it reaches. More windows hold the answer more often "
         "(the best-scored window is a neighbour of the answer in a third to a half of the misses) in a longer answer.",
     )
+    fill_windows: int = Field(
+        1,
+        ge=0,
+        description="With answer_focus, how many more windows (the next best after the answer_windows ones) an "
+        "answer copies when each fits whole in what is left of max_new_tokens and closes the answer: a lower-ranked "
+        "window holds the answer less often, and cut by the budget it would end the answer mid-sentence. 0: none.",
+    )
     check_answer_windows: bool = Field(
         False,
         description="With answer_focus, let the relaxed check cut a planned answer window short where the mixture "

@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "PlannedCopy", "PlannedOpening", "Preparer", "ScoredPassages", "choose_answer_windows", "join_touching", "plan_opening",
+    "PlannedCopy", "PlannedOpening", "Preparer", "ScoredPassages", "choose_answer_windows", "fitting_windows", "join_touching", "plan_opening",
     "plan_windows", "run_on_window", "token_range", "window_token_plan",
 ]
 
@@ -170,15 +170,50 @@ def window_token_plan(windows: Sequence[Window], tokens_of: Callable[[str], tupl
     return planned
 
 
-def choose_answer_windows(query: str, retrieved: Sequence[Passage], relevance: Optional[Relevance], config: NestConfig) -> list[Window]:
+def planned_tokens(planned: Sequence[PlannedCopy]) -> int:
+    """Tokens an answer spends on ``planned`` copies, at most: each copy's ``first..last`` and a
+    break before each copy after the first (the decoder's paragraph or line break)."""
+    return sum(copy.last - copy.first + 1 for copy in planned) + max(len(planned) - 1, 0)
+
+
+def fitting_windows(
+    windows: Sequence[Window], answer_windows: int, budget: int, tokens_of: Callable[[str], tuple[str, np.ndarray]]
+) -> list[Window]:
+    """The first ``answer_windows`` of ``windows`` (ranked), then each further one while the plan
+    with it (:func:`window_token_plan`) closes the answer and fits in ``budget`` tokens
+    (:func:`planned_tokens`).
+
+    The best windows are copied even when ``max_new_tokens`` cuts the last one: the answer often
+    sits early in a long window. A window ranked below them holds the answer less often, and cut
+    it would end the answer mid-sentence, so it is copied only whole (a fill window:
+    ``NestConfig.fill_windows``). ``tokens_of(passage_id)`` as for :func:`window_token_plan`."""
+    kept = list(windows[:answer_windows])
+    for window in windows[answer_windows:]:
+        planned = window_token_plan([*kept, window], tokens_of)
+        if not planned or not planned[-1].stops or planned_tokens(planned) > budget:
+            break
+        kept.append(window)
+    return kept
+
+
+def choose_answer_windows(
+    query: str,
+    retrieved: Sequence[Passage],
+    relevance: Optional[Relevance],
+    config: NestConfig,
+    tokens_of: Callable[[str], tuple[str, np.ndarray]],
+) -> list[Window]:
     """The windows of the ``retrieved`` passages (best first) a question's answer copies:
     ``config.answer_windows`` of them, best first, chosen by
-    :data:`~nest_integrations.policy.selection.DEFAULT_SELECTOR`; none with ``answer_focus`` off,
-    without a relevance function, or for a query that is no question
+    :data:`~nest_integrations.policy.selection.DEFAULT_SELECTOR`, then up to
+    ``config.fill_windows`` more that fit whole in ``config.max_new_tokens``
+    (:func:`fitting_windows`, ``tokens_of`` as there); none with ``answer_focus`` off, without a
+    relevance function, or for a query that is no question
     (:func:`~nest_integrations.policy.copy_policy.wants_focus`)."""
     if not config.answer_focus or relevance is None or not wants_focus(query):
         return []
-    return DEFAULT_SELECTOR.select(query, retrieved, relevance, count=config.answer_windows)
+    ranked = DEFAULT_SELECTOR.select(query, retrieved, relevance, count=config.answer_windows + config.fill_windows)
+    return fitting_windows(ranked, config.answer_windows, config.max_new_tokens, tokens_of) if config.fill_windows else ranked
 
 
 def plan_windows(datastore: TokenDatastore, candidates: CandidateSet, windows: Sequence[Window]) -> list[PlannedOpening]:
@@ -341,11 +376,20 @@ class Preparer:
 
     def _answer_windows(self, prompt: PromptLike, query: str, hits: ScoredPassages, config: NestConfig) -> list[Window]:
         """The windows a question's answer copies in nest and ra_nest (``config.answer_windows`` of
-        them, best first), chosen among the retrieved passages (``hits``, best first) by
-        :func:`choose_answer_windows`; none for a prompt that is no chat request."""
-        if config.mode not in ("nest", "ra_nest") or not is_chat(prompt, config):
+        them, best first, and the fill windows that fit), chosen among the retrieved passages
+        (``hits``, best first) by :func:`choose_answer_windows`; none for a prompt that is no chat
+        request, or without a datastore to copy from."""
+        if self.datastore is None or config.mode not in ("nest", "ra_nest") or not is_chat(prompt, config):
             return []
-        return choose_answer_windows(query, [p for p, _ in hits], self.relevance, config)
+        datastore = self.datastore
+        retrieved = [p for p, _ in hits]
+        by_id = {p.id: p for p in retrieved}
+
+        def tokens_of(passage_id: str) -> tuple[str, np.ndarray]:
+            text = by_id[passage_id].text
+            return text, datastore.encoder.tokenize(text)[1]
+
+        return choose_answer_windows(query, retrieved, self.relevance, config, tokens_of)
 
     def _run_on_chunk(self, windows: Sequence[Window], gated: Sequence[Passage]) -> list[Passage]:
         """The chunk that goes on from the passage of the plan's last window when that window does
