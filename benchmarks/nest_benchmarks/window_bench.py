@@ -246,7 +246,7 @@ def window_bench_markdown(report: Mapping[str, Any]) -> str:
         f"- command: `{report['command']}`",
         f"- date: {report['date']}; model: {report['model']}",
         f"- max_new_tokens {config['max_new_tokens']}, passage_k {config['passage_k']}, answer_windows "
-        f"{config['answer_windows']}, min_passage_relevance {format_cell(float(config['min_passage_relevance']))}",
+        f"{config['answer_windows']} (and {config['fill_windows']} fill), min_passage_relevance {format_cell(float(config['min_passage_relevance']))}",
         "",
         markdown_table(headers, rows),
         "",

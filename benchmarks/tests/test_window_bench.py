@@ -52,7 +52,7 @@ def rows(report):
 
 
 def test_the_answer_is_in_the_planned_window_only_where_the_window_holds_it(index):
-    report = domain_report(index, ITEMS, NestConfig(max_new_tokens=64, answer_windows=1))
+    report = domain_report(index, ITEMS, NestConfig(max_new_tokens=64, answer_windows=1, fill_windows=0))
     born, elsewhere, django = (rows(report)[i] for i in ("born", "elsewhere", "django"))
     assert born["kept"] and born["kept"][0] == "curie" and born["source_kept"]
     assert [w["passage_id"] for w in born["windows"]] == ["curie"]
@@ -69,15 +69,15 @@ def test_the_answer_is_in_the_planned_window_only_where_the_window_holds_it(inde
 
 
 def test_the_token_budget_cuts_the_planned_text(index):
-    full = rows(domain_report(index, ITEMS[:1], NestConfig(max_new_tokens=64, answer_windows=1)))["born"]
-    cut = rows(domain_report(index, ITEMS[:1], NestConfig(max_new_tokens=3, answer_windows=1)))["born"]
+    full = rows(domain_report(index, ITEMS[:1], NestConfig(max_new_tokens=64, answer_windows=1, fill_windows=0)))["born"]
+    cut = rows(domain_report(index, ITEMS[:1], NestConfig(max_new_tokens=3, answer_windows=1, fill_windows=0)))["born"]
     assert full["planned_tokens"] > 3 and cut["planned_tokens"] == 3
     assert full["planned_text"].startswith(cut["planned_text"]) and "Warsaw" not in cut["planned_text"]
     assert cut["window_recall"] == 0.0 and cut["answer_kept"]
 
 
 def test_the_report_is_written_as_json_and_a_table(index, tmp_path):
-    config = NestConfig(max_new_tokens=64, answer_windows=1)
+    config = NestConfig(max_new_tokens=64, answer_windows=1, fill_windows=0)
     domain = {"passages": len(PASSAGES), **domain_report(index, ITEMS, config)}
     write_window_bench({"toy": domain}, config, index.lm.name, tmp_path)
     saved = json.loads((tmp_path / "windows.json").read_text())
