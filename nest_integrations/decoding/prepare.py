@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "PlannedCopy", "PlannedOpening", "Preparer", "ScoredPassages", "choose_answer_windows", "fitting_windows", "join_touching", "plan_opening",
-    "plan_windows", "run_on_window", "token_range", "window_token_plan",
+    "plan_windows", "planned_tokens", "run_on_window", "token_range", "window_token_plan",
 ]
 
 ScoredPassages = Sequence[tuple[Passage, float]]
@@ -213,7 +213,7 @@ def choose_answer_windows(
     if not config.answer_focus or relevance is None or not wants_focus(query):
         return []
     ranked = DEFAULT_SELECTOR.select(query, retrieved, relevance, count=config.answer_windows + config.fill_windows)
-    return fitting_windows(ranked, config.answer_windows, config.max_new_tokens, tokens_of) if config.fill_windows else ranked
+    return fitting_windows(ranked, config.answer_windows, config.max_new_tokens, tokens_of)
 
 
 def plan_windows(datastore: TokenDatastore, candidates: CandidateSet, windows: Sequence[Window]) -> list[PlannedOpening]:
