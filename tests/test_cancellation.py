@@ -69,17 +69,24 @@ def _wait_until_marked(rows, bound_s=10.0):
     raise AssertionError("the cancellation never reached the row")
 
 
+def _drained(decoder):
+    """The shared batching service once its worker took the cancelled row out (it does so at
+    its next step, which a loaded machine may delay); fails if a row stays pending."""
+    service = shared_service(decoder.shared_lm)
+    deadline = time.monotonic() + BOUND_S
+    while service.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert service.pending == 0, "no row left pending"
+    return service
+
+
 def _after_cancel(decoder, batches, marked, single, outputs):
     """What every cancellation path must leave: the others equal alone, the cancelled row in
     no forward after the one it was cancelled in, nothing pending, a later call served."""
     _same(outputs, [single[i] for i in OTHERS])
     assert len(batches.rows[1]) == 4, "the cancelled row was in the batch, decoding"
     assert all(marked not in rows for rows in batches.rows[2:]), "the cancelled row left at the next step"
-    service = shared_service(decoder.shared_lm)
-    deadline = time.monotonic() + BOUND_S
-    while service.pending and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert service.pending == 0, "no row left pending"
+    service = _drained(decoder)
     assert service._worker is None or service._worker.is_alive()
     later = decoder.submit(PROMPTS[0], **OVERRIDES).result(timeout=BOUND_S)
     assert later.text == single[0].text
@@ -180,7 +187,7 @@ def test_a_cancelled_chat_model_call_takes_its_row_out(decoder, batches):
     assert [m.text for m in messages] == [single[i].text for i in OTHERS]
     assert len(batches.rows[1]) == 4
     assert all(marked[0] not in rows for rows in batches.rows[2:])
-    assert shared_service(decoder.shared_lm).pending == 0
+    _drained(decoder)
 
 
 def test_a_listener_that_raises_fails_its_row_only(decoder):
