@@ -69,14 +69,21 @@ def ranking_weights(rows: list[dict]) -> np.ndarray:
     return (w.detach() / scale).numpy()
 
 
-def fit(rows: list[dict]) -> AnswerSelector:
-    """The selector fitted on ``rows``: the conditional logit's weights (:func:`ranking_weights`),
-    scaled, with an intercept, by a logistic regression of the labels on their score."""
+def fitted_weights(rows: list[dict]) -> tuple[np.ndarray, float]:
+    """float64 (F,) logistic weights and the intercept fitted on ``rows`` (any F columns): the
+    conditional logit's weights (:func:`ranking_weights`), scaled, with an intercept, by a
+    logistic regression of the labels on their score."""
     weights = ranking_weights(rows)
     answerable = [r for r in rows if not r["unanswerable"] and len(r["labels"])]
     score = np.concatenate([r["features"] @ weights for r in answerable])[:, None]
     calibration = LogisticRegression(max_iter=5000).fit(score, np.concatenate([r["labels"] for r in answerable]))
-    return AnswerSelector(tuple(float(w) for w in weights * calibration.coef_[0][0]), float(calibration.intercept_[0]))
+    return weights * calibration.coef_[0][0], float(calibration.intercept_[0])
+
+
+def fit(rows: list[dict]) -> AnswerSelector:
+    """The selector fitted on ``rows`` of the selector's features (:func:`fitted_weights`)."""
+    weights, bias = fitted_weights(rows)
+    return AnswerSelector(tuple(float(w) for w in weights), bias)
 
 
 def selected_recall(selector: AnswerSelector, rows: list[dict], count: int = NestConfig().answer_windows) -> int:
