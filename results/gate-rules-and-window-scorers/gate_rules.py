@@ -1,0 +1,110 @@
+"""Each rule of the relevance gate switched off alone: what it turns away and what it costs.
+
+For every question of a set, the first stage's 8 passages go through the default gate
+(``RelevanceGate.from_config(NestConfig())``) and through the gate with one rule off. A
+*negative* is a question the set marks unanswerable (or any question of a set run with the
+``absent`` condition: its own passage removed); a *positive* is any other. Counted per variant:
+negatives for which the gate keeps a passage (NEST answers from it: a cited wrong answer) and
+positives for which it keeps none (NEST abstains); and the questions whose kept passages (those
+whose tokens NEST may copy beyond the planned answer windows) differ from the default gate's. The
+variants:
+
+* ``no cosine floor``: ``min_similarity`` -0.99 (the margin to the best passage stays);
+* ``no coverage rule``: ``min_coverage`` 0;
+* ``no floor, no coverage``: both;
+* ``no unmentioned names`` / ``no scoped names`` / ``no multi-word names``: the checks of
+  ``unmentioned_names``, ``unmentioned_identifiers`` and ``query_names`` answer "none".
+
+    python results/gate-rules-and-window-scorers/gate_rules.py --out results/gate-rules-and-window-scorers \\
+        --domain attrs=IDX/attrs:benchmarks/domains/attrs/qa.jsonl \\
+        --domain attrs-off-topic=IDX/attrs:benchmarks/domains/off-topic/qa.jsonl \\
+        --domain bio-absent=IDX/wiki:bio:absent ...
+
+A domain is ``NAME=INDEX:QA[:CONDITION]``, QA a markdown-qa JSONL file or a bundled task's name,
+CONDITION ``present`` (the default) or ``absent``. Writes ``gate_rules.json`` and ``gate_rules.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+from pathlib import Path
+from typing import Iterator
+from unittest import mock
+
+from nest_benchmarks.runner import first_stage, load_items
+from nest_benchmarks.tasks import TASKS
+from nest_integrations import NestConfig, NestIndex
+from nest_integrations.policy import relevance
+
+DEFAULT_GATE = relevance.RelevanceGate.from_config(NestConfig())
+
+VARIANTS: dict[str, tuple[relevance.RelevanceGate, str | None]] = {
+    "all rules": (DEFAULT_GATE, None),
+    "no cosine floor": (dataclasses.replace(DEFAULT_GATE, min_similarity=-0.99), None),
+    "no coverage rule": (dataclasses.replace(DEFAULT_GATE, min_coverage=0.0), None),
+    "no floor, no coverage": (dataclasses.replace(DEFAULT_GATE, min_similarity=-0.99, min_coverage=0.0), None),
+    "no unmentioned names": (DEFAULT_GATE, "unmentioned_names"),
+    "no scoped names": (DEFAULT_GATE, "unmentioned_identifiers"),
+    "no multi-word names": (DEFAULT_GATE, "query_names"),
+}
+"""Name -> (the gate, the check of ``nest_integrations.policy.relevance`` that finds nothing)."""
+
+
+@contextlib.contextmanager
+def check_off(name: str | None) -> Iterator[None]:
+    """``relevance.<name>`` answering an empty list while the block runs (nothing when None)."""
+    if name is None:
+        yield
+        return
+    with mock.patch.object(relevance, name, lambda *args: []):
+        yield
+
+
+def domain_counts(index: NestIndex, qa: str, condition: str) -> dict:
+    """Per variant: negatives with a kept passage and positives with none (see the module docstring)."""
+    task, path = (qa, None) if qa in TASKS else ("markdown-qa", qa)
+    config = NestConfig()
+    items = load_items(task, None, passages=index.passages, qa_path=path)
+    hits = {item.id: [p for p, _ in first_stage(index, item, condition, config.passage_k)[0]] for item in items}
+    negative = {item.id: bool(item.meta.get("unanswerable")) or condition == "absent" for item in items}
+    counts: dict = {"questions": len(items), "negatives": sum(negative.values()), "variants": {}}
+    kept_by_all_rules: dict[str, list[str]] = {}
+    for name, (gate, check) in VARIANTS.items():
+        with check_off(check):
+            kept = {item.id: [p.id for p in gate.decide(item.query, hits[item.id], index.relevance).kept] if hits[item.id] else [] for item in items}
+        kept_by_all_rules = kept_by_all_rules or kept
+        counts["variants"][name] = {
+            "negatives_kept": sum(negative[i] and bool(kept[i]) for i in kept),
+            "positives_dropped": sum(not negative[i] and not kept[i] for i in kept),
+            "kept_passages_change": sum(kept[i] != kept_by_all_rules[i] for i in kept),
+        }
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--domain", action="append", required=True, help="NAME=INDEX:QA[:CONDITION]")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    report = {}
+    for spec in args.domain:
+        name, _, rest = spec.partition("=")
+        path, qa, *condition = rest.split(":")
+        report[name] = domain_counts(NestIndex.load(path), qa, condition[0] if condition else "present")
+        print(name, report[name], flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gate_rules.json").write_text(json.dumps(report, indent=1) + "\n")
+    rows = ["| set | questions (negatives) | " + " | ".join(VARIANTS) + " |", "|" + "---|" * (len(VARIANTS) + 2)]
+    for name, counts in report.items():
+        cells = [f"{v['negatives_kept']} / {v['positives_dropped']} ({v['kept_passages_change']})" for v in counts["variants"].values()]
+        rows.append(f"| {name} | {counts['questions']} ({counts['negatives']}) | " + " | ".join(cells) + " |")
+    table = "\n".join(rows) + "\n"
+    (args.out / "gate_rules.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

