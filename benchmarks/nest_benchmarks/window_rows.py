@@ -7,6 +7,10 @@ window scorers with it (``results/lm-likelihood-signals/``) read the same rows.
 
 from __future__ import annotations
 
+import pickle
+from pathlib import Path
+from typing import Optional
+
 import numpy as np
 
 from nest_benchmarks.metrics import answer_recall
@@ -15,7 +19,7 @@ from nest_benchmarks.tasks import TASKS
 from nest_integrations import NestIndex
 from nest_integrations.policy.selection import candidate_windows, window_features
 
-__all__ = ["PASSAGE_K", "domain_rows"]
+__all__ = ["PASSAGE_K", "cached_domain_rows", "domain_rows"]
 
 PASSAGE_K = 8
 """Passages the first stage retrieves per question: the decoder's default ``passage_k``."""
@@ -40,4 +44,16 @@ def domain_rows(index: NestIndex, qa: str) -> list[dict]:
             "unanswerable": bool(item.meta.get("unanswerable")),
             "retrieved": bool(answers) and any(answer_recall(p.text, answers) for p in passages),
         })
+    return rows
+
+
+def cached_domain_rows(index_path: str, qa: str, cache_file: Optional[Path]) -> list[dict]:
+    """:func:`domain_rows` of the index at ``index_path``, read from ``cache_file`` (a pickle) when
+    it is there, else computed and written to it (nothing is cached when it is None)."""
+    if cache_file is not None and cache_file.exists():
+        return pickle.loads(cache_file.read_bytes())
+    rows = domain_rows(NestIndex.load(index_path), qa)
+    if cache_file is not None:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        cache_file.write_bytes(pickle.dumps(rows))
     return rows

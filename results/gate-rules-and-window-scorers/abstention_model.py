@@ -12,7 +12,7 @@ probability under which a share ``q`` of their right answers fall; on the scored
 unanswerable questions the run answered that it would turn into the plain abstention (``+``) and
 the right answers it would take away (``-``).
 
-    PYTHONPATH=benchmarks python results/gate-rules-and-window-scorers/abstention_model.py \\
+    python results/gate-rules-and-window-scorers/abstention_model.py \\
         --out results/gate-rules-and-window-scorers --cache ROWS_DIR \\
         --absent-words results/absent-words-abstention/absent_words.json \\
         --domain attrs=IDX/attrs:benchmarks/domains/attrs/qa.jsonl ... --held-out restic=... 
@@ -31,8 +31,8 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
+from nest_benchmarks.window_rows import cached_domain_rows
 from nest_integrations.policy.selection import DEFAULT_SELECTOR, FEATURES
-from window_scorers import load_rows
 
 SIGNALS = ("best probability", "cosine", "passage cosine", "coverage", "title coverage", "absent-word cosine")
 COMBINATIONS: dict[str, tuple[str, ...]] = {
@@ -68,7 +68,8 @@ def main() -> None:
     data = {}
     for name, spec in {**design, **held_out}.items():
         by_id = {a["id"]: a for a in absent_words[name]}
-        rows = [r for r in load_rows(name, spec, args.cache, None) if r["id"] in by_id]
+        path, qa = spec.split(":", 1)
+        rows = [r for r in cached_domain_rows(path, qa, args.cache / f"{name}.pkl" if args.cache else None) if r["id"] in by_id]
         data[name] = (np.array([question_signals(r, by_id[r["id"]]) for r in rows]), [by_id[r["id"]] for r in rows])
     report: dict = {}
     for combination, signals in COMBINATIONS.items():

@@ -9,7 +9,7 @@ the two rankings fused by reciprocal rank (``1 / (60 + rank)`` summed), and the 
 (best of each in turn, a passage once). Counted: the 8 passages hold a gold answer, and the three
 windows the selector chooses among them (``AnswerSelector.select``) hold one.
 
-    PYTHONPATH=benchmarks python results/gate-rules-and-window-scorers/follow_up_retrieval.py \\
+    python results/gate-rules-and-window-scorers/follow_up_retrieval.py \\
         --out results/gate-rules-and-window-scorers --domain attrs=IDX/attrs:benchmarks/domains/attrs/qa.jsonl ...
 
 Writes ``follow_up_retrieval.json`` and ``follow_up_retrieval.md``.

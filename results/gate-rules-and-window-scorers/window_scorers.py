@@ -19,7 +19,7 @@ all design sets; and how well the best window's probability marks the unanswerab
   of the index's embedder (all-MiniLM-L6-v2);
 * ``both embedders``: the eight features and the second embedder's four cosines.
 
-    PYTHONPATH=benchmarks python results/gate-rules-and-window-scorers/window_scorers.py --out results/gate-rules-and-window-scorers \\
+    python results/gate-rules-and-window-scorers/window_scorers.py --out results/gate-rules-and-window-scorers \\
         --embedder MPNET_DIR --cache ROWS_DIR \\
         --domain attrs=IDX/attrs:benchmarks/domains/attrs/qa.jsonl ... \\
         --held-out restic=IDX/restic:benchmarks/domains/heldout/restic/qa.jsonl ...
@@ -43,8 +43,8 @@ from typing import Callable
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from fit_selector import fitted_weights, selected_recall
-from nest_benchmarks.window_rows import PASSAGE_K, domain_rows
+from nest_benchmarks.selector_fit import fitted_weights, selected_recall
+from nest_benchmarks.window_rows import PASSAGE_K, cached_domain_rows
 from nest_integrations import NestIndex
 from nest_integrations.policy.conversation import question_asked_now
 from nest_integrations.policy.selection import FEATURES, candidate_windows, window_features
@@ -130,21 +130,16 @@ VARIANTS: dict[str, Callable[[dict], np.ndarray]] = {
 
 
 def load_rows(name: str, spec: str, cache: Path | None, add_second: Callable | None) -> list[dict]:
-    """The rows of one set (``INDEX:QA``), from ``cache`` when it holds them (with the second
-    embedder's features when ``add_second`` is given: added and cached again where missing)."""
-    cached = cache / f"{name}.pkl" if cache else None
-    rows = pickle.loads(cached.read_bytes()) if cached and cached.exists() else None
+    """The rows of one set (``INDEX:QA``), from ``cache`` when it holds them
+    (``cached_domain_rows``), with the second embedder's features when ``add_second`` is given
+    (added, and cached again, where missing)."""
     path, qa = spec.split(":", 1)
-    if rows is not None and not (add_second and rows and "second" not in rows[0]):
-        return rows
-    index = NestIndex.load(path)
-    if rows is None:
-        rows = domain_rows(index, qa)
-    if add_second:
-        add_second(index, rows)
-    if cached:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_bytes(pickle.dumps(rows))
+    cached = cache / f"{name}.pkl" if cache else None
+    rows = cached_domain_rows(path, qa, cached)
+    if add_second and rows and "second" not in rows[0]:
+        add_second(NestIndex.load(path), rows)
+        if cached:
+            cached.write_bytes(pickle.dumps(rows))
     return rows
 
 
