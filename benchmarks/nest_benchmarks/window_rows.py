@@ -29,7 +29,8 @@ def domain_rows(index: NestIndex, qa: str) -> list[dict]:
     """One row per question of ``qa`` (a markdown-qa JSONL path, or a bundled task's name) over
     ``index``: its id and query, the float (N, F) ``features`` of its N candidate windows
     (``window_features``), their bool (N,) ``labels`` (the window, under the section title the
-    decoder copies before it, holds a gold answer), the N ``candidates``, whether the question is
+    decoder copies before it, holds a gold answer), the N ``candidates`` and the retrieved
+    ``passages`` they come from (best first), whether the question is
     ``unanswerable``, and whether a retrieved passage holds its answer (``retrieved``)."""
     task, path = (qa, None) if qa in TASKS else ("markdown-qa", qa)
     rows = []
@@ -40,7 +41,7 @@ def domain_rows(index: NestIndex, qa: str) -> list[dict]:
         features = window_features(item.query, candidates, passages, index.relevance)
         labels = np.array([bool(answers) and bool(answer_recall(c.title + "\n" + c.passage.text[c.start : c.end], answers)) for c in candidates])
         rows.append({
-            "id": item.id, "query": item.query, "features": features, "labels": labels, "candidates": candidates,
+            "id": item.id, "query": item.query, "features": features, "labels": labels, "candidates": candidates, "passages": passages,
             "unanswerable": bool(item.meta.get("unanswerable")),
             "retrieved": bool(answers) and any(answer_recall(p.text, answers) for p in passages),
         })

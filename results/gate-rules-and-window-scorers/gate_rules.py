@@ -70,18 +70,20 @@ def domain_counts(index: NestIndex, qa: str, condition: str) -> dict:
     items = load_items(task, None, passages=index.passages, qa_path=path)
     hits = {item.id: [p for p, _ in first_stage(index, item, condition, config.passage_k)[0]] for item in items}
     negative = {item.id: bool(item.meta.get("unanswerable")) or condition == "absent" for item in items}
-    counts: dict = {"questions": len(items), "negatives": sum(negative.values()), "variants": {}}
-    kept_by_all_rules: dict[str, list[str]] = {}
+    kept_by: dict[str, dict[str, list[str]]] = {}
     for name, (gate, check) in VARIANTS.items():
         with check_off(check):
-            kept = {item.id: [p.id for p in gate.decide(item.query, hits[item.id], index.relevance).kept] if hits[item.id] else [] for item in items}
-        kept_by_all_rules = kept_by_all_rules or kept
-        counts["variants"][name] = {
+            kept_by[name] = {item.id: [p.id for p in gate.decide(item.query, hits[item.id], index.relevance).kept] if hits[item.id] else [] for item in items}
+    default = kept_by["all rules"]
+    variants = {
+        name: {
             "negatives_kept": sum(negative[i] and bool(kept[i]) for i in kept),
             "positives_dropped": sum(not negative[i] and not kept[i] for i in kept),
-            "kept_passages_change": sum(kept[i] != kept_by_all_rules[i] for i in kept),
+            "kept_passages_change": sum(kept[i] != default[i] for i in kept),
         }
-    return counts
+        for name, kept in kept_by.items()
+    }
+    return {"questions": len(items), "negatives": sum(negative.values()), "variants": variants}
 
 
 def main() -> None:

@@ -44,10 +44,9 @@ import numpy as np
 from sklearn.metrics import roc_auc_score
 
 from nest_benchmarks.selector_fit import fitted_weights, selected_recall
-from nest_benchmarks.window_rows import PASSAGE_K, cached_domain_rows
-from nest_integrations import NestIndex
+from nest_benchmarks.window_rows import cached_domain_rows
 from nest_integrations.policy.conversation import question_asked_now
-from nest_integrations.policy.selection import FEATURES, candidate_windows, window_features
+from nest_integrations.policy.selection import FEATURES, window_features
 
 COSINES = [FEATURES.index(name) for name in ("cosine", "last_question_cosine", "passage_cosine", "title_cosine")]
 CODE_NAME = re.compile(r"`[^`\n]+`|(?<!\w)--?[a-zA-Z][\w-]+|\w+\(\)|\.\w+\(")
@@ -69,7 +68,7 @@ class LinearScorer:
         return 1.0 / (1.0 + np.exp(-(np.asarray(features, dtype=np.float64) @ self.weights + self.bias)))
 
 
-def second_embedder_features(path: Path) -> Callable[[NestIndex, list[dict]], None]:
+def second_embedder_features(path: Path) -> Callable[[list[dict]], None]:
     """Adds ``second`` (N, F) to each row: ``window_features`` with cosines read by the model at ``path``."""
     from sentence_transformers import SentenceTransformer
 
@@ -82,10 +81,9 @@ def second_embedder_features(path: Path) -> Callable[[NestIndex, list[dict]], No
             vectors.update(zip(new, model.encode(new, batch_size=32, normalize_embeddings=True)))
         return [float(vectors[t] @ vectors[query]) for t in texts]
 
-    def add(index: NestIndex, rows: list[dict]) -> None:
+    def add(rows: list[dict]) -> None:
         for row in rows:
-            passages = [p for p, _ in index.retrieve(row["query"], PASSAGE_K)]
-            row["second"] = window_features(row["query"], candidate_windows(passages), passages, relevance)
+            row["second"] = window_features(row["query"], row["candidates"], row["passages"], relevance)
 
     return add
 
@@ -137,7 +135,7 @@ def load_rows(name: str, spec: str, cache: Path | None, add_second: Callable | N
     cached = cache / f"{name}.pkl" if cache else None
     rows = cached_domain_rows(path, qa, cached)
     if add_second and rows and "second" not in rows[0]:
-        add_second(NestIndex.load(path), rows)
+        add_second(rows)
         if cached:
             cached.write_bytes(pickle.dumps(rows))
     return rows
