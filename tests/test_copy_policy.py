@@ -116,3 +116,6 @@ def test_the_best_window_goes_on_to_its_section_end():
     sentence = Window("prose", 0, len("Set timeout on the client."), 0.9)
     assert to_section_end([sentence], [prose]) == [sentence], "prose keeps its windows"
     assert to_section_end([], [passage]) == []
+    announcing = Passage(id="retry", text="## Retries\n\nSet a policy as follows:\n\n    client.retry(3)\n\n## Next\n\nMore.")
+    colon = Window("retry", announcing.text.index("Set"), announcing.text.index("follows:") + len("follows:"), 0.9)
+    assert to_section_end([colon], [announcing]) == [colon], "its copy runs on anyway, past its passage's end too"

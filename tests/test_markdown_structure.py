@@ -228,6 +228,10 @@ def test_an_answer_copies_its_best_window_to_the_section_end(tiny_lm):
     assert out.text.strip() == "Timeouts\n\nSet `timeout` on the client to bound how long one request may take before it fails.\n\nIts default is thirty seconds.", out.text
     alone = decoder.generate(question, max_new_tokens=40, answer_windows=1, fill_windows=0, answer_section=False, **COPY)
     assert alone.text.strip() == "Timeouts\n\nSet `timeout` on the client to bound how long one request may take before it fails.", alone.text
+    # Where the section does not fit in the budget, the window ends where the selector's does.
+    budget = alone.stats.new_tokens + 2
+    short = decoder.generate(question, max_new_tokens=budget, answer_windows=1, fill_windows=0, **COPY)
+    assert short.text == alone.text and short.stats.finish_reason == "answered", short.text
 
 
 def test_an_opening_skips_markup_blank_tokens_and_a_closing_fence(smol_tokenizer):

@@ -207,7 +207,8 @@ def choose_answer_windows(
     ``config.answer_windows`` of them, best first, chosen by
     :data:`~nest_integrations.policy.selection.DEFAULT_SELECTOR` (with ``config.answer_section``
     the best goes on to its section's end,
-    :func:`~nest_integrations.policy.copy_policy.to_section_end`), then up to
+    :func:`~nest_integrations.policy.copy_policy.to_section_end`, when the answer windows then
+    still fit in ``config.max_new_tokens``: cut by the budget, an answer ends mid-sentence), then up to
     ``config.fill_windows`` more that fit whole in ``config.max_new_tokens``
     (:func:`fitting_windows`, ``tokens_of`` as there); none with ``answer_focus`` off, without a
     relevance function, or for a query that is no question
@@ -218,7 +219,9 @@ def choose_answer_windows(
     # Twice the count: the best window's section may take in some of the next ones.
     ranked = DEFAULT_SELECTOR.select(query, retrieved, relevance, count=2 * count if config.answer_section else count)
     if config.answer_section:
-        ranked = to_section_end(ranked, retrieved)
+        widened = to_section_end(ranked, retrieved)
+        if planned_tokens(window_token_plan(widened[: config.answer_windows], tokens_of)) <= config.max_new_tokens:
+            ranked = widened
     return fitting_windows(ranked[:count], config.answer_windows, config.max_new_tokens, tokens_of)
 
 

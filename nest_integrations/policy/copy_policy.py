@@ -197,7 +197,9 @@ def to_section_end(windows: Sequence[Window], passages: Sequence[Passage]) -> li
     """``windows`` (ranked, none overlapping another) with the best one going on to the end of
     its section in its passage (:func:`~nest_integrations.corpus.markdown_structure.section_end`),
     and the others it then overlaps left out; ``passages`` hold every window's passage. Prose,
-    which has no sections, keeps its windows.
+    which has no sections, keeps its windows, and so does a best window that does not close an
+    answer (:func:`closes_answer`: "... as follows:"): its copy runs on to its section's end
+    anyway, into the next chunk when its passage ends first.
 
     The selector scores a window by the question's words and meaning, so the best one is often
     the sentence that names what the question asks about, and the answer is what follows it in
@@ -209,6 +211,8 @@ def to_section_end(windows: Sequence[Window], passages: Sequence[Passage]) -> li
     by_id = {passage.id: passage for passage in passages}
     best = windows[0]
     passage = by_id[best.passage_id]
+    if not closes_answer(passage.text, best.end):
+        return list(windows)
     widened = Window(best.passage_id, best.start, max(best.end, section_end(passage.text, best.end)), best.score)
     doc, start, end = document_range(passage, widened.start, widened.end)
     kept = [widened]
