@@ -1,19 +1,7 @@
-"""Seams (where a copy may start), where an answer may stop, how far its best window goes, and the conversation's retrieval query."""
+"""Seams (where a copy may start), where an answer may stop, and the conversation's retrieval query."""
 
 from nest_integrations.policy.conversation import is_follow_up, retrieval_query
-import pytest
-
-from nest_integrations.corpus.markdown_structure import section_end
-from nest_integrations.corpus.passages import Passage
-from nest_integrations.policy.copy_policy import (
-    Window,
-    acceptable_start,
-    closes_answer,
-    is_question,
-    sentence_starts,
-    to_section_end,
-    wants_focus,
-)
+from nest_integrations.policy.copy_policy import acceptable_start, closes_answer, is_question, sentence_starts, wants_focus
 
 ADA = (
     "Augusta Ada King, Countess of Lovelace (née Byron; 10 December 1815 – 27 November 1852) was an English "
@@ -83,39 +71,3 @@ def test_an_answer_does_not_stop_where_a_line_announces_what_follows():
     assert closes_answer(text, text.index("shell-session") + 13) is False
 
 
-
-
-TIMEOUTS_MD = "## Timeouts\n\nSet `timeout` on the client.\n\nThe default is 30 seconds.\n\n## Retries\n\nRetries are off."
-TIMEOUTS_RST = (
-    "Timeouts\n========\n\nSet ``timeout`` on the client.\n\nThe default is 30 seconds.\n\n"
-    ".. _retries:\n\nRetries\n=======\n\nRetries are off."
-)
-
-
-@pytest.mark.parametrize("text", [TIMEOUTS_MD, TIMEOUTS_RST])
-def test_a_section_ends_before_the_next_heading_and_its_label(text):
-    end = section_end(text, text.index("client.") + len("client."))
-    assert text[:end].endswith("The default is 30 seconds."), "white space and a label before the heading are not the section's"
-    assert section_end(text, text.index("off")) == len(text), "the last section ends with the text"
-    assert section_end("Set timeout on the client. The default is 30 seconds.", 10) == 10, "prose has no sections"
-
-
-def test_the_best_window_goes_on_to_its_section_end():
-    """The sentence that names the option wins; the default it asks for follows in its section."""
-    passage = Passage(id="client", text=TIMEOUTS_MD)
-    text = passage.text
-    best = Window("client", text.index("Set"), text.index("client.") + len("client."), 0.9)
-    inside = Window("client", text.index("The default"), text.index("seconds.") + len("seconds."), 0.5)
-    elsewhere = Window("client", text.index("Retries are"), len(text), 0.4)
-    widened = to_section_end([best, inside, elsewhere], [passage])
-    assert [text[w.start : w.end] for w in widened] == [
-        "Set `timeout` on the client.\n\nThe default is 30 seconds.", "Retries are off."
-    ], "the window it now holds is left out, the next section's stays"
-    assert widened[0].score == best.score
-    prose = Passage(id="prose", text="Set timeout on the client. The default is 30 seconds.")
-    sentence = Window("prose", 0, len("Set timeout on the client."), 0.9)
-    assert to_section_end([sentence], [prose]) == [sentence], "prose keeps its windows"
-    assert to_section_end([], [passage]) == []
-    announcing = Passage(id="retry", text="## Retries\n\nSet a policy as follows:\n\n    client.retry(3)\n\n## Next\n\nMore.")
-    colon = Window("retry", announcing.text.index("Set"), announcing.text.index("follows:") + len("follows:"), 0.9)
-    assert to_section_end([colon], [announcing]) == [colon], "its copy runs on anyway, past its passage's end too"

@@ -214,26 +214,6 @@ def test_an_answer_planned_at_a_heading_opens_below_it(tiny_lm, text, source, ma
     assert marks not in both.text
 
 
-def test_an_answer_copies_its_best_window_to_the_section_end(tiny_lm):
-    """The sentence that names the option scores best; the default the question asks for is the
-    next paragraph of its section, and the next section is not copied."""
-    text = (
-        "## Timeouts\n\nSet `timeout` on the client to bound how long one request may take before it fails.\n\nIts default is thirty seconds.\n\n"
-        "## Retries\n\nRetries are off unless you set a policy."
-    )
-    passage = Passage(id="client", text=text, metadata={"source": "client.md"})
-    decoder = NestDecoder(tiny_lm, TokenDatastore([passage], PassageEncoder(tiny_lm)), ListRetriever([passage]), relevance=word_share)
-    question = "How do I set the timeout on the client?"
-    out = decoder.generate(question, max_new_tokens=40, answer_windows=1, fill_windows=0, **COPY)
-    assert out.text.strip() == "Timeouts\n\nSet `timeout` on the client to bound how long one request may take before it fails.\n\nIts default is thirty seconds.", out.text
-    alone = decoder.generate(question, max_new_tokens=40, answer_windows=1, fill_windows=0, answer_section=False, **COPY)
-    assert alone.text.strip() == "Timeouts\n\nSet `timeout` on the client to bound how long one request may take before it fails.", alone.text
-    # Where the section does not fit in the budget, the window ends where the selector's does.
-    budget = alone.stats.new_tokens + 2
-    short = decoder.generate(question, max_new_tokens=budget, answer_windows=1, fill_windows=0, **COPY)
-    assert short.text == alone.text and short.stats.finish_reason == "answered", short.text
-
-
 def test_an_opening_skips_markup_blank_tokens_and_a_closing_fence(smol_tokenizer):
     text = f"## Charset\n\n{FENCE}js\nreply.type('application/json')\n{FENCE}\nIf no charset is set, utf-8 is used."
     enc = smol_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)

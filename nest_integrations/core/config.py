@@ -126,14 +126,6 @@ class NestConfig(BaseModel):
         "answer copies when each fits whole in what is left of max_new_tokens and closes the answer: a lower-ranked "
         "window holds the answer less often, and cut by the budget it would end the answer mid-sentence. 0: none.",
     )
-    answer_section: bool = Field(
-        True,
-        description="With answer_focus, copy the best answer window on to the end of its section in its passage "
-        "(Markdown, reStructuredText; prose keeps its windows) when the answer windows then still fit in "
-        "max_new_tokens: the best-scored sentence often names what the question asks about and the answer follows "
-        "it in the same section (the default after an option's description, the example after the sentence that "
-        "introduces it). Longer answers; off: every window ends where the selector's does.",
-    )
     check_answer_windows: bool = Field(
         False,
         description="With answer_focus, let the relaxed check cut a planned answer window short where the mixture "

@@ -493,26 +493,6 @@ def copyable_end(text: str, char_spans: np.ndarray, pos: int, end: int) -> int:
     return pos + int(blocked[0]) if len(blocked) else end
 
 
-def section_end(text: str, pos: int) -> int:
-    """Where the section that character ``pos`` of ``text`` sits in ends within ``text``: before
-    the first heading after ``pos`` and the white space and hidden markup (an anchor, a
-    reStructuredText label) before it, or after the text's last character that is not white
-    space when no heading follows. ``pos`` for prose, which has no sections."""
-    layout = copy_layout(text)
-    if layout is None:
-        return pos
-    end = min((start for start in layout.heading_starts if start > pos), default=len(text))
-    while end > pos:
-        if text[end - 1].isspace():
-            end -= 1
-            continue
-        hidden = next((start for start, stop in layout.hidden if start <= end - 1 < stop), None)
-        if hidden is None:
-            break
-        end = hidden
-    return max(end, pos)
-
-
 def section_ends_at(text: str, pos: int) -> bool:
     """Whether what follows character ``pos`` of ``text``, past white space and hidden markup
     (an anchor, a comment), is a heading: a copy that got to ``pos`` has finished its section.

@@ -33,7 +33,7 @@ from nest_integrations.core.config import NestConfig
 from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.policy.conversation import question_asked_now
-from nest_integrations.policy.copy_policy import Window, closes_answer, to_section_end, wants_focus
+from nest_integrations.policy.copy_policy import Window, closes_answer, wants_focus
 from nest_integrations.policy.mentions import CorpusTerms
 from nest_integrations.policy.selection import DEFAULT_SELECTOR
 from nest_integrations.policy.relevance import GateDecision, RelevanceGate, subject_name
@@ -205,24 +205,15 @@ def choose_answer_windows(
 ) -> list[Window]:
     """The windows of the ``retrieved`` passages (best first) a question's answer copies:
     ``config.answer_windows`` of them, best first, chosen by
-    :data:`~nest_integrations.policy.selection.DEFAULT_SELECTOR` (with ``config.answer_section``
-    the best goes on to its section's end,
-    :func:`~nest_integrations.policy.copy_policy.to_section_end`, when the answer windows then
-    still fit in ``config.max_new_tokens``: cut by the budget, an answer ends mid-sentence), then up to
+    :data:`~nest_integrations.policy.selection.DEFAULT_SELECTOR`, then up to
     ``config.fill_windows`` more that fit whole in ``config.max_new_tokens``
     (:func:`fitting_windows`, ``tokens_of`` as there); none with ``answer_focus`` off, without a
     relevance function, or for a query that is no question
     (:func:`~nest_integrations.policy.copy_policy.wants_focus`)."""
     if not config.answer_focus or relevance is None or not wants_focus(query):
         return []
-    count = config.answer_windows + config.fill_windows
-    # Twice the count: the best window's section may take in some of the next ones.
-    ranked = DEFAULT_SELECTOR.select(query, retrieved, relevance, count=2 * count if config.answer_section else count)
-    if config.answer_section:
-        widened = to_section_end(ranked, retrieved)
-        if planned_tokens(window_token_plan(widened[: config.answer_windows], tokens_of)) <= config.max_new_tokens:
-            ranked = widened
-    return fitting_windows(ranked[:count], config.answer_windows, config.max_new_tokens, tokens_of)
+    ranked = DEFAULT_SELECTOR.select(query, retrieved, relevance, count=config.answer_windows + config.fill_windows)
+    return fitting_windows(ranked, config.answer_windows, config.max_new_tokens, tokens_of)
 
 
 def plan_windows(datastore: TokenDatastore, candidates: CandidateSet, windows: Sequence[Window]) -> list[PlannedOpening]:

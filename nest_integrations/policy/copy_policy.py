@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from nest_integrations.corpus.chunking import sentence_spans
-from nest_integrations.corpus.markdown_structure import copy_layout, readable_blocks, section_end, start_allowed
+from nest_integrations.corpus.markdown_structure import copy_layout, readable_blocks, start_allowed
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.corpus.rst_structure import announces_code
 from .relevance import is_name_query
@@ -191,36 +191,6 @@ def document_range(passage: Passage, start: int, end: int) -> tuple[str, int, in
     if not passage.doc_id:
         return passage.id, start, end
     return passage.doc_id, passage.doc_char_start + start, passage.doc_char_start + end
-
-
-def to_section_end(windows: Sequence[Window], passages: Sequence[Passage]) -> list[Window]:
-    """``windows`` (ranked, none overlapping another) with the best one going on to the end of
-    its section in its passage (:func:`~nest_integrations.corpus.markdown_structure.section_end`),
-    and the others it then overlaps left out; ``passages`` hold every window's passage. Prose,
-    which has no sections, keeps its windows, and so does a best window that does not close an
-    answer (:func:`closes_answer`: "... as follows:"): its copy runs on to its section's end
-    anyway, into the next chunk when its passage ends first.
-
-    The selector scores a window by the question's words and meaning, so the best one is often
-    the sentence that names what the question asks about, and the answer is what follows it in
-    the same section: the default after an option's description, the example after the sentence
-    that introduces it, the option after the example. A section is about one thing, so its rest
-    is the best window's context; what other sections hold is left to the next windows."""
-    if not windows:
-        return []
-    by_id = {passage.id: passage for passage in passages}
-    best = windows[0]
-    passage = by_id[best.passage_id]
-    if not closes_answer(passage.text, best.end):
-        return list(windows)
-    widened = Window(best.passage_id, best.start, max(best.end, section_end(passage.text, best.end)), best.score)
-    doc, start, end = document_range(passage, widened.start, widened.end)
-    kept = [widened]
-    for window in windows[1:]:
-        other_doc, other_start, other_end = document_range(by_id[window.passage_id], window.start, window.end)
-        if not (other_doc == doc and other_start < end and start < other_end):
-            kept.append(window)
-    return kept
 
 
 def whole_blocks(text: str, start: int, end: int) -> tuple[int, int]:
