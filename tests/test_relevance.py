@@ -141,6 +141,10 @@ def test_a_package_or_member_no_retrieved_passage_names_keeps_nothing():
     assert gate("How do I limit each client to 100 requests per minute with @fastify/rate-limit?", [body], [0.6]).kept == []
     assert scoped_identifiers("With @fastify/rate-limit and reply.redirect?") == ["rate-limit", "redirect"]
     assert scoped_identifiers("Can winston-daily-rotate-file keep 14 days, end-to-end?") == ["winston-daily-rotate-file"]
+    flags = Passage(id="f", text="Boolean flags can be given in pairs: --shout/--no-shout turns shouting on or disables it.")
+    assert scoped_identifiers("How do I define an on/off flag pair such as --shout?") == [], "English alternatives name no package"
+    assert gate("How do I define an on/off flag pair such as --shout?", [flags], [0.6]).kept == [flags]
+    assert scoped_identifiers("How do I make the pino/file transport truncate?") == ["file"], "a module path is still one"
     logrotate = Passage(id="l", text="We would rotate our log files with logrotate: daily, rotate 7, compress.")
     assert RelevanceGate()("How do I configure winston-daily-rotate-file to keep 14 days of log files?", [logrotate], [0.6]).kept == []
     assert unmentioned_identifiers("What does json.dumps return?", [Passage(id="j", text="dumps(obj) serializes obj.")]) == [], (

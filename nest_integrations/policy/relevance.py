@@ -332,11 +332,15 @@ name (English compounds of three parts hold a stopword: "end-to-end", "state-of-
 def scoped_identifiers(query: str) -> list[str]:
     """The last part of each scoped code name in ``query`` (:data:`_PACKAGE_OR_MEMBER`), case-folded:
     ``"rate-limit"`` for ``@fastify/rate-limit``, ``"redirect"`` for ``reply.redirect``
-    (and ``"py"`` for a file name such as ``settings.py``); then each unscoped package name
-    (:data:`_PACKAGE_NAME`) whose parts are no stopwords, whole."""
+    (and ``"py"`` for a file name such as ``settings.py``), not for English alternatives
+    written with a slash after a stopword (``on/off``, ``yes/no``); then each unscoped package
+    name (:data:`_PACKAGE_NAME`) whose parts are no stopwords, whole."""
     names = []
     for match in _PACKAGE_OR_MEMBER.finditer(query):
-        last = re.split(r"\.|/|::|@", match.group())[-1].strip("-")
+        parts = re.split(r"\.|/|::|@", match.group())
+        if "/" in match.group() and fold(parts[0]) in _STOPWORDS:
+            continue  # English alternatives ("an on/off flag", "a yes/no question", "and/or"): no package is named "on"
+        last = parts[-1].strip("-")
         if len(last) > 1:
             names.append(fold(last))
     unscoped = _PACKAGE_OR_MEMBER.sub(" ", query)
