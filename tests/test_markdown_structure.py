@@ -19,6 +19,7 @@ from nest_integrations.corpus.markdown_structure import (
     section_title,
     start_allowed,
     label_start,
+    missing_indentation,
     title_tokens,
 )
 from nest_integrations.corpus.chunking import chunk_passages, chunk_text, section_chunks, sentence_spans
@@ -212,6 +213,28 @@ def test_an_answer_planned_at_a_heading_opens_below_it(tiny_lm, text, source, ma
     both = decoder.generate("How do I reset the set-cookie header?", max_new_tokens=30, answer_windows=2, **COPY)
     assert both.text.strip().startswith(out.text.strip() + "\n\n") and "Streams\n\nPipe a stream" in both.text, both.text
     assert marks not in both.text
+
+
+def test_an_answer_that_opens_at_a_line_of_code_keeps_its_indentation(tiny_lm):
+    """The code line's first token brings one space of its four (the others are the line break's
+    token): the decoder sets the rest, so the line stays in its block."""
+    text = (
+        "Ask for a password twice, hidden, like this::\n\n"
+        "    @click.command()\n    @click.password_option()\n    def encrypt(password):\n        click.echo(password)\n"
+    )
+    passage = Passage(id="pw", text=text, metadata={"source": "options.rst"})
+    code = text.index("    @click.command()")
+    first = text.index("@click") - 1  # the token " @click" opens the window
+    assert missing_indentation(text, first) == "   "
+    assert missing_indentation(text, code) == "" and missing_indentation(text, text.index("twice")) == ""
+    assert missing_indentation("Plain prose,\n    indented.", len("Plain prose,\n   ")) == "", "prose: no code line"
+    listed = f"# Proxy\n\n1. Trust a function:\n\n    {FENCE}js\n    trust(address)\n    {FENCE}\n"
+    assert missing_indentation(listed, listed.index(FENCE) - 1) == "", "a fence indented past three spaces is none"
+    assert missing_indentation(listed, listed.index("trust(") - 1) == "   "
+    decoder = NestDecoder(tiny_lm, TokenDatastore([passage], PassageEncoder(tiny_lm)), ListRetriever([passage]), relevance=word_share)
+    out = decoder.generate("What does click.password_option() do for encrypt(password)?", max_new_tokens=60, answer_windows=1, fill_windows=0, **COPY)
+    assert out.text.startswith("    @click.command()\n    @click.password_option()"), out.text
+    assert [s.copied for s in out.spans if s.text.strip()] == [True] * len([s for s in out.spans if s.text.strip()]), "the spaces alone are set"
 
 
 def test_an_opening_skips_markup_blank_tokens_and_a_closing_fence(smol_tokenizer):

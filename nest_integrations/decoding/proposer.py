@@ -35,8 +35,8 @@ import torch
 from nest_integrations.core.config import NestConfig
 from nest_integrations.core.mixture import relaxed_accept_ratio
 from nest_integrations.corpus.markdown_structure import (
-    closing_fence, closing_fence_line, copyable_end, copyable_tokens, ends_in_code, first_copyable, open_code_block, past_markup_indent,
-    title_tokens,
+    closing_fence, closing_fence_line, copyable_end, copyable_tokens, ends_in_code, first_copyable, missing_indentation, open_code_block,
+    past_markup_indent, title_tokens,
 )
 from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
@@ -128,6 +128,8 @@ class SpanProposer:
                 title = [TokenRecord(int(encoded.token_ids[i]), pidx, i) for i in positions]
                 # A label a reader sees above the section, not a continuation to judge.
                 return Proposal(title[0], title[1:], unchecked=True)
+            if plan.opening is not None and (indentation := self._indentation(gen)):
+                return _set_by_decoder(indentation)
             if plan.opening is not None:
                 pidx, pos = plan.take_opening()  # type: ignore[misc]
                 text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
@@ -185,18 +187,35 @@ class SpanProposer:
         a window ended where a chunker cut its code); None when no block is open or the budget
         cannot hold it. Like a paragraph break between copies, it is set by the decoder: not
         copied, and no word of the model's own."""
-        ids = self._fence_tokens(closing_fence_line(gen.text))
+        ids = self._decoder_tokens(closing_fence_line(gen.text))
         if not ids or len(ids) >= gen.tokens_left():
             return None
         return _set_by_decoder(ids)
 
-    def _fence_tokens(self, closing: Optional[str]) -> list[int]:
-        """Token ids of ``closing``, the fence line that closes a fenced block
-        (:func:`~nest_integrations.corpus.markdown_structure.closing_fence_line`); [] for None."""
-        if closing is None or self.datastore is None:
+    def _decoder_tokens(self, text: Optional[str]) -> list[int]:
+        """Token ids of ``text`` the decoder sets: the fence line that closes a fenced block
+        (:func:`~nest_integrations.corpus.markdown_structure.closing_fence_line`), a code line's
+        indentation (:meth:`_indentation`); [] for None or ""."""
+        if not text or self.datastore is None:
             return []
-        ids, _ = self.datastore.encoder.tokenize(closing)
+        ids, _ = self.datastore.encoder.tokenize(text)
         return [int(i) for i in ids]
+
+    def _indentation(self, gen: Generation) -> list[int]:
+        """Token ids of the indentation that the planned copy about to open at a line of code does
+        not bring (:func:`~nest_integrations.corpus.markdown_structure.missing_indentation`), when
+        it opens a line of the answer (its first, or after a break); [] otherwise. Set by the
+        decoder, as a break is: the source's white space, not copied because its tokens hold the
+        line break before it too. Without it the line keeps one space of its four and reads as a
+        paragraph above the block's other lines."""
+        if gen.text and not gen.text.endswith("\n"):
+            return []
+        pidx, pos = gen.plan.opening  # type: ignore[misc]
+        text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
+        first = self._opening_token(encoded, text, pos)
+        if first >= len(encoded.char_spans):
+            return []
+        return self._decoder_tokens(missing_indentation(text, int(encoded.char_spans[first, 0])))
 
     def _nothing_more(self) -> Proposal:
         """What a generation that has just finished proposes: a token its commit does not take."""
@@ -243,7 +262,7 @@ class SpanProposer:
             closing = closing_fence_line(so_far)
             if closing is not None and so_far.rstrip().rsplit("\n", 1)[-1].strip().startswith(closing.lstrip("\n")):
                 continue  # the block's opening line alone: an empty block
-            if (taken if done else to_line_end) + len(self._fence_tokens(closing)) <= room:
+            if (taken if done else to_line_end) + len(self._decoder_tokens(closing)) <= room:
                 return taken
         return 0 if gen.text.strip() and line_done(0) else count
 
@@ -251,7 +270,7 @@ class SpanProposer:
         """The budget cannot hold the next line of the copied code: the fence that closes the block
         (set by the decoder, as between two copies) ends the answer, or, for a block that needs
         none, the answer ends now (``length`` either way)."""
-        fence = self._fence_tokens(closing_fence_line(gen.text))
+        fence = self._decoder_tokens(closing_fence_line(gen.text))
         if fence and len(fence) <= gen.tokens_left():
             gen.budget = len(gen.records) + len(fence)
             return _set_by_decoder(fence)
@@ -281,8 +300,8 @@ class SpanProposer:
         code (:meth:`_text_ends_in_code`: on a closing fence's line it keeps the block open). Any
         other token runs into a text that ends in a word or a sign unless it opens with white
         space; a token that brings its own line break runs into nothing."""
-        if self.break_id is None or not gen.text:
-            return False
+        if self.break_id is None or not gen.text.strip(" \t"):
+            return False  # nothing to run into: no text, or the indentation the decoder set
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
         if pos >= len(char_spans):
             return False
