@@ -500,7 +500,9 @@ def test_a_window_after_copied_code_opens_a_line_of_its_own(tiny_lm, block):
     question = "How do I capture the output in a callback, and what does the output argument hold?"
     out = _two_window_answer(tiny_lm, [code, body], question)
     assert "bot.respond(output))" in out.text and " `argv`: the parsed arguments." in out.text, out.text
-    assert [(span.text, span.copied) for span in out.spans][1] == ("\n\n", False), out.spans
+    spans = [(span.text, span.copied) for span in out.spans]
+    code_at = next(i for i, (text, copied) in enumerate(spans) if copied and "bot.respond" in text)
+    assert spans[code_at + 1] == ("\n\n", False), out.spans
     assert not any(model_written(out, span) for span in out.spans)
 
 

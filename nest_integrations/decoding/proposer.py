@@ -215,7 +215,8 @@ class SpanProposer:
         first = self._opening_token(encoded, text, pos)
         if first >= len(encoded.char_spans):
             return []
-        return self._decoder_tokens(missing_indentation(text, int(encoded.char_spans[first, 0])))
+        ids = self._decoder_tokens(missing_indentation(text, int(encoded.char_spans[first, 0])))
+        return ids if len(ids) < gen.tokens_left() else []  # spaces the budget leaves no copy after are none
 
     def _nothing_more(self) -> Proposal:
         """What a generation that has just finished proposes: a token its commit does not take."""

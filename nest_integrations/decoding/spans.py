@@ -23,8 +23,9 @@ class TokenRecord:
     """One generated token and, when copied, the passage position it came from.
 
     ``separator``: a paragraph break the decoder sets between two planned copies that would
-    otherwise run into each other ("...years before Leibniz.Sir Isaac Newton"), or the fence that
-    closes a code block a copy left open before a copy from elsewhere: the LM's tokens, not
+    otherwise run into each other ("...years before Leibniz.Sir Isaac Newton"), the fence that
+    closes a code block a copy left open before a copy from elsewhere, or the indentation of a
+    code line a copy opens a line of the answer at: the LM's tokens, not
     copied, and no word of the model's own (a copy plan that ends the answer at the LM's next
     token lets them through)."""
 
