@@ -782,3 +782,9 @@ def test_a_paragraph_break_that_nothing_follows_is_dropped_and_never_streamed(ti
     verifier.commit(gen, [TokenRecord(5)])  # the LM's own token where the copy should go on
     assert gen.finished and gen.stats.finish_reason == "answered"
     assert gen.text == " Done." and gen.ids == word and not any(r.separator for r in gen.records)
+    # A code line's indentation set after the break, for a copy the budget then leaves out, goes with it.
+    indentation = tiny_lm.tokenizer("   ", add_special_tokens=False)["input_ids"]
+    gen = Generation(config=NestConfig(max_new_tokens=80))
+    verifier.commit(gen, [TokenRecord(t) for t in word] + [TokenRecord(t, separator=True) for t in [break_id, *indentation]])
+    gen.finish("length")
+    assert gen.text == " Done." and gen.ids == word

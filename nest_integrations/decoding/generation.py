@@ -58,12 +58,15 @@ class Generation:
         return self.budget - len(self.records)
 
     def finish(self, reason: FinishReason) -> None:
-        """End the generation with ``reason``. A paragraph break set between two copies
-        (:attr:`~nest_integrations.decoding.spans.TokenRecord.separator`) that nothing followed
-        (the LM refused the copy after it, or the budget ran out) is dropped: it separates nothing.
-        A code block's closing fence, also set by the decoder, stays: it closes what was copied."""
-        last_start = self.boundaries[-2] if len(self.boundaries) > 1 else 0
-        if self.records and self.records[-1].separator and not self.text[last_start:].strip():
+        """End the generation with ``reason``. White space the decoder set before a copy
+        (:attr:`~nest_integrations.decoding.spans.TokenRecord.separator`: a paragraph break between
+        two copies, a code line's indentation) that nothing followed (the LM refused the copy
+        after it, or the budget ran out) is dropped: it separates or indents nothing. A code
+        block's closing fence, also set by the decoder, stays: it closes what was copied."""
+        while self.records and self.records[-1].separator:
+            last_start = self.boundaries[-2] if len(self.boundaries) > 1 else 0
+            if self.text[last_start:].strip():
+                break
             self.records.pop()
             self.ids.pop()
             self.boundaries.pop()
