@@ -214,9 +214,10 @@ class NestIndex:
 
     @functools.cached_property
     def corpus_terms(self) -> CorpusTerms:
-        """The folded words of every passage (:class:`~nest_integrations.policy.mentions.CorpusTerms`),
-        read once: a question naming something none of them holds is not covered."""
-        return CorpusTerms(p.text for p in self.passages)
+        """The folded words of every passage and its title (:class:`~nest_integrations.policy.mentions.CorpusTerms`),
+        read once: a question naming something none of them holds is not covered (a question "with
+        pathlib" over a document titled ``pathlib`` is)."""
+        return CorpusTerms(f"{p.title}\n{p.text}" for p in self.passages)
 
     def calibration(self, *, show_progress: bool = True) -> Optional[Calibration]:
         """alpha/tau for this index's LM on its corpus: the saved one, else fitted now (and saved).

@@ -8,8 +8,9 @@ something -- a product, a library, an option -- that no passage of the corpus ho
 removed), and :meth:`CorpusTerms.unmentioned` lists the names of a question that are
 not all among them. A name is a word with a capital letter that does not open a
 sentence (``TypeScript``, ``SQLAlchemy``, ``XL``, ``pyproject.toml``'s parts when
-written ``PyProject``): common words a user phrases a question with are not names, so
-a question in the user's own words is never turned away for them.
+written ``PyProject``), or a word rare in English whatever its case (``syslog``,
+``pydantic``, ``zstd``: :data:`RARE_WORD_ZIPF`). Common words a user phrases a question
+with are not names, so a question in the user's own words is not turned away for them.
 
 Only a decoder that knows its whole corpus can use it (a :class:`~nest_integrations.index.nest_index.NestIndex`);
 over the passages a store has retrieved so far, an absent word proves nothing.
@@ -17,12 +18,21 @@ over the passages a store has retrieved so far, an absent word proves nothing.
 
 from __future__ import annotations
 
+import bisect
 import re
 from typing import Iterable
 
 from .words import fold
 
-__all__ = ["CorpusTerms", "question_names"]
+__all__ = ["CorpusTerms", "RARE_WORD_ZIPF", "question_names"]
+
+RARE_WORD_ZIPF = 2.0
+"""A word rarer than this in English is a name, written in any case. The scale is wordfreq's Zipf
+frequency: log10 of the word's occurrences per billion words, so 2.0 is once in ten million
+(``syslog`` 1.8, ``pydantic`` 0, ``coroutines`` 1.4; ``fish`` 4.9 and ``position`` 5.2 are common
+words). Higher turns away more questions about things the documents never name, and more
+questions that name in jargon what the documents word otherwise (``regex`` 2.2 over documents
+that say "regular expression"); lower, fewer of both."""
 
 _WORD = re.compile(r"[^\W_]+")
 _NAME = re.compile(r"(?<![\w.])(?:[A-Za-z][\w.+#-]*[A-Z][\w+#-]*|[A-Z][\w+#-]+)")
@@ -32,8 +42,9 @@ _SENTENCE_START = re.compile(r"(?:^|[.?!:;]\s+|\n)\s*[\"'“‘(`*_]*")
 
 def question_names(question: str) -> list[str]:
     """The names ``question`` gives, in order, once each: words with a capital letter that do
-    not open a sentence (those are capitalised whatever they are), and runs of them one space
-    apart as one name (``Frida Kahlo``, ``JSON Web Token``)."""
+    not open a sentence (those are capitalised whatever they are), runs of them one space
+    apart as one name (``Frida Kahlo``, ``JSON Web Token``), and the other words that are rare
+    in English (:func:`is_rare_word`)."""
     openings = {m.end() for m in _SENTENCE_START.finditer(question)}
     runs: list[tuple[int, int]] = []
     for match in _NAME.finditer(question):
@@ -43,38 +54,65 @@ def question_names(question: str) -> list[str]:
             runs[-1] = (runs[-1][0], match.end())
         else:
             runs.append((match.start(), match.end()))
+    runs += [
+        (m.start(), m.end()) for m in _WORD.finditer(question)
+        if is_rare_word(m.group()) and not any(start <= m.start() < end for start, end in runs)
+    ]
     names: list[str] = []
-    for start, end in runs:
+    for start, end in sorted(runs):
         name = question[start:end].strip(".-+#")
         if name and name not in names:
             names.append(name)
     return names
 
 
+def is_rare_word(word: str) -> bool:
+    """Whether ``word`` (letters only: a word with a digit, ``http2``, is read as its parts'
+    spelling elsewhere) is rarer in English than :data:`RARE_WORD_ZIPF`; words under three
+    letters never are (``kw`` of ``kw_only``)."""
+    if len(word) < 3 or not word.isalpha():
+        return False
+    from wordfreq import zipf_frequency
+
+    return zipf_frequency(word, "en") < RARE_WORD_ZIPF
+
+
 class CorpusTerms:
-    """The folded words (:func:`~nest_integrations.policy.words.fold`) of every text of a corpus.
+    """The folded words (:func:`~nest_integrations.policy.words.fold`) of every text of a corpus,
+    and their stems (the Snowball English stemmer: ``recursing`` and ``recursion`` meet).
 
     Args:
-        texts: the corpus, every passage of it: a word only some texts hold counts as mentioned.
+        texts: the corpus, every passage of it (with its title): a word only some texts hold
+            counts as mentioned.
     """
 
     def __init__(self, texts: Iterable[str]):
+        from nltk.stem.snowball import SnowballStemmer
+
         words: set[str] = set()
         for text in texts:
             words.update(_WORD.findall(fold(text)))
         self.words = frozenset(words)
+        self._sorted_words = sorted(words)
+        self._stem = SnowballStemmer("english").stem
+        self.stems = frozenset(self._stem(word) for word in self.words)
 
     def __len__(self) -> int:
         return len(self.words)
 
     def mentions(self, name: str) -> bool:
-        """Whether every word of ``name`` (``"JSON Web Token"``, ``"pyproject.toml"``) is in the corpus,
-        in the singular or the plural (``"Token"`` for ``tokens``)."""
+        """Whether every word of ``name`` (``"JSON Web Token"``, ``"pyproject.toml"``) is in the corpus:
+        as it is, as a word of the same stem (``"Token"`` for ``tokens``), or, three letters or more,
+        as the start of a corpus word (``"Mac"`` for ``macOS``: a name is often the first part of
+        a longer one)."""
         parts = _WORD.findall(fold(name))
         return bool(parts) and all(self._holds(part) for part in parts)
 
     def _holds(self, word: str) -> bool:
-        return word in self.words or word + "s" in self.words or (word.endswith("s") and word[:-1] in self.words)
+        if word in self.words or self._stem(word) in self.stems:
+            return True
+        at = bisect.bisect_left(self._sorted_words, word)
+        return len(word) >= 3 and at < len(self._sorted_words) and self._sorted_words[at].startswith(word)
 
     def unmentioned(self, question: str) -> list[str]:
         """The names ``question`` gives (:func:`question_names`) that the corpus never mentions."""
