@@ -163,9 +163,10 @@ def test_rag_chat_engine_retrieves_a_follow_up_as_nest_chat_engine_does(li_index
     history = [ChatMessage(role="user", content=CONVERSATION[0][1]), ChatMessage(role="assistant", content=CONVERSATION[1][1])]
     rag = RagChatEngine(recording("rag"), recording_li_llm)
     reply = rag.chat(CONVERSATION[2][1], chat_history=history)
-    assert len(history) == 2  # the caller's list is left as it was
     nest = NestChatEngine(recording("nest"), NestLLM(tiny_lm, config={"max_new_tokens": 3}))
-    nest.chat(CONVERSATION[2][1], chat_history=list(history))
+    nest.chat(CONVERSATION[2][1], chat_history=history)
+    assert len(history) == 2  # the caller's list is left as it was by both engines
+    assert len(nest.chat_history) == 4
     assert queries["rag"] == queries["nest"] == [FOLLOW_UP_QUERY]
     assert reply.response == "Set QUILL_CACHE." and reply.source_nodes[0].node.metadata["file_path"] == PATH
     messages = recording_li_llm.prompts[-1]

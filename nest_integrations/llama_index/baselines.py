@@ -23,24 +23,21 @@ into its answer.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any, List, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.bridge.pydantic import Field
-from llama_index.core.chat_engine.types import AgentChatResponse, BaseChatEngine, StreamingAgentChatResponse
+from llama_index.core.chat_engine.types import AgentChatResponse, StreamingAgentChatResponse
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.llms import LLM
-from llama_index.core.memory import BaseMemory, ChatMemoryBuffer
+from llama_index.core.memory import BaseMemory
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.prompts.default_prompts import DEFAULT_TEXT_QA_PROMPT_TMPL
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
-from nest_integrations.policy.conversation import retrieval_query
-
-logger = logging.getLogger(__name__)
+from .retrieving_chat import RetrievingChatEngine
 
 LLM_METADATA_KEYS = ("title",)
 """The only node metadata the baselines let into the LM's prompt (a title helps tell passages apart)."""
@@ -90,7 +87,7 @@ def context_prompt(nodes: Sequence[NodeWithScore], question: str) -> str:
     return DEFAULT_TEXT_QA_PROMPT_TMPL.format(context_str=context, query_str=question)
 
 
-class RagChatEngine(BaseChatEngine):
+class RagChatEngine(RetrievingChatEngine):
     """Conventional RAG over a conversation (see the module docstring).
 
     Example::
@@ -115,50 +112,28 @@ class RagChatEngine(BaseChatEngine):
         memory: Optional[BaseMemory] = None,
         keep_metadata: Sequence[str] = LLM_METADATA_KEYS,
     ) -> None:
-        self.retriever = retriever
-        self.llm = llm
+        super().__init__(retriever, llm, memory)
         self.keep_metadata = tuple(keep_metadata)
-        self._memory = memory if memory is not None else ChatMemoryBuffer.from_defaults(llm=llm)
 
-    @classmethod
-    def from_index(cls, index: BaseIndex, llm: LLM, similarity_top_k: int = 8, **kwargs: Any) -> RagChatEngine:
-        """An engine over ``index.as_retriever(similarity_top_k=...)``."""
-        return cls(index.as_retriever(similarity_top_k=similarity_top_k), llm, **kwargs)
-
-    @property
-    def chat_history(self) -> List[ChatMessage]:
-        return self._memory.get_all()
-
-    def reset(self) -> None:
-        self._memory.reset()
-
-    def _turn(self, message: str, chat_history: Optional[List[ChatMessage]]) -> tuple[list[ChatMessage], list[NodeWithScore]]:
-        """Set the history, retrieve for the conversation, add the user message; returns the
-        LM's messages (the memory's window, the last one carrying the context) and the nodes."""
-        if chat_history is not None:
-            self._memory.set(list(chat_history))  # the memory appends to the list it holds: not to the caller's
-        self._memory.put(ChatMessage(role=MessageRole.USER, content=message))
-        turns = [{"role": str(m.role.value), "content": m.content or ""} for m in self._memory.get_all()]
-        query = retrieval_query(turns) or message
-        nodes = self.retriever.retrieve(query)
-        logger.debug("retrieval query %r: %d node(s)", query, len(nodes))
-        messages = list(self._memory.get())
+    def _messages(self, message: str, nodes: list[NodeWithScore]) -> list[ChatMessage]:
+        """The LM's messages: the memory's window, the last one carrying the context."""
+        messages = list(self.memory.get())
         messages[-1] = ChatMessage(role=MessageRole.USER, content=context_prompt(hide_metadata_from_llm(nodes, self.keep_metadata), message))
-        return messages, nodes
+        return messages
 
     def _answer(self, text: str, nodes: list[NodeWithScore]) -> AgentChatResponse:
-        self._memory.put(ChatMessage(role=MessageRole.ASSISTANT, content=text))
+        self.memory.put(ChatMessage(role=MessageRole.ASSISTANT, content=text))
         return AgentChatResponse(response=text, source_nodes=nodes)
 
     def chat(self, message: str, chat_history: Optional[List[ChatMessage]] = None) -> AgentChatResponse:
         """Answer ``message`` in the conversation so far (``chat_history`` replaces it when given)."""
-        messages, nodes = self._turn(message, chat_history)
-        return self._answer(self.llm.chat(messages).message.content or "", nodes)
+        _, nodes = self.begin_turn(message, chat_history)
+        return self._answer(self.llm.chat(self._messages(message, nodes)).message.content or "", nodes)
 
     async def achat(self, message: str, chat_history: Optional[List[ChatMessage]] = None) -> AgentChatResponse:
         """Async :meth:`chat` (retrieval in a worker thread)."""
-        messages, nodes = await asyncio.to_thread(self._turn, message, chat_history)
-        return self._answer((await self.llm.achat(messages)).message.content or "", nodes)
+        _, nodes = await asyncio.to_thread(self.begin_turn, message, chat_history)
+        return self._answer((await self.llm.achat(self._messages(message, nodes))).message.content or "", nodes)
 
     def stream_chat(self, message: str, chat_history: Optional[List[ChatMessage]] = None) -> StreamingAgentChatResponse:
         """Not supported: the baseline answers whole turns (use :meth:`chat`).
@@ -167,6 +142,3 @@ class RagChatEngine(BaseChatEngine):
             NotImplementedError: always.
         """
         raise NotImplementedError("RagChatEngine answers whole turns; use chat()")
-
-    async def astream_chat(self, message: str, chat_history: Optional[List[ChatMessage]] = None) -> StreamingAgentChatResponse:
-        return self.stream_chat(message, chat_history)
