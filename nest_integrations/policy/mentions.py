@@ -19,6 +19,7 @@ over the passages a store has retrieved so far, an absent word proves nothing.
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from typing import Iterable
 
@@ -93,9 +94,18 @@ class CorpusTerms:
         for text in texts:
             words.update(_WORD.findall(fold(text)))
         self.words = frozenset(words)
-        self._sorted_words = sorted(words)
         self._stem = SnowballStemmer("english").stem
-        self.stems = frozenset(self._stem(word) for word in self.words)
+
+    # Stems and the sorted words are made on the first name a question gives that the corpus
+    # does not hold as written: most questions give none, and a large corpus takes seconds.
+    @functools.cached_property
+    def stems(self) -> frozenset[str]:
+        """The Snowball stems of :attr:`words`."""
+        return frozenset(self._stem(word) for word in self.words)
+
+    @functools.cached_property
+    def _sorted_words(self) -> list[str]:
+        return sorted(self.words)
 
     def __len__(self) -> int:
         return len(self.words)
