@@ -27,26 +27,29 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from sklearn.metrics import roc_auc_score
 
+from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table
 from nest_benchmarks.selector_fit import best_probabilities, fit, selected_recall
 from nest_benchmarks.window_rows import PASSAGE_K, domain_rows
 from nest_integrations import NestIndex
 from nest_integrations.policy.selection import FEATURES, AnswerSelector
 
 
+def readme(report: dict) -> str:
+    """The README of :func:`main`'s report: its table per domain, then the pooled fit's weights."""
+    rows = [
+        [name, d["answerable"], d["retrieved"], d["selected_left_out"], d["selected_pooled"], d["unanswerable"], d["abstention_auc"] if d["abstention_auc"] is not None else "-"]
+        for name, d in report["domains"].items()
+    ]
+    header = ["domain", "answerable", "first stage holds it", "the chosen windows hold it (fit without the domain)", "(pooled fit)", "unanswerable", "best window tells them apart (AUC)"]
+    return "# Answer selector fit\n\n" + markdown_table(header, rows) + f"\nweights {report['weights']}, bias {report['bias']}\n"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--domain", action="append", required=True, help="NAME=INDEX:QA")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    domains = {}
-    for spec in args.domain:
-        name, _, rest = spec.partition("=")
-        index_path, _, qa = rest.partition(":")
-        domains[name] = domain_rows(NestIndex.load(index_path), qa)
+    args = domain_parser(__doc__, "NAME=INDEX:QA", formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    domains = {name: domain_rows(NestIndex.load(index_path), qa) for name, (index_path, qa) in domain_specs(args.domain).items()}
     report: dict = {"features": list(FEATURES), "passage_k": PASSAGE_K, "domains": {}}
     for name, rows in domains.items():
         others = [r for other, rs in domains.items() if other != name for r in rs]
@@ -70,17 +73,8 @@ def main() -> None:
         )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "selector.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [
-        "| domain | answerable | first stage holds it | the chosen windows hold it (fit without the domain) | (pooled fit) | unanswerable | best window tells them apart (AUC) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, d in report["domains"].items():
-        lines.append(
-            f"| {name} | {d['answerable']} | {d['retrieved']} | {d['selected_left_out']} | {d['selected_pooled']} | "
-            f"{d['unanswerable']} | {d['abstention_auc'] if d['abstention_auc'] is not None else '-'} |"
-        )
-    (args.out / "README.md").write_text("# Answer selector fit\n\n" + "\n".join(lines) + f"\n\nweights {report['weights']}, bias {report['bias']}\n")
-    print((args.out / "README.md").read_text())
+    (args.out / "README.md").write_text(readme(report))
+    print(readme(report))
 
 
 if __name__ == "__main__":

@@ -15,18 +15,18 @@ answers it would turn into an abstention.
         --domain attrs=IDX/attrs:results/announced-code-and-cut-white-space/attrs ...
 
 A domain is ``NAME=INDEX:RUN`` (an index folder and a ``nest eval`` run folder of it, ``nest`` mode).
-Writes ``absent_words.json`` (per question) and prints the Markdown table.
+Writes ``absent_words.json`` (per question) and ``absent_words.md`` (the Markdown table).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
+from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table, write_report
 from nest_integrations import NestIndex
 from nest_integrations.policy.relevance import content_words, text_stems
 from nest_integrations.retrieval.dense import load_embedder
@@ -77,27 +77,22 @@ def at_threshold(rows: list[dict], threshold: float) -> tuple[int, int, int]:
     )
 
 
+def table(results: dict) -> str:
+    """The Markdown table of :func:`main`'s results."""
+    rows = []
+    for name, rows_of_set in results.items():
+        flags = np.array([r["unanswerable"] for r in rows_of_set])
+        auc = round(float(roc_auc_score(flags, [1 - r["cosine"] for r in rows_of_set])), 2) if flags.any() and not flags.all() else "–"
+        abstained = sum(r["unanswerable"] and r["abstained"] for r in rows_of_set)
+        rows.append([name, f"{int(flags.sum())} ({abstained})", auc, *("+{} / -{} / {}".format(*at_threshold(rows_of_set, t)) for t in THRESHOLDS)])
+    return markdown_table(["set", "unanswerable (run abstained)", "AUC", *(f"< {t}: +abstained / -right / wrong abstained" for t in THRESHOLDS)], rows)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--domain", action="append", required=True, help="NAME=INDEX:RUN")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = domain_parser(__doc__.split("\n\n")[0], "NAME=INDEX:RUN").parse_args()
     embedder = load_embedder()
-    results = {}
-    for spec in args.domain:
-        name, rest = spec.split("=", 1)
-        index_path, run = rest.split(":", 1)
-        results[name] = question_rows(embedder, corpus_stems(index_path), Path(run))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "absent_words.json").write_text(json.dumps(results, indent=1))
-    print("| set | unanswerable (run abstained) | AUC | " + " | ".join(f"< {t}: +abstained / -right / wrong abstained" for t in THRESHOLDS) + " |")
-    print("|---|---|---|" + "---|" * len(THRESHOLDS))
-    for name, rows in results.items():
-        flags = np.array([r["unanswerable"] for r in rows])
-        auc = round(float(roc_auc_score(flags, [1 - r["cosine"] for r in rows])), 2) if flags.any() and not flags.all() else "–"
-        abstained = sum(r["unanswerable"] and r["abstained"] for r in rows)
-        cells = " | ".join("+{} / -{} / {}".format(*at_threshold(rows, t)) for t in THRESHOLDS)
-        print(f"| {name} | {int(flags.sum())} ({abstained}) | {auc} | {cells} |")
+    results = {name: question_rows(embedder, corpus_stems(index_path), Path(run)) for name, (index_path, run) in domain_specs(args.domain).items()}
+    write_report(args.out, "absent_words", results, table(results))
 
 
 if __name__ == "__main__":

@@ -25,12 +25,10 @@ A domain is ``NAME=INDEX:QA``, QA a markdown-qa JSONL file or a bundled task's n
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
 from typing import Callable
 
 from nest_benchmarks.metrics import answer_recall
+from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table, write_report
 from nest_benchmarks.runner import first_stage, load_items
 from nest_benchmarks.tasks import TASKS
 from nest_benchmarks.window_bench import gate_kept, planned_text
@@ -92,28 +90,24 @@ def domain_counts(index: NestIndex, qa: str, budget: int) -> dict:
     return {"planned": planned, "held": held, "over_budget": over, "mean_tokens": {r: round(t / max(planned, 1), 1) for r, t in tokens.items()}}
 
 
+def table(report: dict) -> str:
+    """The Markdown table of :func:`main`'s report."""
+    rows = [
+        [name, counts["planned"], *(f"{counts['held'][r]} ({counts['mean_tokens'][r]:.0f} tok, {counts['over_budget'][r]} cut)" for r in RULES)]
+        for name, counts in report.items()
+    ]
+    return markdown_table(["set", "planned", *RULES], rows)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--domain", action="append", required=True, help="NAME=INDEX:QA")
+    parser = domain_parser(__doc__.split("\n\n")[0], "NAME=INDEX:QA")
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     report = {}
-    for spec in args.domain:
-        name, rest = spec.split("=", 1)
-        path, qa = rest.split(":", 1)
+    for name, (path, qa) in domain_specs(args.domain).items():
         report[name] = domain_counts(NestIndex.load(path), qa, args.max_new_tokens)
         print(name, report[name], flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "window_count.json").write_text(json.dumps(report, indent=1) + "\n")
-    header = "| set | planned | " + " | ".join(RULES) + " |"
-    rows = [header, "|" + "---|" * (len(RULES) + 2)]
-    for name, counts in report.items():
-        cells = [f"{counts['held'][r]} ({counts['mean_tokens'][r]:.0f} tok, {counts['over_budget'][r]} cut)" for r in RULES]
-        rows.append(f"| {name} | {counts['planned']} | " + " | ".join(cells) + " |")
-    table = "\n".join(rows) + "\n"
-    (args.out / "window_count.md").write_text(table)
-    print(table)
+    write_report(args.out, "window_count", report, table(report))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ the right answers it would take away (``-``).
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
+from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table, write_report
 from nest_benchmarks.window_rows import cached_domain_rows
 from nest_integrations.policy.selection import DEFAULT_SELECTOR, FEATURES
 
@@ -54,21 +54,31 @@ def question_signals(row: dict, absent: dict) -> list[float]:
     return [float(DEFAULT_SELECTOR.probabilities(features).max()), *map(float, best), absent["cosine"]]
 
 
+def table(report: dict) -> str:
+    """The Markdown table of :func:`main`'s report: per combination of signals, the AUC and the
+    trade at each share."""
+    names = list(next(iter(report.values())))
+    rows = []
+    for combination, by_set in report.items():
+        rows.append([combination, "AUC", *("–" if by_set[n]["auc"] is None else by_set[n]["auc"] for n in names)])
+        for share in SHARES:
+            trades = [by_set[n]["trade"][str(share)] for n in names]
+            rows.append(["", f"threshold at {share:.0%}", *(f"+{t['abstains_more']} / -{t['right_lost']}" for t in trades)])
+    return markdown_table(["signals", "measure", *names], rows)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--domain", action="append", required=True, help="NAME=INDEX:QA, a design set")
+    parser = domain_parser(__doc__.split("\n\n")[0], "NAME=INDEX:QA, a design set")
     parser.add_argument("--held-out", action="append", default=[], help="NAME=INDEX:QA")
     parser.add_argument("--absent-words", type=Path, required=True)
     parser.add_argument("--cache", type=Path)
-    parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     absent_words = json.loads(args.absent_words.read_text())
-    design = dict(s.split("=", 1) for s in args.domain)
-    held_out = dict(s.split("=", 1) for s in args.held_out)
+    design = domain_specs(args.domain)
+    held_out = domain_specs(args.held_out)
     data = {}
-    for name, spec in {**design, **held_out}.items():
+    for name, (path, qa) in {**design, **held_out}.items():
         by_id = {a["id"]: a for a in absent_words[name]}
-        path, qa = spec.split(":", 1)
         rows = [r for r in cached_domain_rows(path, qa, args.cache / f"{name}.pkl" if args.cache else None) if r["id"] in by_id]
         data[name] = (np.array([question_signals(r, by_id[r["id"]]) for r in rows]), [by_id[r["id"]] for r in rows])
     report: dict = {}
@@ -95,18 +105,7 @@ def main() -> None:
             both = 0 < answerable.sum() < len(answerable)
             report[combination][name] = {"auc": round(float(roc_auc_score(answerable, p)), 2) if both else None, "trade": trade}
         print(combination, report[combination], flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "abstention_model.json").write_text(json.dumps(report, indent=1) + "\n")
-    names = list(data)
-    lines = ["| signals | measure | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
-    for combination, by_set in report.items():
-        lines.append(f"| {combination} | AUC | " + " | ".join("–" if by_set[n]["auc"] is None else str(by_set[n]["auc"]) for n in names) + " |")
-        for share in SHARES:
-            cells = [f"+{by_set[n]['trade'][str(share)]['abstains_more']} / -{by_set[n]['trade'][str(share)]['right_lost']}" for n in names]
-            lines.append(f"| | threshold at {share:.0%} | " + " | ".join(cells) + " |")
-    table = "\n".join(lines) + "\n"
-    (args.out / "abstention_model.md").write_text(table)
-    print(table)
+    write_report(args.out, "abstention_model", report, table(report))
 
 
 if __name__ == "__main__":

@@ -17,11 +17,8 @@ Writes ``follow_up_retrieval.json`` and ``follow_up_retrieval.md``.
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
 from nest_benchmarks.metrics import answer_recall
+from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table, write_report
 from nest_benchmarks.runner import load_items
 from nest_benchmarks.tasks import TASKS
 from nest_integrations import NestIndex
@@ -76,26 +73,20 @@ def domain_counts(index: NestIndex, qa: str) -> dict:
     return {"follow_ups": follow_ups, "ways": counts}
 
 
+def table(report: dict) -> str:
+    """The Markdown table of :func:`main`'s report."""
+    ways = list(next(iter(report.values()))["ways"])
+    rows = [[name, r["follow_ups"], *(f"{r['ways'][w]['passages']} / {r['ways'][w]['windows']}" for w in ways)] for name, r in report.items()]
+    return markdown_table(["set", "follow-ups", *ways], rows)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--domain", action="append", required=True, help="NAME=INDEX:QA")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = domain_parser(__doc__.split("\n\n")[0], "NAME=INDEX:QA").parse_args()
     report = {}
-    for spec in args.domain:
-        name, _, rest = spec.partition("=")
-        path, qa = rest.split(":", 1)
+    for name, (path, qa) in domain_specs(args.domain).items():
         report[name] = domain_counts(NestIndex.load(path), qa)
         print(name, report[name], flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "follow_up_retrieval.json").write_text(json.dumps(report, indent=1) + "\n")
-    ways = list(next(iter(report.values()))["ways"])
-    rows = ["| set | follow-ups | " + " | ".join(ways) + " |", "|" + "---|" * (len(ways) + 2)]
-    for name, r in report.items():
-        rows.append(f"| {name} | {r['follow_ups']} | " + " | ".join(f"{r['ways'][w]['passages']} / {r['ways'][w]['windows']}" for w in ways) + " |")
-    table = "\n".join(rows) + "\n"
-    (args.out / "follow_up_retrieval.md").write_text(table)
-    print(table)
+    write_report(args.out, "follow_up_retrieval", report, table(report))
 
 
 if __name__ == "__main__":

@@ -26,14 +26,12 @@ CONDITION ``present`` (the default) or ``absent``. Writes ``gate_rules.json`` an
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
-import json
-from pathlib import Path
 from typing import Iterator
 from unittest import mock
 
+from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table, write_report
 from nest_benchmarks.runner import first_stage, load_items
 from nest_benchmarks.tasks import TASKS
 from nest_integrations import NestConfig, NestIndex
@@ -86,26 +84,23 @@ def domain_counts(index: NestIndex, qa: str, condition: str) -> dict:
     return {"questions": len(items), "negatives": sum(negative.values()), "variants": variants}
 
 
+def table(report: dict) -> str:
+    """The Markdown table of :func:`main`'s report."""
+    rows = [
+        [name, f"{counts['questions']} ({counts['negatives']})"]
+        + [f"{v['negatives_kept']} / {v['positives_dropped']} ({v['kept_passages_change']})" for v in counts["variants"].values()]
+        for name, counts in report.items()
+    ]
+    return markdown_table(["set", "questions (negatives)", *VARIANTS], rows)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--domain", action="append", required=True, help="NAME=INDEX:QA[:CONDITION]")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = domain_parser(__doc__.split("\n\n")[0], "NAME=INDEX:QA[:CONDITION]").parse_args()
     report = {}
-    for spec in args.domain:
-        name, _, rest = spec.partition("=")
-        path, qa, *condition = rest.split(":")
+    for name, (path, qa, *condition) in domain_specs(args.domain).items():
         report[name] = domain_counts(NestIndex.load(path), qa, condition[0] if condition else "present")
         print(name, report[name], flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gate_rules.json").write_text(json.dumps(report, indent=1) + "\n")
-    rows = ["| set | questions (negatives) | " + " | ".join(VARIANTS) + " |", "|" + "---|" * (len(VARIANTS) + 2)]
-    for name, counts in report.items():
-        cells = [f"{v['negatives_kept']} / {v['positives_dropped']} ({v['kept_passages_change']})" for v in counts["variants"].values()]
-        rows.append(f"| {name} | {counts['questions']} ({counts['negatives']}) | " + " | ".join(cells) + " |")
-    table = "\n".join(rows) + "\n"
-    (args.out / "gate_rules.md").write_text(table)
-    print(table)
+    write_report(args.out, "gate_rules", report, table(report))
 
 
 if __name__ == "__main__":

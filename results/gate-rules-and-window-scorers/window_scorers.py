@@ -34,7 +34,6 @@ may fill one cache with different sets). Writes ``window_scorers.json`` and ``wi
 from __future__ import annotations
 
 import argparse
-import json
 import pickle
 import re
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import Callable
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
+from nest_benchmarks.report_files import domain_specs, markdown_table, write_report
 from nest_benchmarks.selector_fit import fitted_weights, selected_recall
 from nest_benchmarks.window_rows import cached_domain_rows
 from nest_integrations.policy.conversation import question_asked_now
@@ -127,11 +127,10 @@ VARIANTS: dict[str, Callable[[dict], np.ndarray]] = {
 }
 
 
-def load_rows(name: str, spec: str, cache: Path | None, add_second: Callable | None) -> list[dict]:
-    """The rows of one set (``INDEX:QA``), from ``cache`` when it holds them
+def load_rows(name: str, path: str, qa: str, cache: Path | None, add_second: Callable | None) -> list[dict]:
+    """The rows of one set (an index folder and its questions), from ``cache`` when it holds them
     (``cached_domain_rows``), with the second embedder's features when ``add_second`` is given
     (added, and cached again, where missing)."""
-    path, qa = spec.split(":", 1)
     cached = cache / f"{name}.pkl" if cache else None
     rows = cached_domain_rows(path, qa, cached)
     if add_second and rows and "second" not in rows[0]:
@@ -148,6 +147,22 @@ def auc(selector, rows: list[dict]) -> float | None:
     return round(float(roc_auc_score([not u for _, u in best], [p for p, _ in best])), 3) if len(kinds) == 2 else None
 
 
+def table(summary: dict) -> str:
+    """The two Markdown tables of :func:`main`'s summary: the windows that hold an answer per
+    variant and set, then each variant's AUC."""
+    answerable, report = summary["answerable"], summary["variants"]
+    names = list(answerable)
+    held = {variant: {**r["left_out"], **r["held_out"]} for variant, r in report.items()}
+    windows = markdown_table(
+        ["variant", *(f"{n} ({answerable[n]})" for n in names), "design sets", "held out"],
+        [[variant, *(held[variant][n] for n in names), sum(r["left_out"].values()), sum(r["held_out"].values())] for variant, r in report.items()],
+    )
+    aucs = markdown_table(
+        ["variant (AUC)", *names], [[variant, *("–" if r["auc"][n] is None else r["auc"][n] for n in names)] for variant, r in report.items()]
+    )
+    return windows + "\n" + aucs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--domain", action="append", required=True, help="NAME=INDEX:QA, a design set")
@@ -157,8 +172,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     add_second = second_embedder_features(args.embedder) if args.embedder else None
-    specs = {"design": dict(s.split("=", 1) for s in args.domain), "held_out": dict(s.split("=", 1) for s in args.held_out)}
-    rows = {name: load_rows(name, spec, args.cache, add_second) for group in specs.values() for name, spec in group.items()}
+    specs = {"design": domain_specs(args.domain), "held_out": domain_specs(args.held_out)}
+    rows = {name: load_rows(name, *fields, args.cache, add_second) for group in specs.values() for name, fields in group.items()}
     if args.out is None:  # filling the cache only
         return
     variants = {k: v for k, v in VARIANTS.items() if add_second or "embedder" not in k}
@@ -174,22 +189,8 @@ def main() -> None:
         }
         print(variant, report[variant], flush=True)
     answerable = {name: sum(not r["unanswerable"] for r in rs) for name, rs in rows.items()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "window_scorers.json").write_text(json.dumps({"answerable": answerable, "variants": report}, indent=1) + "\n")
-    names = list(rows)
-    lines = [
-        "| variant | " + " | ".join(f"{n} ({answerable[n]})" for n in names) + " | design sets | held out |",
-        "|" + "---|" * (len(names) + 3),
-    ]
-    for variant, r in report.items():
-        held = {**r["left_out"], **r["held_out"]}
-        lines.append(f"| {variant} | " + " | ".join(str(held[n]) for n in names) + f" | {sum(r['left_out'].values())} | {sum(r['held_out'].values())} |")
-    lines += ["", "| variant (AUC) | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
-    for variant, r in report.items():
-        lines.append(f"| {variant} | " + " | ".join("–" if r["auc"][n] is None else str(r["auc"][n]) for n in names) + " |")
-    table = "\n".join(lines) + "\n"
-    (args.out / "window_scorers.md").write_text(table)
-    print(table)
+    summary = {"answerable": answerable, "variants": report}
+    write_report(args.out, "window_scorers", summary, table(summary))
 
 
 if __name__ == "__main__":

@@ -10,20 +10,20 @@ to answerable questions turned away.
 
     python results/rare-words-not-mentioned/rare_word_threshold.py --out results/rare-words-not-mentioned \\
         --domain attrs=IDX/attrs:results/code-line-indentation/attrs \\
-        --domain fastify=task:markdown-docs:results/code-line-indentation/fastify-256 ...
+        --domain fastify=@markdown-docs:results/code-line-indentation/fastify-256 ...
 
-A domain is ``NAME=SOURCE:RUN``: SOURCE an index folder, or ``task:markdown-docs``,
-``task:markdown-docs-pino``, ``task:docs`` or ``task:people`` (the corpora ``nest eval`` builds for
-those tasks); RUN a run folder (its ``items.jsonl``, ``nest`` mode). Writes
+A domain is ``NAME=SOURCE:RUN``: SOURCE an index folder, or ``@markdown-docs``,
+``@markdown-docs-pino``, ``@docs`` or ``@people`` (the corpora ``nest eval`` builds for those
+tasks); RUN a run folder (its ``items.jsonl``, ``nest`` mode). Writes
 ``rare_word_threshold.json`` and ``rare_word_threshold.md``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
+from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table, write_report
 from nest_integrations import NestIndex, load_wikipedia_summaries
 from nest_integrations.policy import mentions
 from nest_integrations.policy.conversation import question_asked_now
@@ -34,12 +34,12 @@ ABSTENTION = "The documents do not cover"
 
 def corpus(source: str) -> list:
     """The passages of an index folder or of a benchmark task's corpus."""
-    if not source.startswith("task:"):
+    if not source.startswith("@"):
         return NestIndex.load(source).passages
     from nest_benchmarks.docs_corpus import docs_passages
     from nest_benchmarks.markdown_docs import markdown_passages
 
-    task = source.removeprefix("task:")
+    task = source.removeprefix("@")
     return {
         "markdown-docs": lambda: markdown_passages(docs_set="fastify"),
         "markdown-docs-pino": lambda: markdown_passages(docs_set="pino"),
@@ -72,24 +72,16 @@ def counts(passages: list, run: Path) -> dict[str, dict]:
     return report
 
 
+def table(report: dict) -> str:
+    """The Markdown table of :func:`main`'s report: ``+unanswerable / -lost / wrong`` per threshold."""
+    rows = [[name, *(f"+{r['unanswerable']} / -{r['lost']} / {r['wrong']}" for r in by_threshold.values())] for name, by_threshold in report.items()]
+    return markdown_table(["set", *(f"Zipf < {t}" for t in THRESHOLDS)], rows)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--domain", action="append", required=True, help="NAME=SOURCE:RUN")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    report = {}
-    for spec in args.domain:
-        name, _, rest = spec.partition("=")
-        source, _, run = rest.rpartition(":")
-        report[name] = counts(corpus(source), Path(run))
-    (args.out / "rare_word_threshold.json").write_text(json.dumps(report, indent=1) + "\n")
-    rows = ["| set | " + " | ".join(f"Zipf < {t}" for t in THRESHOLDS) + " |", "|---|" + "---|" * len(THRESHOLDS)]
-    for name, by_threshold in report.items():
-        cells = [f"+{r['unanswerable']} / -{r['lost']} / {r['wrong']}" for r in by_threshold.values()]
-        rows.append(f"| {name} | " + " | ".join(cells) + " |")
-    table = "\n".join(rows) + "\n"
-    (args.out / "rare_word_threshold.md").write_text(table)
-    print(table)
+    args = domain_parser(__doc__.split("\n\n")[0], "NAME=SOURCE:RUN").parse_args()
+    report = {name: counts(corpus(source), Path(run)) for name, (source, run) in domain_specs(args.domain).items()}
+    write_report(args.out, "rare_word_threshold", report, table(report))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,24 @@
+"""The ``--domain`` specs and the report files the measurement scripts share."""
+
+import json
+
+import pytest
+
+from nest_benchmarks.report_files import domain_specs, markdown_table, write_report
+
+
+def test_a_domain_spec_is_a_name_and_the_fields_after_it():
+    assert domain_specs(["attrs=IDX/attrs:qa.jsonl", "docs=@docs:runs/docs:absent"]) == {
+        "attrs": ["IDX/attrs", "qa.jsonl"],
+        "docs": ["@docs", "runs/docs", "absent"],
+    }
+    with pytest.raises(ValueError, match="IDX/attrs:qa.jsonl"):
+        domain_specs(["IDX/attrs:qa.jsonl"])
+
+
+def test_a_table_writes_an_empty_cell_as_the_docs_do_and_the_report_both_ways(tmp_path, capsys):
+    table = markdown_table(["signals", "measure", "attrs"], [["cosine", "AUC", 0.76], ["", "at 2%", "+0 / -0"]])
+    assert table == "| signals | measure | attrs |\n|---|---|---|\n| cosine | AUC | 0.76 |\n| | at 2% | +0 / -0 |\n"
+    write_report(tmp_path / "out", "gate", {"attrs": 1}, table)
+    assert json.loads((tmp_path / "out" / "gate.json").read_text()) == {"attrs": 1}
+    assert (tmp_path / "out" / "gate.md").read_text() == table == capsys.readouterr().out.rstrip("\n") + "\n"
