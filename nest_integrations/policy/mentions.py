@@ -57,7 +57,7 @@ def question_names(question: str) -> list[str]:
             runs.append((match.start(), match.end()))
     runs += [
         (m.start(), m.end()) for m in _WORD.finditer(question)
-        if is_rare_word(m.group()) and not any(start <= m.start() < end for start, end in runs)
+        if not any(start <= m.start() < end for start, end in runs) and is_rare_word(m.group())
     ]
     names: list[str] = []
     for start, end in sorted(runs):
@@ -121,8 +121,10 @@ class CorpusTerms:
     def _holds(self, word: str) -> bool:
         if word in self.words or self._stem(word) in self.stems:
             return True
+        if len(word) < 3:
+            return False
         at = bisect.bisect_left(self._sorted_words, word)
-        return len(word) >= 3 and at < len(self._sorted_words) and self._sorted_words[at].startswith(word)
+        return at < len(self._sorted_words) and self._sorted_words[at].startswith(word)
 
     def unmentioned(self, question: str) -> list[str]:
         """The names ``question`` gives (:func:`question_names`) that the corpus never mentions."""
