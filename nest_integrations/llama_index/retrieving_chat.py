@@ -12,7 +12,7 @@ RAG retrieve the same nodes for the same conversation.
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional
+from typing import Any, List, Optional, TypeVar
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
@@ -28,6 +28,8 @@ from .llms import message_dicts
 logger = logging.getLogger(__name__)
 
 __all__ = ["RetrievingChatEngine"]
+
+_Engine = TypeVar("_Engine", bound="RetrievingChatEngine")
 
 
 class RetrievingChatEngine(BaseChatEngine):
@@ -45,7 +47,7 @@ class RetrievingChatEngine(BaseChatEngine):
         self.memory = memory if memory is not None else ChatMemoryBuffer.from_defaults(llm=llm)
 
     @classmethod
-    def from_index(cls, index: BaseIndex, llm: LLM, similarity_top_k: int = 8, **kwargs: Any) -> "RetrievingChatEngine":
+    def from_index(cls: type[_Engine], index: BaseIndex, llm: LLM, similarity_top_k: int = 8, **kwargs: Any) -> _Engine:
         """An engine over ``index.as_retriever(similarity_top_k=...)``; ``kwargs`` go to the constructor."""
         return cls(index.as_retriever(similarity_top_k=similarity_top_k), llm, **kwargs)
 
