@@ -23,7 +23,7 @@ import functools
 import re
 from typing import Iterable
 
-from .words import fold
+from .words import fold, stem
 
 __all__ = ["CorpusTerms", "RARE_WORD_ZIPF", "question_names"]
 
@@ -80,7 +80,7 @@ def is_rare_word(word: str) -> bool:
 
 class CorpusTerms:
     """The folded words (:func:`~nest_integrations.policy.words.fold`) of every text of a corpus,
-    and their stems (the Snowball English stemmer: ``recursing`` and ``recursion`` meet).
+    and their stems (:func:`~nest_integrations.policy.words.stem`: ``recursing`` and ``recursion`` meet).
 
     Args:
         texts: the corpus, every passage of it (with its title): a word only some texts hold
@@ -88,20 +88,17 @@ class CorpusTerms:
     """
 
     def __init__(self, texts: Iterable[str]):
-        from nltk.stem.snowball import SnowballStemmer
-
         words: set[str] = set()
         for text in texts:
             words.update(_WORD.findall(fold(text)))
         self.words = frozenset(words)
-        self._stem = SnowballStemmer("english").stem
 
     # Stems and the sorted words are made on the first name a question gives that the corpus
     # does not hold as written: most questions give none, and a large corpus takes seconds.
     @functools.cached_property
     def stems(self) -> frozenset[str]:
         """The Snowball stems of :attr:`words`."""
-        return frozenset(self._stem(word) for word in self.words)
+        return frozenset(stem(word) for word in self.words)
 
     @functools.cached_property
     def _sorted_words(self) -> list[str]:
@@ -119,7 +116,7 @@ class CorpusTerms:
         return bool(parts) and all(self._holds(part) for part in parts)
 
     def _holds(self, word: str) -> bool:
-        if word in self.words or self._stem(word) in self.stems:
+        if word in self.words or stem(word) in self.stems:
             return True
         if len(word) < 3:
             return False

@@ -54,7 +54,7 @@ from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.chunking import section_chunks, sentence_spans
 from nest_integrations.corpus.markdown_structure import copy_layout
 from nest_integrations.corpus.passages import Passage
-from .words import fold, split_words
+from .words import fold, split_words, stem
 
 if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.core.config import NestConfig
@@ -71,16 +71,6 @@ _PARENTHETICAL = re.compile(r"\([^)]*\)")
 _LEAD_MAX_CHARS = 300
 
 GateReason = Literal["nothing_relevant"]
-
-
-def stem(word: str) -> str:
-    """A light English stem, enough to match "slicings" with "slicing", "sorted" with "sort"
-    and "indentation" with "indent"."""
-    for suffix in ("ations", "ation", "ments", "ment", "ings", "ing", "ies", "es", "ed", "s"):
-        if len(word) > len(suffix) + 2 and word.endswith(suffix):
-            word = word[: -len(suffix)] + ("y" if suffix == "ies" else "")
-            break
-    return word[:-1] if len(word) > 4 and word.endswith("e") else word  # "decode" and "decoded" meet
 
 
 def content_words(text: str) -> set[str]:

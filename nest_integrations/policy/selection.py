@@ -34,7 +34,8 @@ from nest_integrations.corpus.markdown_structure import copy_layout, parse_block
 from nest_integrations.corpus.passages import Passage
 from .conversation import question_asked_now
 from .copy_policy import Window, document_range, sentence_windows, whole_blocks
-from .relevance import content_words, opening_words, stem, text_stems
+from .relevance import content_words, opening_words, text_stems
+from .words import stem
 
 __all__ = [
     "DEFAULT_SELECTOR",

@@ -1,4 +1,5 @@
-"""How the policy rules read words: one tokenizer for the gate, the copy policy and the conversation.
+"""How the policy rules read words: one tokenizer and one stemmer for the gate, the selector, the
+copy policy, the conversation and the names a corpus mentions.
 
 A word is a run of letters, digits and underscores (``\\w+``), so ``reply.redirect`` is two
 words and ``JSONDecodeError`` one (the gate splits identifiers further where it needs their
@@ -8,10 +9,13 @@ the words a reader sees: "it's" and "set-cookie" are one word each there.
 
 from __future__ import annotations
 
+import functools
 import re
+import threading
 import unicodedata
+from typing import Any
 
-__all__ = ["fold", "folded_words", "split_words"]
+__all__ = ["fold", "folded_words", "split_words", "stem"]
 
 _WORD = re.compile(r"\w+")
 _JOINED_WORD = re.compile(r"[\w'-]+")
@@ -32,3 +36,21 @@ def fold(text: str) -> str:
     compare names written with and without them."""
     decomposed = unicodedata.normalize("NFKD", text)
     return "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def stem(word: str) -> str:
+    """The Snowball English stem of a folded word: how the rules match the forms of a word
+    ("slicings" and "slice", "recursing" and "recursion", "sorted" and "sort", "decode" and
+    "decoded"). Cached: documentation repeats its words, and each stem is asked for many times
+    a question."""
+    stemmer, lock = _english_stemmer()
+    with lock:  # a Snowball stemmer keeps the word it works on in itself
+        return stemmer.stemWord(word)
+
+
+@functools.lru_cache(maxsize=1)
+def _english_stemmer() -> tuple[Any, threading.Lock]:
+    import snowballstemmer  # lazily: a decoder that compares no words never loads it
+
+    return snowballstemmer.stemmer("english"), threading.Lock()
