@@ -210,8 +210,8 @@ class AnswerSelector:
 
 
 DEFAULT_SELECTOR = AnswerSelector(
-    weights=(0.3312, 2.7529, 1.069, 2.3133, 2.4216, 0.8298, -0.3734, 0.2409),  # in the order of FEATURES
-    bias=-5.6842,
+    weights=(0.4479, 2.6096, 0.9975, 2.4447, 2.3071, 0.8502, -0.2578, -0.342),  # in the order of FEATURES
+    bias=-5.6313,
 )
 """The selector the decoder uses: ``benchmarks/fit_selector.py`` over seven question sets (the attrs,
 yargs, click, Fastify and Pino documentation, the standard-library docstrings and the factual
