@@ -168,6 +168,27 @@ def test_bm25_tiny_corpus():
     assert tiny.retrieve("the", 10) == []
 
 
+def test_bm25_ranks_the_same_with_a_stemming_package_installed(monkeypatch):
+    """BM25 matches words as written, so a query ranks the same on every machine: whether or not
+    an optional stemmer (PyStemmer, importable as ``Stemmer``) is installed."""
+    import sys
+    import types
+
+    fake = types.ModuleType("Stemmer")
+
+    class Stemmer:  # a stemmer that would meet "configured" and "configuring"
+        def __init__(self, language: str) -> None:
+            pass
+
+        def stemWords(self, words):  # noqa: N802 (PyStemmer's spelling)
+            return [w.removesuffix("ed").removesuffix("ing") for w in words]
+
+    fake.Stemmer = Stemmer
+    monkeypatch.setitem(sys.modules, "Stemmer", fake)
+    corpus = [Passage("a", "The server is configured at start."), Passage("b", "Configuring logging for the server.")]
+    assert _ids(BM25Retriever(corpus).retrieve("configuring", 10)) == ["b"]
+
+
 def test_default_embedder_save_load_round_trip(passages, tmp_path):
     subset = passages[:20]
     retriever = DenseRetriever(subset, show_progress=False)
