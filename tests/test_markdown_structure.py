@@ -422,15 +422,19 @@ def test_a_footnote_reference_alone_makes_a_chunk_markdown():
 
 def test_a_text_that_opens_with_a_bare_fence_opens_a_code_block_with_it():
     """An answer that copied a diagram's bare opening fence and was cut before its closing one is
-    inside that block: the fence that closes it is the one to set. A chunk cut inside a block,
-    which closes it with a bare fence before its prose, still reads its opening lines as code."""
+    inside that block: the fence that closes it is the one to set, with prose copied before the
+    diagram too. A chunk cut inside a block, which closes it with a bare fence before its prose,
+    still reads its opening lines as code; an answer is read whole, as a Markdown reader reads it."""
     from nest_integrations.corpus.markdown_structure import unclosed_fence
 
     diagram = "```\nfastify.close() called\n  │\n  ├─▶ closing = true (new requests receive 503)\n  │"
     assert [(b.kind, b.start, b.end) for b in parse_blocks(diagram)] == [("code", 0, len(diagram))]
     assert unclosed_fence(diagram) == "```"
+    assert unclosed_fence("Requests in flight are still being processed.\n\n" + diagram) == "```"
+    assert ends_in_code("Requests in flight are still being processed.\n\n" + diagram)
     cut = "  return reply.send(x)\n})\n```\n\nThen start the server."
-    assert [b.kind for b in parse_blocks(cut)] == ["code", "paragraph"] and unclosed_fence(cut) is None
+    assert [b.kind for b in parse_blocks(cut)] == ["code", "paragraph"]
+    assert unclosed_fence(cut) == "```"  # the stray fence opens a block for a reader of the whole text
 
 
 def test_a_text_ends_in_code_on_a_code_line_or_its_closing_fence():
@@ -440,3 +444,4 @@ def test_a_text_ends_in_code_on_a_code_line_or_its_closing_fence():
     assert ends_in_code("Run it::\n\n    borg create repo::archive ~\n")
     assert not ends_in_code(f"Capture it:\n\n{fence}js\nparse(args, cb)\n{fence}\n\nThen read the output.")
     assert not ends_in_code("Plain prose that ends here.") and not ends_in_code("")
+

@@ -46,7 +46,9 @@ a document inside a code block (character splitters such as LangChain's
 ``RecursiveCharacterTextSplitter`` and LlamaIndex's ``SentenceSplitter`` often
 cut there) closes that block with a bare fence, which alone reads as opening one, so code and prose would swap up
 to the next fence; :func:`_block_tokens` also reads such a text as if a fence
-opened before it, and keeps whichever reading misreads fewer fences. What is
+opened before it, and keeps whichever reading misreads fewer fences. An
+answer is no chunk: what the decoder asks of the answer so far (:func:`unclosed_fence`,
+:func:`ends_in_code`) reads it whole, as a Markdown reader does. What is
 left: a chunk of code with no fence at all reads as prose, and a fence
 indented in a list item whose indentation the splitter stripped stays open.
 The section chunkers here (:func:`nest_integrations.corpus.chunking.chunk_passages`
@@ -197,17 +199,18 @@ def _fence_misreadings(source: str, tokens: list[Any]) -> tuple[int, int]:
     return inside, unclosed
 
 
-def _block_tokens(text: str) -> list[Any]:
+def _block_tokens(text: str, chunk: bool) -> list[Any]:
     """markdown-it's tokens for ``text``, line maps into ``text``.
 
     A chunk cut out of a document inside a code block begins with code and
     closes the block with a bare fence, which a parser of the chunk alone reads
-    as opening one: code and prose swap up to the next fence. So a text with
+    as opening one: code and prose swap up to the next fence. So a ``chunk`` with
     fences is also parsed as if a fence opened before it, and that reading is
-    kept when it misreads fewer fences (:func:`_fence_misreadings`).
+    kept when it misreads fewer fences (:func:`_fence_misreadings`). A text that
+    is no chunk (an answer, read whole from its start) is read as CommonMark reads it.
     """
     tokens = _parser().parse(text)
-    if not _BARE_FENCE.search(text):
+    if not chunk or not _BARE_FENCE.search(text):
         return tokens
     opened = "```\n" + text
     shifted = _parser().parse(opened)
@@ -226,21 +229,21 @@ def has_structure(text: str) -> bool:
 
 
 @functools.lru_cache(maxsize=512)
-def _parsed(text: str) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]]:
+def _parsed(text: str, chunk: bool = True) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]]:
     """``(blocks, inline marks)`` of ``text``, read as reStructuredText when it looks like
-    it and not like Markdown, else as Markdown; the marks are the sorted character ranges of
-    the markup inside copyable blocks (inline HTML, footnote markers, a simple table's
-    borders). Cached because the encoder, the seam rule and the draft builder all read the
-    same passages."""
+    it and not like Markdown, else as Markdown (as a ``chunk``: :func:`_block_tokens`); the
+    marks are the sorted character ranges of the markup inside copyable blocks (inline HTML,
+    footnote markers, a simple table's borders). Cached because the encoder, the seam rule and
+    the draft builder all read the same passages."""
     if not looks_like_markdown(text) and looks_like_rst(text):
         return parse_rst(text)
-    return _parsed_markdown(text)
+    return _parsed_markdown(text, chunk)
 
 
-def _parsed_markdown(text: str) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]]:
+def _parsed_markdown(text: str, chunk: bool) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]]:
     """``(blocks, inline marks)`` of ``text`` read as Markdown: inline HTML and footnote markup
     (:func:`_footnotes`)."""
-    tokens = _block_tokens(text)
+    tokens = _block_tokens(text, chunk)
     lines = line_starts(text)
     covered = [False] * (len(lines) - 1)
     blocks: list[Block] = []
@@ -397,12 +400,15 @@ def _code_line_starts(text: str, block: Block) -> list[int]:
 
 
 @functools.lru_cache(maxsize=512)
-def copy_layout(text: str) -> CopyLayout | None:
+def copy_layout(text: str, *, chunk: bool = True) -> CopyLayout | None:
     """The :class:`CopyLayout` of ``text``, or None when it has no block structure
-    (:func:`has_structure`): then every token may be copied and seams are those of prose."""
+    (:func:`has_structure`): then every token may be copied and seams are those of prose.
+    ``chunk``: ``text`` may be a chunk cut out of a document, which can open inside a code
+    block (:func:`_block_tokens`); False for a text read whole from its start, as a Markdown
+    reader reads an answer."""
     if not has_structure(text):
         return None
-    blocks, marks = _parsed(text)
+    blocks, marks = _parsed(text, chunk)
     hidden = sorted([(b.start, b.end) for b in blocks if not b.copyable] + list(marks))
     code = [b for b in blocks if b.kind == "code"]
     mask = np.zeros(len(text), dtype=bool)
@@ -573,11 +579,12 @@ def past_markup_indent(text: str, pos: int) -> int:
 
 
 def ends_in_code(text: str) -> bool:
-    """Whether the last line of ``text`` that shows anything is a line of a code block, its fence
-    lines included (a closing fence): text from elsewhere after it needs a line of its own, or
-    it reads as more code (and after a fence on its line it keeps the block open)."""
+    """Whether the last line of ``text`` (an answer so far, read whole as a Markdown reader reads
+    it) that shows anything is a line of a code block, its fence lines included (a closing fence):
+    text from elsewhere after it needs a line of its own, or it reads as more code (and after a
+    fence on its line it keeps the block open)."""
     end = len(text.rstrip())
-    layout = copy_layout(text) if end else None
+    layout = copy_layout(text, chunk=False) if end else None
     return layout is not None and any(start < end <= stop for start, stop in layout.code)
 
 
@@ -595,9 +602,11 @@ def closing_fence(text: str, block: tuple[int, int]) -> tuple[int, int] | None:
 def unclosed_fence(text: str) -> str | None:
     """The fence (three or more backticks or tildes, as its opener's) that closes the fenced code
     block ``text`` ends inside: a copy that stopped where a chunker cut the block leaves it open,
-    and everything a Markdown reader sees after it would be code. None when ``text`` ends outside
-    a fenced block (or inside an indented one, which needs no fence)."""
-    layout = copy_layout(text)
+    and everything a Markdown reader sees after it would be code. ``text`` is an answer so far,
+    read whole as that reader reads it: prose and then a diagram's bare opening fence is no chunk
+    cut inside a block. None when ``text`` ends outside a fenced block (or inside an indented
+    one, which needs no fence)."""
+    layout = copy_layout(text, chunk=False)
     if layout is None or not layout.code:
         return None
     start, end = layout.code[-1]
