@@ -465,6 +465,25 @@ def test_windows_that_would_run_into_each_other_get_a_paragraph_break_of_no_ones
     assert MODEL_MARK not in render_markdown(out) and MODEL_MARK not in render_html(out)
 
 
+def test_a_window_that_opens_inside_a_fenced_block_gets_its_opening_fence(tiny_lm):
+    """A chunker cut an example inside its fence: the next chunk opens with code and closes the
+    block with a bare fence. A window copied from it is opened by the decoder with the block's
+    fence (set, not copied, not the model's words: bare, without the source's ``js``), so a
+    Markdown reader sees the copied lines as code and the source's closing fence as closing it,
+    not opening a block."""
+    from markdown_it import MarkdownIt
+
+    first = "The `listen` method starts the server. Create the app first:\n\n```js\nconst app = fastify()\n"
+    second = "app.listen({ port: 3000 })\n```\n\nThe server then listens on port 3000."
+    opened = Passage(id="srv#0", doc_id="srv", text=first.rstrip("\n"))
+    cut = Passage(id="srv#1", doc_id="srv", text=second, doc_char_start=len(first))
+    out = _two_window_answer(tiny_lm, [cut, opened], "How do I make the app listen on port 3000?", max_new_tokens=60)
+    assert out.text.startswith("```\napp.listen({ port: 3000 })\n```\n\n"), out.text
+    assert [(span.text, span.copied) for span in out.spans[:2]] == [("```\n", False), ("app.listen({ port: 3000 })\n```", True)]
+    code = [t.content for t in MarkdownIt("commonmark").parse(out.text) if t.type == "fence"]
+    assert code[0] == "app.listen({ port: 3000 })\n" and not any(model_written(out, span) for span in out.spans)
+
+
 def test_a_code_block_a_window_leaves_open_is_closed_before_the_next_window(tiny_lm):
     """A chunker cut a long example inside its fence: the window copied from that chunk ends in
     the code. Before the next window opens, the decoder closes the block with its fence (set, not

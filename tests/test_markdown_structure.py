@@ -445,3 +445,19 @@ def test_a_text_ends_in_code_on_a_code_line_or_its_closing_fence():
     assert not ends_in_code(f"Capture it:\n\n{fence}js\nparse(args, cb)\n{fence}\n\nThen read the output.")
     assert not ends_in_code("Plain prose that ends here.") and not ends_in_code("")
 
+
+def test_a_copy_opening_inside_a_fenced_block_is_given_its_fence():
+    """A copy that opens at a line of code whose fence lies above it (in its chunk, or in the chunk
+    before when a chunker cut the block) needs that fence; one at the opener, in prose, in an
+    indented block or past the closing fence does not."""
+    from nest_integrations.corpus.markdown_structure import opening_fence
+
+    lead = "Use it:\n\n~~~~js\nvar streams = [\n"
+    chunk = "  {level: 'fatal'}\n]\nvar log = pino()\n~~~~\n\nThen read it."
+    assert opening_fence(chunk, 0, lead) == "~~~~" and opening_fence(chunk, chunk.index("var log"), lead) == "~~~~"
+    assert opening_fence(chunk, 0) is None  # read alone, the chunk's lines are prose
+    assert opening_fence(chunk, chunk.index("Then"), lead) is None
+    whole = "Run:\n\n```sh\nquill build\nquill serve\n```\n"
+    assert opening_fence(whole, whole.index("quill serve")) == "```"
+    assert opening_fence(whole, whole.index("```sh")) is None and opening_fence(whole, whole.index("Run")) is None
+    assert opening_fence("Run:\n\n    quill build\n    quill serve\n", 22) is None

@@ -562,6 +562,28 @@ def open_code_block(text: str, pos: int, lead: str = "") -> tuple[int, int] | No
     return None
 
 
+def opening_fence(text: str, pos: int, lead: str = "") -> str | None:
+    """The fence (three or more backticks or tildes, as the source's opener) that opens the
+    fenced code block a copy opening at character ``pos`` of ``text`` starts inside: its opener
+    lies before ``pos``, in ``text`` or in ``lead`` (the chunk before, as for
+    :func:`open_code_block`: a chunk cut inside a block), so the copy would not bring it. An answer
+    that opens there needs a fence above the copied lines, or a Markdown reader reads them as prose
+    and the source's closing fence as opening a block. Bare, without the opener's info string
+    (```` ```js ````): what the decoder sets holds no word. None when ``pos`` is in prose, in an
+    indented block (no fence), inside the opener's line (its line break is past it) or past the
+    closing fence's start."""
+    full, at = lead + text, len(lead) + pos
+    layout = copy_layout(full)
+    block = next(((start, end) for start, end in layout.code if start < at < end), None) if layout is not None else None
+    if block is None or (opener := _FENCE_LINE.match(full, *block)) is None:
+        return None
+    line_end = full.find("\n", block[0], block[1])
+    fence = closing_fence(full, block)
+    if line_end < 0 or at < line_end or (fence is not None and at > fence[0]):
+        return None
+    return opener.group(1)
+
+
 def past_markup_indent(text: str, pos: int) -> int:
     """``pos``, or, when only white space that holds a line break stands between character ``pos``
     of ``text`` and an indented line of prose (the body of a directive such as ``.. seealso::``,

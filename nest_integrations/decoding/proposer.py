@@ -36,7 +36,7 @@ from nest_integrations.core.config import NestConfig
 from nest_integrations.core.mixture import relaxed_accept_ratio
 from nest_integrations.corpus.markdown_structure import (
     closing_fence, closing_fence_line, copyable_end, copyable_tokens, ends_in_code, first_copyable, missing_indentation, open_code_block,
-    past_markup_indent, title_tokens,
+    opening_fence, past_markup_indent, title_tokens, unclosed_fence,
 )
 from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
@@ -128,6 +128,8 @@ class SpanProposer:
                 title = [TokenRecord(int(encoded.token_ids[i]), pidx, i) for i in positions]
                 # A label a reader sees above the section, not a continuation to judge.
                 return Proposal(title[0], title[1:], unchecked=True)
+            if plan.opening is not None and (opener := self._opening_fence(gen)):
+                return _set_by_decoder(opener)
             if plan.opening is not None and (indentation := self._indentation(gen)):
                 return _set_by_decoder(indentation)
             if plan.opening is not None:
@@ -185,8 +187,12 @@ class SpanProposer:
         """The fence that closes a code block the answer so far leaves open, on a line of its own,
         before a copy from elsewhere opens (:func:`~nest_integrations.corpus.markdown_structure.unclosed_fence`:
         a window ended where a chunker cut its code); None when no block is open or the budget
-        cannot hold it. Like a paragraph break between copies, it is set by the decoder: not
-        copied, and no word of the model's own."""
+        cannot hold it, or when the open block is the one the decoder has just opened for the copy
+        (:meth:`_opening_fence`). Like a paragraph break between copies, it is set by the
+        decoder: not copied, and no word of the model's own."""
+        opener = self._planned_opener(gen)
+        if opener is not None and gen.text.rstrip(" \t").endswith(opener):  # opened for it (and indented)
+            return None
         ids = self._decoder_tokens(closing_fence_line(gen.text))
         if not ids or len(ids) >= gen.tokens_left():
             return None
@@ -200,6 +206,32 @@ class SpanProposer:
             return []
         ids, _ = self.datastore.encoder.tokenize(text)
         return [int(i) for i in ids]
+
+    def _opening_fence(self, gen: Generation) -> list[int]:
+        """Token ids of the fence that opens the fenced code block the planned copy about to open
+        starts inside (:func:`~nest_integrations.corpus.markdown_structure.opening_fence`: a
+        window opening at a line of code, its opener above it or in the chunk before), when the
+        copy opens a line of the answer outside a fenced block; [] otherwise. Set by the decoder,
+        as the fence that closes a block is: without it a reader sees the copied code as prose and
+        the source's closing fence as opening a block."""
+        if (gen.text and not gen.text.endswith("\n")) or unclosed_fence(gen.text) is not None:
+            return []
+        ids = self._decoder_tokens(self._planned_opener(gen))
+        return ids if len(ids) < gen.tokens_left() else []  # a fence the budget leaves no copy after is none
+
+    def _planned_opener(self, gen: Generation) -> Optional[str]:
+        """The fence that opens the block the planned copy about to open starts inside
+        (:func:`~nest_integrations.corpus.markdown_structure.opening_fence`), with the line break
+        after it unless the copy brings its own; None when it opens outside a fenced block."""
+        pidx, pos = gen.plan.opening  # type: ignore[misc]
+        text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
+        first = self._opening_token(encoded, text, pos)
+        if first >= len(encoded.char_spans):
+            return None
+        start = int(encoded.char_spans[first, 0])
+        lead = text_before(self.datastore.passages, self.datastore.preceding_chunk(pidx), pidx)  # type: ignore[union-attr]
+        opener = opening_fence(text, start, lead)
+        return None if opener is None else opener + ("" if text.startswith("\n", start) else "\n")
 
     def _indentation(self, gen: Generation) -> list[int]:
         """Token ids of the indentation that the planned copy about to open at a line of code does
