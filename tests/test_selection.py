@@ -1,5 +1,7 @@
 """The answer selector: which windows of the retrieved passages a question's answer copies."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -69,3 +71,26 @@ def test_features_have_one_column_each_and_the_selector_checks_its_weights():
     assert np.all((probabilities > 0) & (probabilities < 1))
     with pytest.raises(ValueError, match="weights"):
         AnswerSelector(weights=(1.0,), bias=0.0)
+
+
+def test_windows_of_a_passage_that_never_names_the_person_asked_about_are_not_chosen():
+    """The answer about William Blake copies his summary, not William the Silent's sentence that
+    shares the question's words ("national"): the gate's names rule holds for the windows too,
+    and the windows left are ranked as without the rule."""
+    from nest_integrations.core.config import NestConfig
+    from nest_integrations.decoding.prepare import choose_answer_windows
+
+    silent = Passage(id="silent", text="William the Silent is named in the Dutch national anthem. He led the Dutch revolt.")
+    blake = Passage(id="blake", text="William Blake was an English poet, painter and printmaker. He lived in London.")
+    query = "What nationality was William Blake?"
+    assert chosen(query, [silent, blake])[0].startswith("William the Silent")  # the selector alone
+
+    def tokens_of(passage_id: str) -> tuple[str, np.ndarray]:
+        text = {p.id: p.text for p in (silent, blake)}[passage_id]
+        return text, np.array([[m.start(), m.end()] for m in re.finditer(r"\S+", text)])
+
+    windows = choose_answer_windows(query, [silent, blake], word_share, NestConfig(), tokens_of)
+    assert windows and {w.passage_id for w in windows} == {"blake"}
+    named = DEFAULT_SELECTOR.select(query, [silent, blake], word_share, count=3, eligible=lambda p: p.id == "blake")
+    everything = DEFAULT_SELECTOR.select(query, [silent, blake], word_share, count=6)
+    assert named == [w for w in everything if w.passage_id == "blake"][:3]

@@ -268,6 +268,13 @@ def query_names(query: str) -> list[str]:
     return [match.group().rstrip(".") for sentence in sentences for match in _QUERY_NAME.finditer(sentence)]
 
 
+def mentions_query_names(query: str, text: str) -> bool:
+    """Whether ``text`` :func:`mentions` every :func:`query_names` name of ``query``: a passage
+    that never names "William Blake" does not answer a question about him, however near its
+    words ("What nationality was William Blake?" and William the Silent's "Dutch national")."""
+    return all(mentions(named, text) for named in query_names(query))
+
+
 def mentions(name: str, text: str) -> bool:
     """Whether ``text`` mentions every word of ``name`` as :func:`names_subject` reads them
     (particles aside, initials by their letter, the first word in any of its given-name
@@ -440,7 +447,7 @@ class RelevanceGate:
         name = subject_name(query)
         if name is not None:
             return names_subject(name, passage.text, whole_sentence=similarity >= self.strong_similarity)
-        if not all(mentions(named, passage.text) for named in query_names(query)):
+        if not mentions_query_names(query, passage.text):
             return False
         return similarity >= self.lexical_free_similarity or coverage(query, passage.text) >= self.min_coverage
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -187,10 +187,20 @@ class AnswerSelector:
         logits = np.asarray(features, dtype=np.float64) @ np.asarray(self.weights) + self.bias
         return 1.0 / (1.0 + np.exp(-logits))
 
-    def select(self, query: str, passages: Sequence[Passage], relevance: Relevance, *, count: int = 2) -> list[Window]:
+    def select(
+        self,
+        query: str,
+        passages: Sequence[Passage],
+        relevance: Relevance,
+        *,
+        count: int = 2,
+        eligible: Optional[Callable[[Passage], bool]] = None,
+    ) -> list[Window]:
         """Up to ``count`` windows of ``passages`` (retrieved, best first: their order is a feature)
         that best answer ``query``, best first, none overlapping another in its document (chunk
-        splitters overlap their chunks)."""
+        splitters overlap their chunks). With ``eligible``, only windows of the passages it accepts
+        are chosen; every passage's windows are still read, so a window's features (its passage's
+        rank, its overlap against the best) are those the selector was fitted on."""
         candidates = candidate_windows(passages)
         if not candidates or not query.strip():
             return []
@@ -199,6 +209,8 @@ class AnswerSelector:
         taken: list[tuple[str, int, int]] = []
         for i in np.argsort(-probability, kind="stable"):
             c = candidates[int(i)]
+            if eligible is not None and not eligible(c.passage):
+                continue
             here = document_range(c.passage, c.start, c.end)
             if any(doc == here[0] and s < here[2] and here[1] < e for doc, s, e in taken):
                 continue
