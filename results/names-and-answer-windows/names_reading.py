@@ -22,18 +22,13 @@ from nest_benchmarks.selector_fit import selected_recall
 from nest_benchmarks.window_rows import domain_rows
 from nest_integrations import NestIndex
 from nest_integrations.core.similarity import Relevance
-from nest_integrations.policy.relevance import RelevanceGate, mentions, query_names
+from nest_integrations.policy.relevance import RelevanceGate, mentions_query_names, query_names
 from nest_integrations.policy.selection import DEFAULT_SELECTOR
-
-
-def names_every(query: str, text: str) -> bool:
-    """Whether ``text`` mentions each multi-word name of ``query`` (the gate's names rule)."""
-    return all(mentions(name, text) for name in query_names(query))
 
 
 def named_only(row: dict) -> dict:
     """``row`` with only the candidate windows of passages that mention the question's names."""
-    keep = [i for i, c in enumerate(row["candidates"]) if names_every(row["query"], c.passage.text)]
+    keep = [i for i, c in enumerate(row["candidates"]) if mentions_query_names(row["query"], c.passage.text)]
     return {**row, "features": row["features"][keep], "labels": row["labels"][keep], "candidates": [row["candidates"][i] for i in keep]}
 
 
@@ -42,7 +37,7 @@ def unnamed_windows(row: dict, relevance: Relevance) -> bool:
     mentions a name the question gives."""
     windows = DEFAULT_SELECTOR.select(row["query"], row["passages"], relevance, count=3)
     by_id = {p.id: p for p in row["passages"]}
-    return any(not names_every(row["query"], by_id[w.passage_id].text) for w in windows)
+    return any(not mentions_query_names(row["query"], by_id[w.passage_id].text) for w in windows)
 
 
 def read(index: NestIndex, qa: str) -> dict:
