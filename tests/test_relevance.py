@@ -9,6 +9,7 @@ from nest_integrations.policy.relevance import (
     coverage,
     named_words,
     names_subject,
+    naming_passages,
     passage_similarities,
     query_names,
     reading_sections,
@@ -192,3 +193,20 @@ def test_a_long_chunk_is_as_relevant_as_its_section_that_answers():
         "How long is an idle socket kept open?", [long_chunk, other], _keyword_relevance
     )
     assert [p.id for p in decision.kept] == ["long"]
+
+
+def test_the_passages_that_name_what_a_question_asks_about():
+    """Every name the question gives where one passage mentions them all; each person's own
+    passage for a question about two; every passage for a question that names nobody."""
+
+    curie = Passage("curie", "Marie Curie was a Polish and naturalised-French physicist and chemist.")
+    turing = Passage("turing", "Alan Turing was an English mathematician and computer scientist.")
+    silent = Passage("silent", "William the Silent is named in the Dutch national anthem.")
+    blake = Passage("blake", "William Blake was an English poet, painter and printmaker.")
+
+    def ids(query: str, passages: list[Passage]) -> list[str]:
+        return [p.id for p in naming_passages(query, passages)]
+
+    assert ids("What nationality was William Blake?", [silent, blake]) == ["blake"]
+    assert ids("Who were Marie Curie and Alan Turing?", [turing, silent, curie]) == ["turing", "curie"]
+    assert ids("What is the Dutch national anthem about?", [silent, blake]) == ["silent", "blake"]

@@ -36,7 +36,7 @@ from nest_integrations.policy.conversation import question_asked_now
 from nest_integrations.policy.copy_policy import Window, closes_answer, wants_focus
 from nest_integrations.policy.mentions import CorpusTerms
 from nest_integrations.policy.selection import DEFAULT_SELECTOR
-from nest_integrations.policy.relevance import GateDecision, RelevanceGate, mentions_query_names, subject_name
+from nest_integrations.policy.relevance import GateDecision, RelevanceGate, naming_passages, subject_name
 from nest_integrations.store.candidates import CandidateSet
 from nest_integrations.store.datastore import EncodeStats, TokenDatastore
 from .abstention import abstention_text
@@ -206,18 +206,18 @@ def choose_answer_windows(
     """The windows of the ``retrieved`` passages (best first) a question's answer copies:
     ``config.answer_windows`` of them, best first, chosen by
     :data:`~nest_integrations.policy.selection.DEFAULT_SELECTOR` among the windows of passages that
-    mention every multi-word name the question gives (the gate's names rule,
-    :func:`~nest_integrations.policy.relevance.mentions_query_names`: no other person's sentence
-    in an answer about someone), then up to
+    mention every multi-word name the question gives, as the gate's names rule asks, or any of
+    them when none mentions all (:func:`~nest_integrations.policy.relevance.naming_passages`: no
+    other person's sentence in an answer about someone), then up to
     ``config.fill_windows`` more that fit whole in ``config.max_new_tokens``
     (:func:`fitting_windows`, ``tokens_of`` as there); none with ``answer_focus`` off, without a
     relevance function, or for a query that is no question
     (:func:`~nest_integrations.policy.copy_policy.wants_focus`)."""
     if not config.answer_focus or relevance is None or not wants_focus(query):
         return []
+    named = {passage.id for passage in naming_passages(query, retrieved)}
     ranked = DEFAULT_SELECTOR.select(
-        query, retrieved, relevance, count=config.answer_windows + config.fill_windows,
-        eligible=lambda passage: mentions_query_names(query, passage.text),
+        query, retrieved, relevance, count=config.answer_windows + config.fill_windows, eligible=lambda passage: passage.id in named
     )
     return fitting_windows(ranked, config.answer_windows, config.max_new_tokens, tokens_of)
 

@@ -275,6 +275,15 @@ def mentions_query_names(query: str, text: str) -> bool:
     return all(mentions(named, text) for named in query_names(query))
 
 
+def naming_passages(query: str, passages: Sequence[Passage]) -> list[Passage]:
+    """The ``passages`` that mention every multi-word name ``query`` gives
+    (:func:`mentions_query_names`), in order; when none does, those that mention any of them (a
+    question about two people, "Who were Marie Curie and Alan Turing?", is answered from each
+    one's passage). All of them for a query that gives no name."""
+    every = [p for p in passages if mentions_query_names(query, p.text)]
+    return every or [p for p in passages if any(mentions(name, p.text) for name in query_names(query))]
+
+
 def mentions(name: str, text: str) -> bool:
     """Whether ``text`` mentions every word of ``name`` as :func:`names_subject` reads them
     (particles aside, initials by their letter, the first word in any of its given-name
