@@ -549,9 +549,13 @@ def open_code_block(text: str, pos: int, lead: str = "") -> tuple[int, int] | No
     code directive, a fence) is inside that block from its first character (the block then
     starts at 0). Read alone, its lines are code only when they read as code on their own
     (shell lines without a prompt do not)."""
-    if lead:
-        block = open_code_block(lead + text, len(lead) + pos)
-        return None if block is None else (max(block[0] - len(lead), 0), block[1] - len(lead))
+    block = _code_block_around(lead + text, len(lead) + pos)
+    return None if block is None else (max(block[0] - len(lead), 0), block[1] - len(lead))
+
+
+def _code_block_around(text: str, pos: int) -> tuple[int, int] | None:
+    """:func:`open_code_block` of a whole ``text`` (no lead): the block's own start, which may
+    lie in what a caller's lead holds."""
     layout = copy_layout(text)
     if layout is None:
         return None
@@ -573,15 +577,11 @@ def opening_fence(text: str, pos: int, lead: str = "") -> str | None:
     indented block (no fence), inside the opener's line (its line break is past it) or past the
     closing fence's start."""
     full, at = lead + text, len(lead) + pos
-    layout = copy_layout(full)
-    block = next(((start, end) for start, end in layout.code if start < at < end), None) if layout is not None else None
+    block = _code_block_around(full, at)
     if block is None or (opener := _FENCE_LINE.match(full, *block)) is None:
         return None
     line_end = full.find("\n", block[0], block[1])
-    fence = closing_fence(full, block)
-    if line_end < 0 or at < line_end or (fence is not None and at > fence[0]):
-        return None
-    return opener.group(1)
+    return None if line_end < 0 or at < line_end else opener.group(1)
 
 
 def past_markup_indent(text: str, pos: int) -> int:
