@@ -280,8 +280,9 @@ def naming_passages(query: str, passages: Sequence[Passage]) -> list[Passage]:
     (:func:`mentions_query_names`), in order; when none does, those that mention any of them (a
     question about two people, "Who were Marie Curie and Alan Turing?", is answered from each
     one's passage). All of them for a query that gives no name."""
-    every = [p for p in passages if mentions_query_names(query, p.text)]
-    return every or [p for p in passages if any(mentions(name, p.text) for name in query_names(query))]
+    names = query_names(query)
+    every = [p for p in passages if all(mentions(name, p.text) for name in names)]
+    return every or [p for p in passages if any(mentions(name, p.text) for name in names)]
 
 
 def mentions(name: str, text: str) -> bool:
