@@ -117,7 +117,8 @@ class SpanProposer:
         whole = False  # a planned window: its whole draft goes unchecked, not its first token alone
         announced = False  # a copy going on where the source does: its first line goes unchecked
         if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
-            if plan.opening is not None and not plan.announced and (fence := self._closing_fence(gen)) is not None:
+            planned_opener = self._planned_opener(gen) if plan.opening is not None else None
+            if plan.opening is not None and not plan.announced and (fence := self._closing_fence(gen, planned_opener)) is not None:
                 return fence
             if plan.opening is not None and self._runs_into_copy(gen):
                 return Proposal(TokenRecord(self.break_id, separator=True))  # type: ignore[arg-type]
@@ -128,7 +129,7 @@ class SpanProposer:
                 title = [TokenRecord(int(encoded.token_ids[i]), pidx, i) for i in positions]
                 # A label a reader sees above the section, not a continuation to judge.
                 return Proposal(title[0], title[1:], unchecked=True)
-            if plan.opening is not None and (opener := self._opening_fence(gen)):
+            if plan.opening is not None and (opener := self._opening_fence(gen, planned_opener)):
                 return _set_by_decoder(opener)
             if plan.opening is not None and (indentation := self._indentation(gen)):
                 return _set_by_decoder(indentation)
@@ -183,15 +184,14 @@ class SpanProposer:
             p_m = p_m.index_fill(0, torch.tensor(sorted(repeats)), 0.0)
         return Proposal(TokenRecord(self._pick(p_m, config, generator)))
 
-    def _closing_fence(self, gen: Generation) -> Optional[Proposal]:
+    def _closing_fence(self, gen: Generation, planned_opener: Optional[str]) -> Optional[Proposal]:
         """The fence that closes a code block the answer so far leaves open, on a line of its own,
         before a copy from elsewhere opens (:func:`~nest_integrations.corpus.markdown_structure.unclosed_fence`:
         a window ended where a chunker cut its code); None when no block is open or the budget
         cannot hold it, or when the open block is the one the decoder has just opened for the copy
-        (:meth:`_opening_fence`). Like a paragraph break between copies, it is set by the
-        decoder: not copied, and no word of the model's own."""
-        opener = self._planned_opener(gen)
-        if opener is not None and gen.text.rstrip(" \t").endswith(opener):  # opened for it (and indented)
+        (:meth:`_opening_fence`; ``planned_opener`` is :meth:`_planned_opener`). Like a paragraph
+        break between copies, it is set by the decoder: not copied, and no word of the model's own."""
+        if planned_opener is not None and gen.text.rstrip(" \t").endswith(planned_opener):  # opened for it (and indented)
             return None
         ids = self._decoder_tokens(closing_fence_line(gen.text))
         if not ids or len(ids) >= gen.tokens_left():
@@ -207,31 +207,37 @@ class SpanProposer:
         ids, _ = self.datastore.encoder.tokenize(text)
         return [int(i) for i in ids]
 
-    def _opening_fence(self, gen: Generation) -> list[int]:
+    def _opening_fence(self, gen: Generation, planned_opener: Optional[str]) -> list[int]:
         """Token ids of the fence that opens the fenced code block the planned copy about to open
         starts inside (:func:`~nest_integrations.corpus.markdown_structure.opening_fence`: a
         window opening at a line of code, its opener above it or in the chunk before), when the
         copy opens a line of the answer outside a fenced block; [] otherwise. Set by the decoder,
         as the fence that closes a block is: without it a reader sees the copied code as prose and
-        the source's closing fence as opening a block."""
+        the source's closing fence as opening a block. ``planned_opener``: :meth:`_planned_opener`."""
         if (gen.text and not gen.text.endswith("\n")) or unclosed_fence(gen.text) is not None:
             return []
-        ids = self._decoder_tokens(self._planned_opener(gen))
+        ids = self._decoder_tokens(planned_opener)
         return ids if len(ids) < gen.tokens_left() else []  # a fence the budget leaves no copy after is none
 
     def _planned_opener(self, gen: Generation) -> Optional[str]:
         """The fence that opens the block the planned copy about to open starts inside
         (:func:`~nest_integrations.corpus.markdown_structure.opening_fence`), with the line break
         after it unless the copy brings its own; None when it opens outside a fenced block."""
-        pidx, pos = gen.plan.opening  # type: ignore[misc]
-        text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
-        first = self._opening_token(encoded, text, pos)
-        if first >= len(encoded.char_spans):
+        if (planned := self._planned_start(gen)) is None:
             return None
-        start = int(encoded.char_spans[first, 0])
+        pidx, text, start = planned
         lead = text_before(self.datastore.passages, self.datastore.preceding_chunk(pidx), pidx)  # type: ignore[union-attr]
         opener = opening_fence(text, start, lead)
         return None if opener is None else opener + ("" if text.startswith("\n", start) else "\n")
+
+    def _planned_start(self, gen: Generation) -> Optional[tuple[int, str, int]]:
+        """Where the planned copy about to open starts: its passage's index and text, and the
+        character its first token starts at (:meth:`_opening_token`); None when that is past the
+        passage's last token."""
+        pidx, pos = gen.plan.opening  # type: ignore[misc]
+        text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
+        first = self._opening_token(encoded, text, pos)
+        return None if first >= len(encoded.char_spans) else (pidx, text, int(encoded.char_spans[first, 0]))
 
     def _indentation(self, gen: Generation) -> list[int]:
         """Token ids of the indentation that the planned copy about to open at a line of code does
@@ -240,14 +246,10 @@ class SpanProposer:
         decoder, as a break is: the source's white space, not copied because its tokens hold the
         line break before it too. Without it the line keeps one space of its four and reads as a
         paragraph above the block's other lines."""
-        if gen.text and not gen.text.endswith("\n"):
+        if (gen.text and not gen.text.endswith("\n")) or (planned := self._planned_start(gen)) is None:
             return []
-        pidx, pos = gen.plan.opening  # type: ignore[misc]
-        text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
-        first = self._opening_token(encoded, text, pos)
-        if first >= len(encoded.char_spans):
-            return []
-        ids = self._decoder_tokens(missing_indentation(text, int(encoded.char_spans[first, 0])))
+        _, text, start = planned
+        ids = self._decoder_tokens(missing_indentation(text, start))
         return ids if len(ids) < gen.tokens_left() else []  # spaces the budget leaves no copy after are none
 
     def _nothing_more(self) -> Proposal:
