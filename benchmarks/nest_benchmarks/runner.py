@@ -383,14 +383,12 @@ def fresh_lazy_datastore(index: NestIndex) -> TokenDatastore:
 
 
 def decoder_over(index: NestIndex, datastore: TokenDatastore, config: NestConfig) -> NestDecoder:
-    """A decoder with the index's LM, retriever, relevance gate, calibration and corpus words
-    (a question naming what the corpus never mentions is not covered, as in ``nest generate``)
-    over ``datastore``."""
-    calibrated = index.calibration() if config.alpha is None or config.tau is None else None
-    return NestDecoder(
-        index.lm, datastore, index.retriever, config, relevance=index.relevance, calibration=calibrated,
-        corpus_terms=index.corpus_terms,
-    )
+    """The index's decoder (:meth:`~nest_integrations.NestIndex.decoder`: its LM, retriever,
+    relevance gate, calibration and corpus words) over ``datastore``, with the calibration the
+    config needs fitted now, not inside a timed generation."""
+    if config.alpha is None or config.tau is None:
+        index.calibration()
+    return index.decoder(config, datastore=datastore)
 
 
 def eval_decoder(index: NestIndex, config: NestConfig) -> NestDecoder:

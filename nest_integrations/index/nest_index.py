@@ -196,17 +196,19 @@ class NestIndex:
         """Top-k passages for ``query``, skipping ``exclude_ids`` (for source-absent evaluation)."""
         return retrieve_excluding(self.retriever.retrieve, query, k, exclude_ids)
 
-    def decoder(self, config: Optional["NestConfig"] = None) -> "NestDecoder":
+    def decoder(self, config: Optional["NestConfig"] = None, *, datastore: Optional[TokenDatastore] = None) -> "NestDecoder":
         """A :class:`NestDecoder` over this index (retrieval, relevance gate, datastore).
 
         Where the config leaves alpha or tau to calibration (the default), the
         decoder uses this index's calibration for its LM; when there is none, its
         first nest or ra_nest generation fits one (:meth:`calibration`).
+        ``datastore``: the token datastore it copies from, over this index's passages (default:
+        the index's own; an evaluation gives each generation a fresh lazy one, cold keys).
         """
         from nest_integrations.decoding.decoder import NestDecoder
 
         return NestDecoder(
-            self.lm, self.datastore, self.retriever, config, relevance=self.relevance,
+            self.lm, self.datastore if datastore is None else datastore, self.retriever, config, relevance=self.relevance,
             # No calibrations yet: no need to fingerprint the LM (hashes every weight, once per model) to look one up.
             calibration=self.calibrations.get(self.lm.fingerprint()) if self.calibrations else None,
             calibrator=self.calibration, corpus_terms=self.corpus_terms,
