@@ -113,6 +113,18 @@ def test_lazy_cache_is_bounded_and_counts_encoding(tiny_lm, small_passages):
     assert len(store._cache) == 1  # the bound evicts all but the newest
 
 
+def test_an_index_decoder_copies_from_the_datastore_it_is_given(tiny_lm, small_passages):
+    index = NestIndex.build(small_passages, tiny_lm, show_progress=False, calibrate=False)
+    fresh = TokenDatastore(index.passages, index.datastore.encoder, codec=index.datastore.codec)
+    prompt, query = "Tell me a bio of Alan Turing.", "Alan Turing"
+    given = index.decoder(datastore=fresh).generate(prompt, query=query, mode="nest", alpha=0.3, tau=0.1, max_new_tokens=4)
+    assert given.stats.encoded_passages > 0
+    again = index.decoder(datastore=fresh).generate(prompt, query=query, mode="nest", alpha=0.3, tau=0.1, max_new_tokens=4)
+    assert again.stats.encoded_passages == 0  # its keys are cached in the datastore given
+    own = index.decoder().generate(prompt, query=query, mode="nest", alpha=0.3, tau=0.1, max_new_tokens=4)
+    assert own.stats.encoded_passages == given.stats.encoded_passages  # the index's own datastore was never used
+
+
 def test_dynamic_passages_enter_lazily(tiny_datastore):
     index = tiny_datastore.add(Passage(id="new", text="A brand new passage about nothing in particular."))
     assert index == 3 and tiny_datastore.add(Passage(id="new", text="A brand new passage about nothing in particular.")) == 3
