@@ -554,8 +554,10 @@ def open_code_block(text: str, pos: int, lead: str = "") -> tuple[int, int] | No
 
 
 def _code_block_around(text: str, pos: int) -> tuple[int, int] | None:
-    """:func:`open_code_block` of a whole ``text`` (no lead): the block's own start, which may
-    lie in what a caller's lead holds."""
+    """``(start, end)`` of the code block of ``text`` whose body character ``pos`` is in (past the
+    block's first character, before its closing fence line), as :func:`open_code_block` reads it
+    without a lead; None for prose and outside code. Its callers pass a lead joined before their
+    text, so the start may lie in the lead: :func:`opening_fence` reads the opener there."""
     layout = copy_layout(text)
     if layout is None:
         return None
