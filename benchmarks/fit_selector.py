@@ -28,10 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from sklearn.metrics import roc_auc_score
-
 from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table
-from nest_benchmarks.selector_fit import best_probabilities, fit, selected_recall
+from nest_benchmarks.selector_fit import abstention_auc, fit, selected_recall
 from nest_benchmarks.window_rows import PASSAGE_K, domain_rows
 from nest_integrations import NestIndex
 from nest_integrations.policy.selection import FEATURES, AnswerSelector
@@ -64,12 +62,10 @@ def main() -> None:
     selector = AnswerSelector(tuple(round(w, 4) for w in fitted.weights), round(fitted.bias, 4))
     report.update(weights=dict(zip(FEATURES, selector.weights)), bias=selector.bias)
     for name, rows in domains.items():
-        best = best_probabilities(selector, rows)
-        both = len({u for _, u in best}) == 2
         report["domains"][name].update(
             selected_pooled=selected_recall(selector, rows),
-            unanswerable=sum(u for _, u in best),
-            abstention_auc=round(float(roc_auc_score([not u for _, u in best], [p for p, _ in best])), 3) if both else None,
+            unanswerable=sum(r["unanswerable"] for r in rows),
+            abstention_auc=abstention_auc(selector, rows),
         )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "selector.json").write_text(json.dumps(report, indent=2) + "\n")

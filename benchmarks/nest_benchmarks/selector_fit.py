@@ -1,22 +1,33 @@
 """Fitting a window scorer on rows of candidate answer windows (``nest_benchmarks.window_rows``).
 
 The selector's fit (``benchmarks/fit_selector.py``) and the result scripts that fit variants of it
-(``results/gate-rules-and-window-scorers/window_scorers.py``) share these: a conditional logit over
-one question's windows at a time (:func:`ranking_weights`), scaled to a probability
-(:func:`fitted_weights`, :func:`fit`), and how many answerable questions the chosen windows hold
-(:func:`selected_recall`).
+(``results/gate-rules-and-window-scorers/window_scorers.py``,
+``results/lm-likelihood-signals/token_match.py``) share these: a conditional logit over one
+question's windows at a time (:func:`ranking_weights`), scaled to a probability
+(:func:`fitted_weights`, :func:`fit`, or :class:`LinearScorer` over any columns), how many
+answerable questions the chosen windows hold (:func:`selected_recall`), how well the best window
+marks the unanswerable ones (:func:`abstention_auc`), and one variant's columns scored the
+selector's way on design and held-out sets (:func:`score_variant`, :func:`variants_table`).
 """
 
 from __future__ import annotations
 
+from typing import Mapping, Sequence
+
 import numpy as np
 import torch
 from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
 
 from nest_integrations import NestConfig
 from nest_integrations.policy.selection import AnswerSelector
 
-__all__ = ["L2", "best_probabilities", "fit", "fitted_weights", "ranking_weights", "selected_recall"]
+from .report_files import markdown_table
+
+__all__ = [
+    "L2", "LinearScorer", "abstention_auc", "best_probabilities", "fit", "fitted_weights", "ranking_weights", "score_variant",
+    "selected_recall", "variants_table",
+]
 
 
 L2 = 0.01
@@ -66,7 +77,7 @@ def fit(rows: list[dict]) -> AnswerSelector:
     return AnswerSelector(tuple(float(w) for w in weights), bias)
 
 
-def selected_recall(selector: AnswerSelector, rows: list[dict], count: int = NestConfig().answer_windows) -> int:
+def selected_recall(selector: AnswerSelector | LinearScorer, rows: list[dict], count: int = NestConfig().answer_windows) -> int:
     """Answerable questions whose ``count`` chosen windows (as AnswerSelector.select chooses) hold the answer."""
     found = 0
     for r in rows:
@@ -88,5 +99,54 @@ def selected_recall(selector: AnswerSelector, rows: list[dict], count: int = Nes
     return found
 
 
-def best_probabilities(selector: AnswerSelector, rows: list[dict]) -> list[tuple[float, bool]]:
+def best_probabilities(selector: AnswerSelector | LinearScorer, rows: list[dict]) -> list[tuple[float, bool]]:
+    """(best window probability, unanswerable) of every question of ``rows`` (0.0 without a window)."""
     return [(float(selector.probabilities(r["features"]).max()) if len(r["labels"]) else 0.0, r["unanswerable"]) for r in rows]
+
+
+class LinearScorer:
+    """A logistic scorer fitted on ``rows`` of any number of columns (:func:`fitted_weights`),
+    read as ``AnswerSelector`` is: ``probabilities`` of (N, F) features."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.weights, self.bias = fitted_weights(rows)
+
+    def probabilities(self, features: np.ndarray) -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-(np.asarray(features, dtype=np.float64) @ self.weights + self.bias)))
+
+
+def abstention_auc(scorer: AnswerSelector | LinearScorer, rows: list[dict]) -> float | None:
+    """ROC AUC of the best window's probability for the answerable against the unanswerable
+    questions of ``rows`` (a low value marks "nothing answers"); None without both kinds."""
+    best = best_probabilities(scorer, rows)
+    kinds = {u for _, u in best}
+    return round(float(roc_auc_score([not u for _, u in best], [p for p, _ in best])), 3) if len(kinds) == 2 else None
+
+
+def score_variant(rows: Mapping[str, list[dict]], design: Sequence[str], held_out: Sequence[str]) -> dict:
+    """One variant's columns (each row's ``features``) scored the selector's way: on each
+    ``design`` set the answerable questions whose three chosen windows hold the answer under a
+    fit over the *other* design sets (``left_out``), on each ``held_out`` set under the fit over
+    all design sets (``held_out``), and that pooled fit's :func:`abstention_auc` on every set."""
+    pooled = LinearScorer([r for name in design for r in rows[name]])
+    return {
+        "left_out": {name: selected_recall(LinearScorer([r for other in design if other != name for r in rows[other]]), rows[name]) for name in design},
+        "held_out": {name: selected_recall(pooled, rows[name]) for name in held_out},
+        "auc": {name: abstention_auc(pooled, rows[name]) for name in rows},
+    }
+
+
+def variants_table(answerable: Mapping[str, int], report: Mapping[str, dict]) -> str:
+    """Two Markdown tables of variants scored by :func:`score_variant` (``report``: variant ->
+    its scores; ``answerable``: set -> answerable questions): the windows that hold an answer per
+    variant and set, with the design and held-out totals, then each variant's AUC."""
+    names = list(answerable)
+    held = {variant: {**r["left_out"], **r["held_out"]} for variant, r in report.items()}
+    windows = markdown_table(
+        ["variant", *(f"{n} ({answerable[n]})" for n in names), "design sets", "held out"],
+        [[variant, *(held[variant][n] for n in names), sum(r["left_out"].values()), sum(r["held_out"].values())] for variant, r in report.items()],
+    )
+    aucs = markdown_table(
+        ["variant (AUC)", *names], [[variant, *("–" if r["auc"][n] is None else r["auc"][n] for n in names)] for variant, r in report.items()]
+    )
+    return windows + "\n" + aucs

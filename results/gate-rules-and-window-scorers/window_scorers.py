@@ -40,10 +40,9 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from sklearn.metrics import roc_auc_score
 
-from nest_benchmarks.report_files import domain_specs, markdown_table, write_report
-from nest_benchmarks.selector_fit import fitted_weights, selected_recall
+from nest_benchmarks.report_files import domain_specs, write_report
+from nest_benchmarks.selector_fit import score_variant, variants_table
 from nest_benchmarks.window_rows import cached_domain_rows
 from nest_integrations.policy.conversation import question_asked_now
 from nest_integrations.policy.selection import FEATURES, window_features
@@ -56,16 +55,6 @@ ASKS_FOR_A_NAME = re.compile(
     r"decorator|attribute|call|api|name)s?\b", re.I | re.S,
 )
 HOW_TO = re.compile(r"^\s*(how|can|is there)\b", re.I)
-
-
-class LinearScorer:
-    """A fitted logistic scorer over any number of columns, read as ``AnswerSelector`` is."""
-
-    def __init__(self, rows: list[dict]) -> None:
-        self.weights, self.bias = fitted_weights(rows)
-
-    def probabilities(self, features: np.ndarray) -> np.ndarray:
-        return 1.0 / (1.0 + np.exp(-(np.asarray(features, dtype=np.float64) @ self.weights + self.bias)))
 
 
 def second_embedder_features(path: Path) -> Callable[[list[dict]], None]:
@@ -140,29 +129,6 @@ def load_rows(name: str, path: str, qa: str, cache: Path | None, add_second: Cal
     return rows
 
 
-def auc(selector, rows: list[dict]) -> float | None:
-    """ROC AUC of the best window's probability for answerable against unanswerable questions."""
-    best = [(float(selector.probabilities(r["features"]).max()) if len(r["labels"]) else 0.0, r["unanswerable"]) for r in rows]
-    kinds = {u for _, u in best}
-    return round(float(roc_auc_score([not u for _, u in best], [p for p, _ in best])), 3) if len(kinds) == 2 else None
-
-
-def table(summary: dict) -> str:
-    """The two Markdown tables of :func:`main`'s summary: the windows that hold an answer per
-    variant and set, then each variant's AUC."""
-    answerable, report = summary["answerable"], summary["variants"]
-    names = list(answerable)
-    held = {variant: {**r["left_out"], **r["held_out"]} for variant, r in report.items()}
-    windows = markdown_table(
-        ["variant", *(f"{n} ({answerable[n]})" for n in names), "design sets", "held out"],
-        [[variant, *(held[variant][n] for n in names), sum(r["left_out"].values()), sum(r["held_out"].values())] for variant, r in report.items()],
-    )
-    aucs = markdown_table(
-        ["variant (AUC)", *names], [[variant, *("–" if r["auc"][n] is None else r["auc"][n] for n in names)] for variant, r in report.items()]
-    )
-    return windows + "\n" + aucs
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--domain", action="append", required=True, help="NAME=INDEX:QA, a design set")
@@ -180,17 +146,10 @@ def main() -> None:
     report: dict = {}
     for variant, columns in variants.items():
         data = {name: [dict(r, features=columns(r)) if len(r["labels"]) else r for r in rs] for name, rs in rows.items()}
-        design = list(specs["design"])
-        pooled = LinearScorer([r for name in design for r in data[name]])
-        report[variant] = {
-            "left_out": {name: selected_recall(LinearScorer([r for other in design if other != name for r in data[other]]), data[name]) for name in design},
-            "held_out": {name: selected_recall(pooled, data[name]) for name in specs["held_out"]},
-            "auc": {name: auc(pooled, data[name]) for name in data},
-        }
+        report[variant] = score_variant(data, list(specs["design"]), list(specs["held_out"]))
         print(variant, report[variant], flush=True)
     answerable = {name: sum(not r["unanswerable"] for r in rs) for name, rs in rows.items()}
-    summary = {"answerable": answerable, "variants": report}
-    write_report(args.out, "window_scorers", summary, table(summary))
+    write_report(args.out, "window_scorers", {"answerable": answerable, "variants": report}, variants_table(answerable, report))
 
 
 if __name__ == "__main__":
