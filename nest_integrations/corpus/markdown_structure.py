@@ -110,8 +110,9 @@ _LEAF_OPENERS = {*_LEAF_KINDS, "paragraph_open", "html_block"}
 
 
 def named_markdown(name: object) -> bool:
-    """Whether a file name or path ends in a Markdown suffix (:data:`MARKDOWN_SUFFIXES`, any case)."""
-    return isinstance(name, str) and name.casefold().rstrip().endswith(MARKDOWN_SUFFIXES)
+    """Whether a file name or path ends in a Markdown suffix (:data:`MARKDOWN_SUFFIXES`, any case),
+    maybe then ``.gz`` (compressed, as Debian ships documentation: ``README.md.gz``)."""
+    return isinstance(name, str) and name.casefold().rstrip().removesuffix(".gz").endswith(MARKDOWN_SUFFIXES)
 
 
 def looks_like_markdown(text: str) -> bool:
