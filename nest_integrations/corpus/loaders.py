@@ -121,7 +121,8 @@ def load_text_file(path: PathLike, root: PathLike | None = None) -> Passage | No
 
     id = path relative to ``root`` (POSIX separators; default: the file name),
     title = file name without its suffixes (``notes`` for ``notes.md.gz``),
-    metadata = ``{"path": <full path>}``. A UTF-8 byte-order mark opening the file is not
+    metadata = ``{"path": <full path>}``. Lines end in ``\n`` (``\r\n`` and ``\r`` are read as
+    it, as Python's text mode reads them), and a UTF-8 byte-order mark opening the file is not
     part of the text (a Windows editor writes one; left in, it would hide a Markdown title).
 
     Raises:
@@ -136,6 +137,7 @@ def load_text_file(path: PathLike, root: PathLike | None = None) -> Passage | No
             f"{file}: not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start}); convert it to UTF-8 "
             "(for example `iconv -f latin1 -t utf-8`) to index it"
         ) from None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it: a Windows file's lines end like any other's
     if not text.strip():
         logger.warning("skipping empty file %s", file)
         return None
