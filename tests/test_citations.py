@@ -69,6 +69,17 @@ def test_chunk_offsets_come_from_the_file_and_lines_are_counted_there(tmp_path, 
     }
 
 
+def test_a_compressed_document_is_read_for_its_lines(tmp_path, monkeypatch):
+    import gzip
+
+    monkeypatch.chdir(tmp_path)
+    Path("keeper.md.gz").write_bytes(gzip.compress(KEEPER.replace("\n", "\r\n").encode("utf-8")))  # as Debian ships docs
+    cut = KEEPER.index("In spring")
+    chunk = Passage(id="c1", text=KEEPER[cut:], metadata={"path": "keeper.md.gz"}, doc_id="keeper.md.gz", doc_char_start=cut)
+    location = locate(chunk, 0, len(chunk.text))
+    assert (location.line_start, location.line_end) == (6, 7) == lines_of(KEEPER, cut, len(KEEPER))
+
+
 def test_without_the_document_text_lines_come_from_start_line_or_are_unknown(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cut = KEEPER.index("In spring")

@@ -115,18 +115,15 @@ def _document_bytes(file: Path) -> bytes:
     return data
 
 
-def load_text_file(path: PathLike, root: PathLike | None = None) -> Passage | None:
-    """One passage for a UTF-8 text file (gzip-compressed when its name ends in ``.gz``), or
-    None (with a warning) when it is blank.
-
-    id = path relative to ``root`` (POSIX separators; default: the file name),
-    title = file name without its suffixes (``notes`` for ``notes.md.gz``),
-    metadata = ``{"path": <full path>}``. Lines end in ``\n`` (``\r\n`` and ``\r`` are read as
-    it, as Python's text mode reads them), and a UTF-8 byte-order mark opening the file is not
-    part of the text (a Windows editor writes one; left in, it would hide a Markdown title).
+def read_document(path: PathLike) -> str:
+    """The text of a document file as every loader reads it: UTF-8 (gzip-compressed when its name
+    ends in ``.gz``), lines ending in ``\n`` (``\r\n`` and ``\r`` are read as it, as Python's text
+    mode reads them), without a UTF-8 byte-order mark opening it (a Windows editor writes one;
+    left in, it would hide a Markdown title).
 
     Raises:
         UnreadableDocument: the file is not UTF-8 text, or a broken or oversized ``.gz``.
+        OSError: the file cannot be opened.
     """
     file = Path(path)
     data = _document_bytes(file)
@@ -137,7 +134,21 @@ def load_text_file(path: PathLike, root: PathLike | None = None) -> Passage | No
             f"{file}: not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start}); convert it to UTF-8 "
             "(for example `iconv -f latin1 -t utf-8`) to index it"
         ) from None
-    text = text.replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it: a Windows file's lines end like any other's
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def load_text_file(path: PathLike, root: PathLike | None = None) -> Passage | None:
+    """One passage for a text document (:func:`read_document`), or None (with a warning) when it is blank.
+
+    id = path relative to ``root`` (POSIX separators; default: the file name),
+    title = file name without its suffixes (``notes`` for ``notes.md.gz``),
+    metadata = ``{"path": <full path>}``.
+
+    Raises:
+        UnreadableDocument: the file is not UTF-8 text, or a broken or oversized ``.gz``.
+    """
+    file = Path(path)
+    text = read_document(file)
     if not text.strip():
         logger.warning("skipping empty file %s", file)
         return None

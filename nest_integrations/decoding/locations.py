@@ -14,6 +14,7 @@ import stat
 from pathlib import Path
 from typing import Optional
 
+from nest_integrations.corpus.loaders import read_document
 from nest_integrations.corpus.passages import Passage
 
 from .output import SourceLocation, document_name
@@ -28,8 +29,9 @@ MAX_DOCUMENT_BYTES = 32 * 2**20
 
 def document_text(name: str) -> Optional[str]:
     """The text of the file ``name`` names (a path, relative to the working directory or absolute),
-    read as loaders read it (UTF-8, universal newlines); None when it is no readable UTF-8 file
-    of at most :data:`MAX_DOCUMENT_BYTES`. Reads are cached while the file is unchanged."""
+    read as the loaders read it (:func:`~nest_integrations.corpus.loaders.read_document`: UTF-8,
+    a ``.gz`` decompressed, universal newlines); None when it is no readable document of at most
+    :data:`MAX_DOCUMENT_BYTES` on disk. Reads are cached while the file is unchanged."""
     try:
         info = Path(name).stat()
     except (OSError, ValueError):
@@ -43,8 +45,8 @@ def document_text(name: str) -> Optional[str]:
 def _read_document(path: str, mtime_ns: int, size: int) -> Optional[str]:
     """The cached body of :func:`document_text` (``mtime_ns`` and ``size`` only key the cache)."""
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        return read_document(path)
+    except (OSError, ValueError):  # ValueError: an UnreadableDocument
         return None
 
 
