@@ -18,9 +18,11 @@ def test_build_from_a_markdown_folder_is_chunked_and_quiet(tmp_path, capfd):
     sentence = "The keeper logged every ship that passed the northern cape in the long winter. "
     (docs / "keeper.md").write_text("# Keeper\n\n" + sentence * 30, encoding="utf-8")
     (docs / "seals.txt").write_text("The seals return to the rocks each spring.", encoding="utf-8")
+    (docs / "index.html").write_text("<p>The seals.</p>", encoding="utf-8")
     result = CliRunner().invoke(app, ["index", "build", str(docs), "--out", str(tmp_path / "idx"), "--max-tokens", "64"])
     captured = capfd.readouterr()
     assert result.exit_code == 0, result.output
+    assert "Left out 1 file of other kinds (1 .html)" in " ".join(result.output.split())
     passages = int(re.search(r"(\d+)\s+passages", result.output).group(1))  # the console wraps long paths
     assert passages > 2  # the long file became several chunks
     noise = result.output + captured.err + captured.out

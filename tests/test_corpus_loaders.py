@@ -86,3 +86,14 @@ def test_an_unreadable_document_is_skipped_in_a_folder_and_refused_alone(tmp_pat
     (tmp_path / "good.md").unlink()
     with pytest.raises(ValueError, match=r"no non-empty .* \(3 unreadable, named in the warnings\)"):
         load_corpus(str(tmp_path))
+
+
+def test_the_files_a_folder_load_leaves_out_are_counted_by_kind(tmp_path):
+    from nest_integrations.corpus.loaders import left_out_files
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("ref: refs/heads/main", encoding="utf-8")
+    (tmp_path / "api").mkdir()
+    for name in ("guide.md", "notes.rst.gz", "c.jsonl", "README", "copyright", "api/a.html", "api/b.HTML", "NEWS.gz"):
+        (tmp_path / name).write_text("text", encoding="utf-8")
+    assert left_out_files(tmp_path) == {".html": 2, "no suffix": 2, ".gz": 1}

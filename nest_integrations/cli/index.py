@@ -80,7 +80,7 @@ def index_build(
     """Build a NEST index (passages, dense + BM25 retrieval, token datastore)."""
     from nest_integrations.core.safe_io import check_replaceable
     from nest_integrations.corpus.chunking import chunk_passages
-    from nest_integrations.corpus.loaders import load_corpus
+    from nest_integrations.corpus.loaders import TEXT_SUFFIXES, left_out_files, load_corpus
     from nest_integrations.index.index_folder import FORMAT as INDEX_FORMAT
     from nest_integrations.index.nest_index import NestIndex
     from nest_integrations.model.lm import load_lm
@@ -127,6 +127,12 @@ def index_build(
     except (ValueError, ImportError, FileNotFoundError) as err:
         fail(str(err))
     console.print(f"Wrote {out}: {len(passages)} passages")
+    if Path(source).is_dir() and (left_out := left_out_files(source)):
+        kinds, total = ", ".join(f"{count} {kind}" for kind, count in left_out.items()), sum(left_out.values())
+        console.print(
+            f"Left out {total} file{'s' if total > 1 else ''} of other kinds ({kinds}): a folder's "
+            f"{', '.join(TEXT_SUFFIXES)} files (maybe .gz) and .jsonl files are read"
+        )
     if index.precompute_rate is not None:
         codec = index.datastore.codec
         console.print(f"Encoded the datastore at {index.precompute_rate:,.0f} tokens/s, keys as {codec.spec} ({codec.bytes_per_key:,} B/token)")

@@ -194,6 +194,23 @@ def load_documents(path: PathLike) -> list[Passage]:
     return passages
 
 
+def left_out_files(path: PathLike) -> dict[str, int]:
+    """The files under folder ``path`` that :func:`load_documents` does not read, counted by their
+    suffix (lower case; ``"no suffix"`` for ``README``, ``copyright``), most first: what a user
+    pointing ``nest index build`` at a folder would not otherwise learn was left out. Files under
+    a hidden folder (``.git``) are not counted."""
+    root = Path(path)
+    counts: dict[str, int] = {}
+    for file in root.rglob("*"):
+        relative = file.relative_to(root)
+        if not file.is_file() or any(part.startswith(".") for part in relative.parts[:-1]):
+            continue
+        if file.suffix.lower() != ".jsonl" and not is_text_document(file):
+            kind = file.suffix.lower() or "no suffix"
+            counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
 def load_text_folder(path: PathLike, pattern: str = "**/*.txt") -> list[Passage]:
     """Load one passage per file matching ``pattern`` under folder ``path``.
 
