@@ -93,6 +93,7 @@ def test_the_files_a_folder_load_leaves_out_are_counted_by_kind(tmp_path):
 
     (tmp_path / ".git").mkdir()
     (tmp_path / ".git" / "HEAD").write_text("ref: refs/heads/main", encoding="utf-8")
+    (tmp_path / ".DS_Store").write_bytes(b"\x00\x00")
     (tmp_path / "api").mkdir()
     for name in ("guide.md", "notes.rst.gz", "c.jsonl", "README", "copyright", "api/a.html", "api/b.HTML", "NEWS.gz"):
         (tmp_path / name).write_text("text", encoding="utf-8")

@@ -85,6 +85,7 @@ TEXT_SUFFIXES: tuple[str, ...] = (".txt", ".rst", *MARKDOWN_SUFFIXES)
 each may also be gzip-compressed (:data:`COMPRESSED_SUFFIX` after it)."""
 
 COMPRESSED_SUFFIX = ".gz"
+"""The ending of a gzip-compressed document's name (``README.md.gz``), in any case."""
 
 MAX_DECOMPRESSED_BYTES = 64 * 2**20
 """The most a compressed document may hold once decompressed (64 MiB): a small ``.gz`` can
@@ -96,14 +97,19 @@ class UnreadableDocument(ValueError):
     :data:`MAX_DECOMPRESSED_BYTES`; the message names the file and what to do."""
 
 
+def _uncompressed_name(name: str) -> str:
+    """A file name without its :data:`COMPRESSED_SUFFIX` (``README.md`` for ``README.md.gz``)."""
+    return name[: -len(COMPRESSED_SUFFIX)] if name.lower().endswith(COMPRESSED_SUFFIX) else name
+
+
 def is_text_document(path: PathLike) -> bool:
     """Whether a file name ends in a :data:`TEXT_SUFFIXES` suffix (any case), maybe then ``.gz``."""
-    return Path(path).name.lower().removesuffix(COMPRESSED_SUFFIX).endswith(TEXT_SUFFIXES)
+    return _uncompressed_name(Path(path).name).lower().endswith(TEXT_SUFFIXES)
 
 
 def _document_bytes(file: Path) -> bytes:
     """The bytes of a document file, decompressed when its name ends in ``.gz``."""
-    if not file.name.lower().endswith(COMPRESSED_SUFFIX):
+    if _uncompressed_name(file.name) == file.name:
         return file.read_bytes()
     try:
         with gzip.open(file, "rb") as handle:
@@ -116,7 +122,7 @@ def _document_bytes(file: Path) -> bytes:
 
 
 def read_document(path: PathLike) -> str:
-    """The text of a document file as every loader reads it: UTF-8 (gzip-compressed when its name
+    r"""The text of a document file as every loader reads it: UTF-8 (gzip-compressed when its name
     ends in ``.gz``), lines ending in ``\n`` (``\r\n`` and ``\r`` are read as it, as Python's text
     mode reads them), without a UTF-8 byte-order mark opening it (a Windows editor writes one;
     left in, it would hide a Markdown title).
@@ -153,7 +159,7 @@ def load_text_file(path: PathLike, root: PathLike | None = None) -> Passage | No
         logger.warning("skipping empty file %s", file)
         return None
     name = file.relative_to(root).as_posix() if root is not None else file.name
-    title = Path(file.name[: -len(COMPRESSED_SUFFIX)] if file.name.lower().endswith(COMPRESSED_SUFFIX) else file.name).stem
+    title = Path(_uncompressed_name(file.name)).stem
     return Passage(id=name, text=text, title=title, metadata={"path": str(file)})
 
 
@@ -197,13 +203,13 @@ def load_documents(path: PathLike) -> list[Passage]:
 def left_out_files(path: PathLike) -> dict[str, int]:
     """The files under folder ``path`` that :func:`load_documents` does not read, counted by their
     suffix (lower case; ``"no suffix"`` for ``README``, ``copyright``), most first: what a user
-    pointing ``nest index build`` at a folder would not otherwise learn was left out. Files under
-    a hidden folder (``.git``) are not counted."""
+    pointing ``nest index build`` at a folder would not otherwise learn was left out. Hidden files
+    and the files under a hidden folder (``.git``, ``.DS_Store``) are not counted."""
     root = Path(path)
     counts: dict[str, int] = {}
     for file in root.rglob("*"):
         relative = file.relative_to(root)
-        if not file.is_file() or any(part.startswith(".") for part in relative.parts[:-1]):
+        if not file.is_file() or any(part.startswith(".") for part in relative.parts):
             continue
         if file.suffix.lower() != ".jsonl" and not is_text_document(file):
             kind = file.suffix.lower() or "no suffix"
