@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -75,16 +76,26 @@ def test_an_unreadable_document_is_skipped_in_a_folder_and_refused_alone(tmp_pat
     (tmp_path / "latin.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
     (tmp_path / "broken.md.gz").write_bytes(b"not gzip at all")
     (tmp_path / "huge.txt.gz").write_bytes(gzip.compress(b"x" * 2048))
+    (tmp_path / "locked.rst").write_text("Only its owner may read this.", encoding="utf-8")
     monkeypatch.setattr(loaders, "MAX_DECOMPRESSED_BYTES", 1024)
+    read_bytes = Path.read_bytes
+
+    def refuse_locked(path):
+        if path.name == "locked.rst":
+            raise PermissionError(13, "Permission denied")
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", refuse_locked)
     with caplog.at_level(logging.WARNING, logger=loaders.__name__):
         assert [p.id for p in load_corpus(str(tmp_path))] == ["good.md"]
     warned = caplog.text
+    assert "locked.rst: cannot be read (Permission denied)" in warned
     assert "latin.txt: not UTF-8 text (byte 0xe9 at offset 3)" in warned
     assert "broken.md.gz: not a readable gzip file" in warned and "huge.txt.gz: holds over" in warned
     with pytest.raises(ValueError, match=r"latin\.txt: not UTF-8 text"):
         load_corpus(str(tmp_path / "latin.txt"))
     (tmp_path / "good.md").unlink()
-    with pytest.raises(ValueError, match=r"no non-empty .* \(3 unreadable, named in the warnings\)"):
+    with pytest.raises(ValueError, match=r"no non-empty .* \(4 unreadable, named in the warnings\)"):
         load_corpus(str(tmp_path))
 
 

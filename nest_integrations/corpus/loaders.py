@@ -11,8 +11,9 @@ Sources:
 
 Every loader returns :class:`~nest_integrations.corpus.passages.Passage` s with
 unique ids and the exact text of their source (UTF-8, a byte-order mark left out). In a
-folder, a document that cannot be read as such (not UTF-8, a broken or oversized ``.gz``)
-is skipped with a warning that names it, as an empty one is; given alone, it is an error.
+folder, a document that cannot be read as such (no permission, not UTF-8, a broken or
+oversized ``.gz``) is skipped with a warning that names it, as an empty one is; given alone,
+it is an error.
 """
 
 from __future__ import annotations
@@ -93,8 +94,9 @@ expand without bound, and a documentation page is far below this."""
 
 
 class UnreadableDocument(ValueError):
-    """A document file that is not UTF-8 text, or a ``.gz`` that is broken or over
-    :data:`MAX_DECOMPRESSED_BYTES`; the message names the file and what to do."""
+    """A document file that cannot be read (no permission, gone), is not UTF-8 text, or is a
+    ``.gz`` that is broken or over :data:`MAX_DECOMPRESSED_BYTES`; the message names the file
+    and what to do."""
 
 
 def _uncompressed_name(name: str) -> str:
@@ -109,13 +111,17 @@ def is_text_document(path: PathLike) -> bool:
 
 def _document_bytes(file: Path) -> bytes:
     """The bytes of a document file, decompressed when its name ends in ``.gz``."""
-    if _uncompressed_name(file.name) == file.name:
-        return file.read_bytes()
     try:
+        if _uncompressed_name(file.name) == file.name:
+            return file.read_bytes()
         with gzip.open(file, "rb") as handle:
             data = handle.read(MAX_DECOMPRESSED_BYTES + 1)
-    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+    except gzip.BadGzipFile as err:
         raise UnreadableDocument(f"{file}: not a readable gzip file ({err})") from None
+    except (EOFError, zlib.error) as err:
+        raise UnreadableDocument(f"{file}: a broken gzip file ({err})") from None
+    except OSError as err:  # no permission, gone since the folder was listed
+        raise UnreadableDocument(f"{file}: cannot be read ({err.strerror or err})") from None
     if len(data) > MAX_DECOMPRESSED_BYTES:
         raise UnreadableDocument(f"{file}: holds over {MAX_DECOMPRESSED_BYTES // 2**20} MiB once decompressed; split it, or leave it out")
     return data
@@ -128,8 +134,8 @@ def read_document(path: PathLike) -> str:
     left in, it would hide a Markdown title).
 
     Raises:
-        UnreadableDocument: the file is not UTF-8 text, or a broken or oversized ``.gz``.
-        OSError: the file cannot be opened.
+        UnreadableDocument: the file cannot be read, is not UTF-8 text, or is a broken or
+            oversized ``.gz``.
     """
     file = Path(path)
     data = _document_bytes(file)
