@@ -12,15 +12,9 @@ present in both are compared, per mode and condition. Writes a Markdown table to
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-
-def read_items(run: Path) -> dict[tuple[str, str, str], dict]:
-    """``(item_id, mode, condition) -> item record`` of one run's ``items.jsonl``."""
-    with (run / "items.jsonl").open() as lines:
-        records = [json.loads(line) for line in lines]
-    return {(r["item_id"], r["mode"], r["condition"]): r for r in records}
+from nest_benchmarks.report_files import read_run_items
 
 
 def compare(before: dict, after: dict) -> dict[tuple[str, str], dict]:
@@ -58,7 +52,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     domains = sorted(p.name for p in args.after.iterdir() if (args.before / p.name / "items.jsonl").exists())
     for domain in domains:
-        table = compare(read_items(args.before / domain), read_items(args.after / domain))
+        table = compare(read_run_items(args.before / domain), read_run_items(args.after / domain))
         for (mode, condition), row in sorted(table.items()):
             others = ", ".join(f"`{item}`" for item in row["other"]) or "–"
             print(

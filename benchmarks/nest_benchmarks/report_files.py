@@ -1,5 +1,5 @@
 """What the measurement scripts under ``results/`` and ``benchmarks/`` share: their ``--domain``
-arguments and the files they write.
+arguments, the files they write, and the ``items.jsonl`` of a ``nest eval`` run they read.
 
 Each script measures some sets named on its command line, ``--domain NAME=A:B`` (an index folder
 and a question set, or a run folder...), and writes what it measured twice: ``STEM.json`` for
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-__all__ = ["domain_parser", "domain_specs", "markdown_table", "write_report"]
+__all__ = ["domain_parser", "domain_specs", "markdown_table", "read_run_items", "write_report"]
 
 
 def domain_parser(description: str | None, domain_help: str, **parser_options: Any) -> argparse.ArgumentParser:
@@ -57,3 +57,10 @@ def write_report(out: Path, stem: str, report: Any, table: str, *, indent: int =
     (out / f"{stem}.json").write_text(json.dumps(report, indent=indent) + "\n")
     (out / f"{stem}.md").write_text(table)
     print(table)
+
+
+def read_run_items(run: Path) -> dict[tuple[str, str, str], dict]:
+    """``(item_id, mode, condition) -> item record`` of one ``nest eval`` run folder's ``items.jsonl``."""
+    with (run / "items.jsonl").open(encoding="utf-8") as lines:
+        records = [json.loads(line) for line in lines]
+    return {(r["item_id"], r["mode"], r["condition"]): r for r in records}

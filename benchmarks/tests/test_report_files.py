@@ -1,10 +1,10 @@
-"""The ``--domain`` specs and the report files the measurement scripts share."""
+"""The ``--domain`` specs, the report files and the run files the measurement scripts share."""
 
 import json
 
 import pytest
 
-from nest_benchmarks.report_files import domain_specs, markdown_table, write_report
+from nest_benchmarks.report_files import domain_specs, markdown_table, read_run_items, write_report
 
 
 def test_a_domain_spec_is_a_name_and_the_fields_after_it():
@@ -22,3 +22,15 @@ def test_a_table_writes_an_empty_cell_as_the_docs_do_and_the_report_both_ways(tm
     write_report(tmp_path / "out", "gate", {"attrs": 1}, table)
     assert json.loads((tmp_path / "out" / "gate.json").read_text()) == {"attrs": 1}
     assert (tmp_path / "out" / "gate.md").read_text() == table == capsys.readouterr().out.rstrip("\n") + "\n"
+
+
+def test_a_runs_items_are_keyed_by_item_mode_and_condition(tmp_path):
+    records = [
+        {"item_id": "q1", "mode": "nest", "condition": "present", "output": {"text": "a"}},
+        {"item_id": "q1", "mode": "rag", "condition": "present", "output": {"text": "b"}},
+    ]
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    items = read_run_items(tmp_path)
+    assert set(items) == {("q1", "nest", "present"), ("q1", "rag", "present")}
+    assert items["q1", "rag", "present"]["output"]["text"] == "b"
+
