@@ -39,6 +39,7 @@ __all__ = [
     "garbled_model_text",
     "is_repetitive",
     "markup_ranges",
+    "model_text_in_code",
     "normalize_answer",
     "opens_with_entity",
     "opens_with_other_name",
@@ -873,6 +874,65 @@ def copied_markup(output: Mapping[str, Any], passages: Mapping[str, str]) -> lis
             ranges_of[passage_id] = markup_ranges(passages[passage_id])
         found.update(kind for lo, hi, kind in ranges_of[passage_id] if lo < end and start < hi)
     return [kind for kind in MARKUP_KINDS if kind in found]
+
+
+# --------------------------------------------------------------------------- model text in copied code
+
+_FENCE_LINE_RE = re.compile(r"^[ \t]*(?:`{3,}|~{3,})[^`\n]*$")
+"""A fence line, which the decoder sets around copied code (it is not the LM's writing)."""
+_INDENTED_LINE_RE = re.compile(r"^(?: {4}|\t)[ \t]*\S.*$", re.MULTILINE)
+
+
+def _indented_blocks(text: str, outside: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Character ranges of ``text``'s indented code: runs of lines indented by four spaces or a
+    tab (blank lines between them kept in the run), none starting inside an ``outside`` range."""
+    blocks: list[tuple[int, int]] = []
+    for match in _INDENTED_LINE_RE.finditer(text):
+        if any(lo <= match.start() < hi for lo, hi in outside):
+            continue
+        if blocks and not text[blocks[-1][1] : match.start()].strip():
+            blocks[-1] = (blocks[-1][0], match.end())
+        else:
+            blocks.append(match.span())
+    return blocks
+
+
+def model_text_in_code(output: Mapping[str, Any]) -> list[str]:
+    """The LM's own writing inside copied code: for each code block of ``output``'s text that
+    holds copied text (a fenced block, fence lines included, or a run of lines indented by four
+    spaces or a tab), the model-written characters in it that are neither white space nor fence
+    lines (the decoder sets a block's fences and the indentation a copy does not bring). An
+    option the documentation never had (``pip install --no-use-cache``) reads there as the
+    documentation's own. A block the LM wrote alone (no copied text in it) is not copied code.
+
+    Spans are laid end to end over the text in order (:func:`spans_tile_text`).
+
+    Returns:
+        The model-written pieces found, one per block and span (``[]`` when none).
+
+    Raises:
+        ValueError: if ``output`` lacks ``text`` or ``spans``.
+    """
+    text, spans = output.get("text"), output.get("spans")
+    if not isinstance(text, str) or not isinstance(spans, Sequence):
+        raise ValueError("output needs 'text' (str) and 'spans' (list)")
+    fenced = _fenced_ranges(text)
+    blocks = fenced + _indented_blocks(text, fenced)
+    pieces, at = [], 0
+    copied: list[tuple[int, int]] = []
+    written: list[tuple[int, int]] = []
+    for span in spans:
+        length = len(str(span.get("text", "")))
+        (copied if span.get("copied") else written).append((at, at + length))
+        at += length
+    for lo, hi in blocks:
+        if not any(start < hi and lo < end for start, end in copied):
+            continue
+        for start, end in written:
+            piece = text[max(lo, start) : min(hi, end)]
+            if any(line.strip() and not _FENCE_LINE_RE.match(line) for line in piece.splitlines()):
+                pieces.append(piece)
+    return pieces
 
 
 # --------------------------------------------------------------------------- unanswerable questions

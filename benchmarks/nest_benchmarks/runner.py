@@ -77,6 +77,7 @@ from .metrics import (
     copied_markup,
     fragment_answer,
     garbled_model_text,
+    model_text_in_code,
     is_repetitive,
     opens_with_entity,
     opens_with_other_name,
@@ -120,6 +121,7 @@ COMMON_METRICS: tuple[str, ...] = (
     "seam_ok_rate",
     "repetitive",
     "garbled",
+    "model_text_in_code",
     "markup_copied",
     "cited_unanswerable",
     "unanswerable_attribution",
@@ -160,6 +162,7 @@ _SHARED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("seam_ok_rate", "seam ok"),
     ("repetitive", "repetition"),
     ("garbled", "garbled model text"),
+    ("model_text_in_code", "model text in code"),
     ("markup_copied", "markup copied"),
     ("cited_unanswerable", "cited on unanswerable"),
     ("unanswerable_attribution", "attribution on unanswerable"),
@@ -183,7 +186,7 @@ PROTOCOL = (
     "one untimed warm-up generation; speedup_vs_base = mode tokens/s / base tokens/s (new_tokens / wall_s, "
     "same condition), so a mode that stops earlier gains nothing from writing less; speedup_vs_rag the same "
     "against rag; repetitive: the text repeats a word 4-gram 3+ times or two copied spans share 16+ source "
-    "characters; garbled: a model-written span holds 3+ one-word lines in a row, empty or stitched link markup, or a word 3 times in a row; markup_copied: a copied span takes an HTML comment, front matter, link-reference definition, "
+    "characters; garbled: a model-written span holds 3+ one-word lines in a row, empty or stitched link markup, or a word 3 times in a row; model_text_in_code: the LM wrote text (not a fence, not white space) inside a code block that holds copied text; markup_copied: a copied span takes an HTML comment, front matter, link-reference definition, "
     "HTML tag, heading line, reStructuredText title underline or explicit markup line from outside its source's code fences; answer_recall and attribution over answerable questions; "
     "cited_unanswerable (attribution > 0), unanswerable_attribution and abstained (the answer says the documents "
     "do not cover the question: finish_reason not_covered) over unanswerable ones."
@@ -468,6 +471,7 @@ def score_item(
         ``span_integrity`` in [0, 1], ``spans_tile`` (bool), ``seam_ok_rate``
         (in [0, 1], None when nothing was copied), ``repetitive`` (bool,
         :func:`~.metrics.is_repetitive`), ``garbled`` (bool, :func:`~.metrics.garbled_model_text`),
+        ``model_text_in_code`` (bool, :func:`~.metrics.model_text_in_code`),
         ``markup_copied`` (bool) and
         ``copied_markup`` (the kinds, :func:`~.metrics.copied_markup`),
         ``cited_unanswerable`` and ``unanswerable_attribution``
@@ -504,6 +508,7 @@ def score_item(
         "seam_ok_rate": seam_ok_rate(output, passages_by_id),
         "repetitive": is_repetitive(output, doc_positions),
         "garbled": bool(garbled_model_text(output)),
+        "model_text_in_code": bool(model_text_in_code(output)),
         "markup_copied": bool(markup),
         "copied_markup": markup,
         **unanswerable_scores(output, unanswerable),

@@ -13,6 +13,7 @@ from nest_benchmarks.metrics import (
     fragment_answer,
     garbled_model_text,
     markup_ranges,
+    model_text_in_code,
     normalize_answer,
     opens_with_entity,
     opens_with_other_name,
@@ -398,6 +399,28 @@ def test_garbled_model_text_flags_degenerate_model_writing_but_not_copies_or_sen
     assert not garbled_model_text(output(("def\nread\nreadline\n(", True)))  # a copy is the source's text
     assert not garbled_model_text(output(("Use the `--port` option, as in the example below.\n- one item\n- two", False)))
     assert not garbled_model_text(output(("The documents do not cover this question.\nSee also:\na\nb\nc", False), finish="not_covered"))
+
+
+def test_model_text_in_code_finds_the_lms_writing_inside_a_copied_block_but_not_fences_or_its_own_blocks():
+    def output(*spans):
+        return {"text": "".join(t for t, _ in spans), "spans": [{"text": t, "copied": c} for t, c in spans]}
+
+    made_up = output(("Install it:\n\n```\npip install ", True), ("--no-use-cache pip", False), ("\n```", True))
+    assert model_text_in_code(made_up) == ["--no-use-cache pip"]
+    # a line the copy ends, then the LM goes on with a line of its own inside the block
+    assert model_text_in_code(output(("```js\nassert.throws(fn)\n", True), ("assert.notThrowing(x)\n```", False))) == [
+        "assert.notThrowing(x)\n```"
+    ]
+    # the same in a block indented as reStructuredText writes it
+    assert model_text_in_code(output(("Run::\n\n    $ borg init repo\n", True), ("    $ borg frobnicate\n", False)))
+    # the decoder's fences and the indentation a copy does not bring are not the LM's writing
+    assert not model_text_in_code(output(("```python\n", False), ("x = 1\n", True), ("```", False)))
+    assert not model_text_in_code(output(("Example:\n\n", True), ("    ", False), ("x = 1", True)))
+    # prose after a closed block, and a block the LM wrote alone, are not copied code
+    assert not model_text_in_code(output(("```\nx = 1\n```\n", True), ("That sets x.", False)))
+    assert not model_text_in_code(output(("```\nmade_up()\n```", False)))
+    with pytest.raises(ValueError):
+        model_text_in_code({"spans": []})
 
 
 # --------------------------------------------------------------------------- copied markup
