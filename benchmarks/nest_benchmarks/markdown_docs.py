@@ -91,10 +91,13 @@ MARKDOWN_CHUNKINGS: tuple[str, ...] = ("cli", "splitter", "sentence")
 default splitter's, LlamaIndex's default ``SentenceSplitter``'s."""
 
 
-def _package_documents(folder: Path, source: str) -> list[Passage]:
+def _package_documents(folder: Path, package: str) -> list[Passage]:
     """The Markdown files of ``folder`` as whole documents (:func:`load_documents`), sorted
-    by file name, each with ``metadata["source"] = source`` (``"package@version"``)."""
-    return [replace(doc, metadata={**doc.metadata, "source": source}) for doc in load_documents(folder)]
+    by file name, each with ``metadata["package"] = package`` (``"name@version"``). Not ``source``:
+    LangChain's loaders name a document's file there, and citations and an abstention's "see also"
+    name a document by it first (``decoding.output.DOCUMENT_FIELDS``), so every file would read as
+    the package's one name, and a cited span would find no lines."""
+    return [replace(doc, metadata={**doc.metadata, "package": package}) for doc in load_documents(folder)]
 
 
 def fastify_documents() -> list[Passage]:
@@ -102,7 +105,7 @@ def fastify_documents() -> list[Passage]:
 
     Returns:
         One :class:`Passage` per file: ``id`` = file name (``"Reply.md"``),
-        ``title`` = stem, text verbatim; metadata ``{"path", "source":
+        ``title`` = stem, text verbatim; metadata ``{"path", "package":
         "fastify@<version>"}``.
     """
     return _package_documents(FASTIFY_DOCS_DIR, f"fastify@{FASTIFY_VERSION}")
@@ -113,7 +116,7 @@ def pino_documents() -> list[Passage]:
 
     Returns:
         One :class:`Passage` per file: ``id`` = file name (``"api.md"``),
-        ``title`` = stem, text verbatim; metadata ``{"path", "source":
+        ``title`` = stem, text verbatim; metadata ``{"path", "package":
         "pino@<version>"}``.
     """
     return _package_documents(PINO_DOCS_DIR, f"pino@{PINO_VERSION}")

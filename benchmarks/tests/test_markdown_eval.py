@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -43,6 +44,7 @@ from nest_benchmarks.tasks import (
     markdown_qa_items,
 )
 from nest_integrations.cli.common import passages_fingerprint
+from nest_integrations.decoding.output import document_name
 from nest_integrations.index.nest_index import NestIndex
 
 
@@ -63,7 +65,9 @@ def test_corpus_is_the_unmodified_package_files():
     assert len(documents) == 14 and [d.id for d in documents] == sorted(d.id for d in documents)
     for document in documents:
         assert document.text == (FASTIFY_DOCS_DIR / document.id).read_text(encoding="utf-8")
-        assert document.metadata["source"] == "fastify@5.12.8"
+        assert document.metadata["package"] == "fastify@5.12.8"
+        # a citation names the file, not the package, and finds its lines there
+        assert document_name(document.metadata, document.id) == document.metadata["path"]
     assert "MIT License" in (FASTIFY_DOCS_DIR.parent / "LICENSE").read_text()
     assert (FASTIFY_DOCS_DIR.parent / "SOURCE.md").exists()
     assert 250_000 <= sum(len(d.text.encode()) for d in documents) <= 350_000
@@ -95,7 +99,8 @@ def test_pino_corpus_is_the_whole_docs_folder_unmodified():
     assert [d.id for d in documents] == sorted(p.name for p in PINO_DOCS_DIR.glob("*.md")) and len(documents) == 14
     for document in documents:
         assert document.text == (PINO_DOCS_DIR / document.id).read_text(encoding="utf-8")
-        assert document.metadata["source"] == "pino@10.4.0"
+        assert document.metadata["package"] == "pino@10.4.0"
+        assert document_name(document.metadata, document.id) == document.metadata["path"]
     assert "MIT License" in (PINO_DOCS_DIR.parent / "LICENSE").read_text()
     assert "pino@10.4.0" in (PINO_DOCS_DIR.parent / "SOURCE.md").read_text()
     assert 150_000 <= sum(len(d.text.encode()) for d in documents) <= 170_000
@@ -146,6 +151,13 @@ def test_every_chunking_keeps_document_offsets(chunking):
     for passage in passages:
         assert documents[passage.doc_id][passage.doc_char_start : passage.doc_char_end] == passage.text
     assert passages_fingerprint(passages) == passages_fingerprint(markdown_passages(chunking))
+
+
+def test_a_cached_index_is_rebuilt_when_its_passages_metadata_change():
+    passages = markdown_passages("cli")[:3]
+    moved = [replace(passages[0], metadata={**passages[0].metadata, "path": "elsewhere/Reply.md"}), *passages[1:]]
+    assert passages_fingerprint(moved) != passages_fingerprint(passages)
+    assert passages_fingerprint(passages) == passages_fingerprint(list(passages))
 
 
 def test_unknown_chunking_is_named():

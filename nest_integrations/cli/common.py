@@ -247,11 +247,13 @@ def build_default_index(folder: Path, model: Optional[str] = None) -> None:
 
 
 def passages_fingerprint(passages: Sequence[Passage]) -> str:
-    """12 hex digits of SHA-256 over the passages' ids and texts, in order: a cached
-    index named with it is rebuilt when the documents or their chunking change."""
+    """12 hex digits of SHA-256 over the passages' ids, texts and metadata, in order: a cached
+    index named with it is rebuilt when the documents, their chunking or what they say of their
+    files (the metadata citations read) change."""
     digest = hashlib.sha256()
     for passage in passages:
-        digest.update(f"{len(passage.id)}:{passage.id}{len(passage.text)}:{passage.text}".encode())
+        metadata = json.dumps(passage.metadata, sort_keys=True, default=str)
+        digest.update(f"{len(passage.id)}:{passage.id}{len(passage.text)}:{passage.text}{len(metadata)}:{metadata}".encode())
     return digest.hexdigest()[:12]
 
 
