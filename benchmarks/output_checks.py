@@ -1,7 +1,7 @@
 """Score stored ``nest eval`` runs with the checks of the LM's own writing that read an answer
 alone: which answers hold model text inside copied code, and which hold garbled model text.
 
-    python benchmarks/output_checks.py results/refactor-same-text --out results/model-text-in-copied-code
+    python benchmarks/output_checks.py results/refactor-same-text --out results/model-text-in-copied-code/this-release
 
 The argument is a folder of run folders (one per domain, each holding ``items.jsonl``); every
 item of every mode is read (``base`` and ``rag`` copy nothing, so no answer of theirs holds copied
