@@ -878,8 +878,6 @@ def copied_markup(output: Mapping[str, Any], passages: Mapping[str, str]) -> lis
 
 # --------------------------------------------------------------------------- model text in copied code
 
-_FENCE_LINE_RE = re.compile(r"^[ \t]*(?:`{3,}|~{3,})[^`\n]*$")
-"""A fence line, which the decoder sets around copied code (it is not the LM's writing)."""
 _INDENTED_LINE_RE = re.compile(r"^(?: {4}|\t)[ \t]*\S.*$", re.MULTILINE)
 
 
@@ -901,11 +899,10 @@ def model_text_in_code(output: Mapping[str, Any]) -> list[str]:
     """The LM's own writing inside copied code: for each code block of ``output``'s text that
     holds copied text (a fenced block, fence lines included, or a run of lines indented by four
     spaces or a tab), the model-written characters in it that are neither white space nor fence
-    lines (the decoder sets a block's fences and the indentation a copy does not bring). An
-    option the documentation never had (``pip install --no-use-cache``) reads there as the
-    documentation's own. A block the LM wrote alone (no copied text in it) is not copied code.
-
-    Spans are laid end to end over the text in order (:func:`spans_tile_text`).
+    lines as :func:`_fenced_ranges` reads them (the decoder sets a block's fences and the
+    indentation a copy does not bring). An option the documentation never had (``pip install
+    --no-use-cache``) reads there as the documentation's own. A block the LM wrote alone (no copied
+    text in it) is not copied code. Spans are placed by their ``start`` / ``end`` in the text.
 
     Returns:
         The model-written pieces found, one per block and span (``[]`` when none).
@@ -913,24 +910,18 @@ def model_text_in_code(output: Mapping[str, Any]) -> list[str]:
     Raises:
         ValueError: if ``output`` lacks ``text`` or ``spans``.
     """
-    text, spans = output.get("text"), output.get("spans")
-    if not isinstance(text, str) or not isinstance(spans, Sequence):
-        raise ValueError("output needs 'text' (str) and 'spans' (list)")
+    spans = _spans(output)
+    text = output["text"]
     fenced = _fenced_ranges(text)
-    blocks = fenced + _indented_blocks(text, fenced)
-    pieces, at = [], 0
-    copied: list[tuple[int, int]] = []
-    written: list[tuple[int, int]] = []
-    for span in spans:
-        length = len(str(span.get("text", "")))
-        (copied if span.get("copied") else written).append((at, at + length))
-        at += length
-    for lo, hi in blocks:
+    copied = [(span["start"], span["end"]) for span in spans if span.get("copied")]
+    written = [(span["start"], span["end"]) for span in spans if not span.get("copied")]
+    pieces = []
+    for lo, hi in fenced + _indented_blocks(text, fenced):
         if not any(start < hi and lo < end for start, end in copied):
             continue
         for start, end in written:
             piece = text[max(lo, start) : min(hi, end)]
-            if any(line.strip() and not _FENCE_LINE_RE.match(line) for line in piece.splitlines()):
+            if any(line.strip() and not _FENCE_RE.match(line) for line in piece.splitlines()):
                 pieces.append(piece)
     return pieces
 

@@ -403,7 +403,11 @@ def test_garbled_model_text_flags_degenerate_model_writing_but_not_copies_or_sen
 
 def test_model_text_in_code_finds_the_lms_writing_inside_a_copied_block_but_not_fences_or_its_own_blocks():
     def output(*spans):
-        return {"text": "".join(t for t, _ in spans), "spans": [{"text": t, "copied": c} for t, c in spans]}
+        starts = [sum(len(t) for t, _ in spans[:i]) for i in range(len(spans))]
+        return {
+            "text": "".join(t for t, _ in spans),
+            "spans": [{"text": t, "start": at, "end": at + len(t), "copied": c} for (t, c), at in zip(spans, starts)],
+        }
 
     made_up = output(("Install it:\n\n```\npip install ", True), ("--no-use-cache pip", False), ("\n```", True))
     assert model_text_in_code(made_up) == ["--no-use-cache pip"]
