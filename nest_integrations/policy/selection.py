@@ -84,6 +84,11 @@ class CandidateWindow:
     words: frozenset[str]
     """Stems of the window's scored sentence (:func:`~.relevance.text_stems`)."""
 
+    def titled_text(self) -> str:
+        """The window's text below the titles of the sections it sits under, one line
+        (``"Reply / Methods\n..."``): what the ``cosine`` feature compares with the question."""
+        return " / ".join(self.heading_path) + "\n" + self.passage.text[self.start : self.end]
+
 
 def _heading_path(text: str, pos: int) -> tuple[str, ...]:
     """Titles of the headings character ``pos`` of Markdown ``text`` sits under; () for prose."""
@@ -155,7 +160,7 @@ def window_features(query: str, candidates: Sequence[CandidateWindow], passages:
     topical = [topical_of[c.passage.id] for c in candidates]
     overlap = np.array([sum(weight.get(w, 0.0) for w in words & c.words) for words, c in zip(topical, candidates)])
     overlap = overlap / overlap.max() if overlap.max() > 0 else overlap
-    titled = [" / ".join(c.heading_path) + "\n" + c.passage.text[c.start : c.end] for c in candidates]
+    titled = [c.titled_text() for c in candidates]
     cosine = np.asarray(relevance(query, titled), dtype=np.float32)
     last = cosine if last_question == query.strip() else np.asarray(relevance(last_question, titled), dtype=np.float32)
     passage_cosine = np.asarray(relevance(query, [p.text for p in passages]), dtype=np.float32)

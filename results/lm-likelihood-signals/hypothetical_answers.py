@@ -84,7 +84,7 @@ def answer_columns(rows: list[dict], answers: dict[str, str], relevance) -> list
     question with the answer below it, to the window under its section titles."""
     columns = []
     for r in rows:
-        titled = [" / ".join(c.heading_path) + "\n" + c.passage.text[c.start : c.end] for c in r["candidates"]]
+        titled = [c.titled_text() for c in r["candidates"]]
         if not titled:
             columns.append(np.zeros((0, 2)))
             continue
