@@ -680,7 +680,7 @@ def _markdown_qa_item(record: dict[str, Any], where: str) -> EvalItem:
             the kind is unanswerable), a ``doc`` that is not a file name for an
             answerable question (or set for an unanswerable one), ``unanswerable``
             disagreeing with the kind, follow-up ``messages`` missing or malformed,
-            or ``messages`` on another kind.
+            or ``messages`` on a kind other than a follow-up or an unanswerable question.
     """
     item_id, question = _string(record, "id", where), _string(record, "question", where)
     kind = record.get("kind")
@@ -690,10 +690,12 @@ def _markdown_qa_item(record: dict[str, Any], where: str) -> EvalItem:
     if bool(record.get("unanswerable", False)) != unanswerable:
         raise ValueError(f"{where}: 'unanswerable' must be true exactly for kind 'unanswerable'")
     answers, doc = _gold(record, where, unanswerable, "doc")
-    if (kind == "followup") != ("messages" in record):
-        raise ValueError(f"{where}: 'messages' is required for a followup and only for one")
+    if kind == "followup" and "messages" not in record:
+        raise ValueError(f"{where}: 'messages' is required for a followup")
+    if kind not in ("followup", "unanswerable") and "messages" in record:
+        raise ValueError(f"{where}: 'messages' is only for a followup or an unanswerable question asked after one")
     prompt: str | list[dict[str, str]] = question
-    if kind == "followup":
+    if "messages" in record:
         prompt = [*_history(record, where), {"role": "user", "content": question}]
     meta: dict[str, Any] = {"answers": answers, "kind": kind, "unanswerable": unanswerable, "chat": True}
     if doc is not None:
@@ -707,10 +709,12 @@ def markdown_qa_items(path: str | Path) -> list[EvalItem]:
 
     Each non-blank line is ``{"id", "question", "answers": [str, ...], "doc":
     file name or null, "kind": one of MARKDOWN_QA_KINDS, "messages"?: [...],
-    "unanswerable"?: bool}``. The prompt is the question, or for a follow-up
-    ``messages + [the question as the user's turn]``; the query is the question,
-    or for a follow-up :func:`~nest_integrations.policy.conversation.retrieval_query`
-    of that conversation (as the decoder and the integrations build it). Meta:
+    "unanswerable"?: bool}``; ``messages``, the conversation before the question, is
+    required for a follow-up and allowed for an unanswerable question asked after one. The
+    prompt is the question, or with ``messages`` ``messages + [the question as the user's
+    turn]``; the query is the question, or with ``messages``
+    :func:`~nest_integrations.policy.conversation.retrieval_query` of that conversation (as
+    the decoder and the integrations build it). Meta:
     ``{"answers", "kind", "unanswerable", "chat": True}`` plus ``"passage_id"``
     = ``doc`` when the question has one.
 

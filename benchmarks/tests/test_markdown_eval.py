@@ -220,7 +220,7 @@ GOOD = {"id": "q", "question": "How?", "answers": ["x"], "doc": "Reply.md", "kin
         ({"kind": "unanswerable", "answers": [], "doc": None}, "'unanswerable'"),
         ({"kind": "followup"}, "'messages'"),
         ({"kind": "followup", "messages": [{"role": "user", "content": "Hi"}]}, "assistant"),
-        ({"messages": [{"role": "user", "content": "Hi"}]}, "only for one"),
+        ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}, "only for a followup"),
         ({"question": " "}, "'question'"),
     ],
 )
@@ -229,6 +229,20 @@ def test_bad_records_name_the_field(tmp_path, change, message):
     path.write_text(json.dumps({**GOOD, **change}) + "\n")
     with pytest.raises(ValueError, match=message):
         markdown_qa_items(path)
+
+
+def test_an_unanswerable_question_may_follow_a_conversation(tmp_path):
+    """A question the documents do not answer, asked after an exchange, keeps that exchange:
+    its prompt is the conversation and its retrieval query reads the earlier question too."""
+    path = tmp_path / "qa.jsonl"
+    history = [{"role": "user", "content": "How does the client log in over SSH?"}, {"role": "assistant", "content": "It runs a helper."}]
+    path.write_text(json.dumps({
+        "id": "u", "kind": "unanswerable", "unanswerable": True, "question": "Is there a pure-SSH mode too?",
+        "answers": [], "doc": None, "messages": history,
+    }) + "\n")
+    (item,) = markdown_qa_items(path)
+    assert item.prompt == [*history, {"role": "user", "content": "Is there a pure-SSH mode too?"}]
+    assert "log in over SSH" in item.query and item.meta["unanswerable"]
 
 
 def test_duplicate_ids_are_refused(tmp_path):
