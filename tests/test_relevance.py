@@ -3,6 +3,7 @@
 import pytest
 
 from nest_integrations.corpus.passages import Passage
+from nest_integrations.policy.conversation import retrieval_query
 from nest_integrations.policy.relevance import (
     RelevanceGate,
     content_words,
@@ -134,6 +135,20 @@ def test_a_question_about_something_no_retrieved_passage_names_keeps_nothing():
     gates = Passage(id="g", text="William Henry Gates III is an American businessman who co-founded Microsoft.")
     assert unmentioned_names("With whom did Bill Gates co-found Microsoft?", [gates]) == []
     assert unmentioned_names("Which valley did Malala Yousafzai grow up in?", [gates, routes]) == ["Malala", "Yousafzai"]
+
+
+def test_a_follow_ups_names_are_those_of_the_question_asked_now():
+    """An earlier question's names are the user's setting ("in Python"): the follow-up is answered
+    from passages that never name it, as the corpus-wide names check reads it; a name in the
+    question asked now still keeps nothing."""
+    stage3 = Passage(id="t", text='After all transfers, git-lfs sends {"event": "terminate"} and the process cleans up and exits.')
+    gate = RelevanceGate()
+    earlier = [{"role": "user", "content": "I'm writing a custom transfer agent in Python. How does it talk to git-lfs?"},
+               {"role": "assistant", "content": "Over stdin and stdout, one JSON message a line."}]
+    follow_up = retrieval_query([*earlier, {"role": "user", "content": "How does git-lfs tell my process it's done so it can clean up and exit?"}])
+    assert "Python" in follow_up and gate(follow_up, [stage3], [0.6]).kept == [stage3]
+    in_python = retrieval_query([*earlier, {"role": "user", "content": "How does it tell my Python process to clean up and exit?"}])
+    assert gate(in_python, [stage3], [0.6]).kept == []
 
 
 def test_a_package_or_member_no_retrieved_passage_names_keeps_nothing():
