@@ -8,6 +8,7 @@ import torch
 
 from nest_integrations.core.config import NestConfig
 from nest_integrations.corpus.passages import Passage
+from nest_integrations.decoding.abstention import see_also
 from nest_integrations.decoding.chunk_chain import next_chunk
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.decoding.rendering import MODEL_MARK, model_written, render_html, render_markdown, render_terminal
@@ -217,6 +218,20 @@ def test_a_question_nothing_answers_gets_a_plain_abstention(tiny_lm, tiny_datast
     assert "".join(c.text for c in chunks) == out.text
     batch = dec.generate_batch([PROMPT, PROMPT], min_passage_relevance=0.5, max_batch=2)
     assert [o.text for o in batch] == [out.text, out.text]
+
+
+def test_see_also_names_each_document_once_with_its_sections_in_order():
+    """Three sections of one file read as one entry, not as the file three times; a document's
+    untitled opening adds nothing where its titled sections are named; the common folder goes."""
+    def section(doc: str, title: str, i: int) -> Passage:
+        text = f"## {title}\n\nSome words about {title}." if title else "Words before any heading."
+        return Passage(id=f"{doc}#{i}", text=text, metadata={"source": f"/srv/docs/{doc}"}, doc_id=doc)
+
+    hits = [section("transfers.md", "", 0), section("transfers.md", "Uploads", 1), section("batch.md", "Errors", 2),
+            section("transfers.md", "Errors", 3), section("locking.md", "Locks", 4)]
+    assert see_also(hits) == ["transfers.md (Uploads)", "batch.md (Errors)"]
+    assert see_also(hits, limit=4) == ["transfers.md (Uploads; Errors)", "batch.md (Errors)"]
+    assert see_also(hits[:1]) == ["transfers.md"]
 
 
 def test_a_question_naming_what_the_corpus_never_mentions_is_not_covered(tiny_lm, tiny_datastore, small_passages):

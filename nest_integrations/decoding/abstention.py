@@ -51,8 +51,10 @@ def _without_common_folder(names: Sequence[str]) -> list[str]:
 
 
 def see_also(passages: Sequence[Passage], limit: int = SEE_ALSO_SECTIONS) -> list[str]:
-    """``document`` or ``document (section title)`` for the first ``limit`` distinct sections among
-    ``passages`` (retrieval order, best first), the documents' common folder left out."""
+    """The first ``limit`` distinct sections among ``passages`` (retrieval order, best first), one
+    entry a document: ``document`` or ``document (title; title)`` with its sections' titles in
+    that order, the documents' common folder left out. A document named once reads as a list of
+    places to look, where three sections of one file read as the file three times."""
     sections: list[tuple[str, str]] = []
     for passage in passages:
         section = _section(passage)
@@ -60,8 +62,13 @@ def see_also(passages: Sequence[Passage], limit: int = SEE_ALSO_SECTIONS) -> lis
             sections.append(section)
         if len(sections) == limit:
             break
-    names = _without_common_folder([name for name, _ in sections])
-    return [f"{name} ({title})" if title else name for name, (_, title) in zip(names, sections)]
+    titles: dict[str, list[str]] = {}
+    for name, title in sections:
+        titles.setdefault(name, [])
+        if title:
+            titles[name].append(title)
+    names = _without_common_folder(list(titles))
+    return [f"{shown} ({'; '.join(titles[name])})" if titles[name] else shown for shown, name in zip(names, titles)]
 
 
 def abstention_text(passages: Sequence[Passage], unmentioned: Sequence[str] = ()) -> str:
