@@ -5,8 +5,8 @@ names each document once, with its sections' titles in order (``Server.md (maxPa
 maxRequestsPerSocket)``), where it named the document once a section. Nothing else of the
 abstention, and nothing of any other answer, depends on ``see_also``, so the stored runs are
 scored without generating: for each answer that is an abstention, the retrieved passages
-(``retrieved_ids``, read from the run's index) go through ``see_also`` and the line is compared
-with the stored one. ``same sections`` checks that the new line names the stored line's
+(``retrieved_ids``, read from the run's index) go through ``abstention_text`` and its "See also"
+line is compared with the stored one. ``same sections`` checks that the new line names the stored line's
 sections, each document once in order of its first section: the stored one grouped here by
 document must equal the new one. The last columns count the abstentions the evaluation's
 repetition check (a word 4-gram three times: ``nest_benchmarks.metrics.repeated_ngram``) reads
@@ -38,7 +38,7 @@ from pathlib import Path
 from nest_benchmarks.metrics import repeated_ngram
 from nest_benchmarks.report_files import domain_specs, markdown_table, read_run_items, write_report
 from nest_integrations import NestIndex
-from nest_integrations.decoding.abstention import NOT_COVERED, see_also
+from nest_integrations.decoding.abstention import NOT_COVERED, abstention_text
 
 _ENTRY = re.compile(r"^(?P<name>.*?)(?: \((?P<titles>.*)\))?$")
 
@@ -100,8 +100,7 @@ def rerender(runs: list[Path], indexes: dict[str, str]) -> dict[str, dict]:
         by_id = passages_of[key]
         for record in abstentions:
             stored = see_also_line(record["output"]["text"])
-            nearest = see_also([by_id[i] for i in record["retrieved_ids"]])
-            new = f"See also: {'; '.join(nearest)}." if nearest else ""
+            new = see_also_line(abstention_text([by_id[i] for i in record["retrieved_ids"]]))
             row["same_sections"] += grouped(stored) == new
             text = record["output"]["text"]
             row["repeated_before"] += repeated_ngram(text)
