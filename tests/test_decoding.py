@@ -247,6 +247,9 @@ def test_a_question_naming_what_the_corpus_never_mentions_is_not_covered(tiny_lm
     assert answered.stats.fallback_reason is None and answered.stats.finish_reason != "not_covered"
     # Text completion is no question: it is never turned away.
     assert dec.generate("PowerShell", use_chat_template=False, max_new_tokens=2).stats.fallback_reason is None
+    # A name in a statement of the user's setting is not what is asked.
+    set_up = dec.generate("I keep my notes in PowerShell. Which comets did Zoe Angstrom catalogue?", max_new_tokens=4, **COPY)
+    assert set_up.stats.fallback_reason is None and set_up.stats.finish_reason != "not_covered"
 
 
 def test_renderers_show_sources(decoder):

@@ -3,7 +3,7 @@
 import pytest
 
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.policy.conversation import retrieval_query
+from nest_integrations.policy.conversation import asked_sentences, retrieval_query
 from nest_integrations.policy.relevance import (
     RelevanceGate,
     content_words,
@@ -149,6 +149,22 @@ def test_a_follow_ups_names_are_those_of_the_question_asked_now():
     assert "Python" in follow_up and gate(follow_up, [stage3], [0.6]).kept == [stage3]
     in_python = retrieval_query([*earlier, {"role": "user", "content": "How does it tell my Python process to clean up and exit?"}])
     assert gate(in_python, [stage3], [0.6]).kept == []
+
+
+def test_names_in_a_statement_of_the_users_setting_are_not_what_is_asked():
+    """ "Our tests run in Docker." sets the scene: the question after it is answered from passages
+    that never name Docker; a name in the sentence that asks still keeps nothing."""
+    relative = Passage(id="r", text="relative_files (boolean): store relative file paths in the data file, so it can be combined elsewhere.")
+    gate = RelevanceGate()
+    in_docker = "Our tests run in Docker and the data is combined on the host. How do I record relative paths?"
+    assert asked_sentences(in_docker) == "How do I record relative paths?"
+    assert gate(in_docker, [relative], [0.6]).kept == [relative]
+    assert gate("How do I record relative paths for Docker?", [relative], [0.6]).kept == []
+    assert asked_sentences("What values does app.set('trust proxy', ...) accept?") == "What values does app.set('trust proxy', ...) accept?", (
+        "a piece that opens in lower case goes on from the one before"
+    )
+    assert asked_sentences("Tell me how to record relative paths in Docker.") == "Tell me how to record relative paths in Docker."
+    assert asked_sentences("earlier question\nI use Docker. Why? How?") == "Why? How?"
 
 
 def test_a_package_or_member_no_retrieved_passage_names_keeps_nothing():

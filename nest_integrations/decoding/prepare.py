@@ -32,7 +32,7 @@ from nest_integrations.corpus.markdown_structure import first_copyable, label_st
 from nest_integrations.core.config import NestConfig
 from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.policy.conversation import question_asked_now
+from nest_integrations.policy.conversation import asked_sentences
 from nest_integrations.policy.copy_policy import Window, closes_answer, wants_focus
 from nest_integrations.policy.mentions import CorpusTerms
 from nest_integrations.policy.selection import DEFAULT_SELECTOR
@@ -415,13 +415,15 @@ class Preparer:
         return [self.datastore.passages[following]]
 
     def _unmentioned(self, prompt: PromptLike, query: str, config: NestConfig) -> list[str]:
-        """The names the question asked now gives that the corpus never mentions
-        (:meth:`~nest_integrations.policy.mentions.CorpusTerms.unmentioned`; a follow-up's ``query``
-        holds the earlier questions above it); none for a prompt that is no chat question, in a
-        mode that copies nothing, or when the decoder does not know its whole corpus."""
+        """The names the sentences that ask give (:func:`~nest_integrations.policy.conversation.asked_sentences`:
+        of the question asked now, a follow-up's ``query`` holding the earlier questions above it;
+        a statement of the user's setting left out) that the corpus never mentions
+        (:meth:`~nest_integrations.policy.mentions.CorpusTerms.unmentioned`); none for a prompt
+        that is no chat question, in a mode that copies nothing, or when the decoder does not know
+        its whole corpus."""
         if self.corpus_terms is None or config.mode not in ("nest", "ra_nest") or not is_chat(prompt, config):
             return []
-        return self.corpus_terms.unmentioned(question_asked_now(query))
+        return self.corpus_terms.unmentioned(asked_sentences(query))
 
     @staticmethod
     def _abstains(prompt: PromptLike, config: NestConfig, reason: Optional[str]) -> bool:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from nest_integrations.corpus.chunking import sentence_spans
+
 from .words import folded_words
 
 FOLLOW_UP_MAX_WORDS = 3
@@ -97,6 +99,27 @@ def question_asked_now(query: str) -> str:
     follow-up's query holding the earlier questions above it; ``""`` for a blank query."""
     lines = query.strip().splitlines()
     return lines[-1] if lines else ""
+
+
+def asked_sentences(query: str) -> str:
+    """The sentences of the question asked now (:func:`question_asked_now`) that ask, those
+    ending in "?", one space apart; the whole question when none does ("Tell me how to ...").
+
+    The statements around them set the scene in the user's own words ("Our tests run in
+    Docker.", "My MacBook falls asleep in the middle of a backup.") and name what the user
+    has, not what is asked: the checks for names the documents never mention read these
+    sentences alone, as they read the question asked now and not the earlier ones. A piece
+    that opens in lower case goes on from the one before it (the sentence end read in
+    "app.set('trust proxy', ...) accept?")."""
+    question = question_asked_now(query)
+    pieces: list[list[int]] = []
+    for start, end in sentence_spans(question):
+        if pieces and question[start:end][:1].islower():
+            pieces[-1][1] = end
+        else:
+            pieces.append([start, end])
+    asking = [question[start:end] for start, end in pieces if question[start:end].endswith("?")]
+    return " ".join(asking) if asking else question
 
 
 def plain_transcript(messages: Sequence[Mapping[str, str]], system_prompt: str | None = None) -> str:

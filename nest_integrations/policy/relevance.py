@@ -54,7 +54,7 @@ from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.chunking import section_chunks, sentence_spans
 from nest_integrations.corpus.markdown_structure import copy_layout
 from nest_integrations.corpus.passages import Passage
-from .conversation import question_asked_now
+from .conversation import asked_sentences
 from .words import fold, split_words, stem
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -472,8 +472,9 @@ class RelevanceGate:
 
         Args:
             query: the first-stage retrieval query; a follow-up's holds the earlier questions
-                above the one asked now, whose names alone must be mentioned
-                (:func:`unmentioned_names`, :func:`unmentioned_identifiers`).
+                above the one asked now. Only the names of the sentences that ask, of the
+                question asked now, must be mentioned (:func:`~.conversation.asked_sentences`,
+                :func:`unmentioned_names`, :func:`unmentioned_identifiers`).
             passages: retrieved passages, best first.
             similarities: cosine similarity of each passage to ``query``
                 (same length as ``passages``).
@@ -482,9 +483,10 @@ class RelevanceGate:
             raise ValueError(f"{len(passages)} passages but {len(similarities)} similarities")
         if not passages:
             return GateDecision([], "nothing_relevant")
-        # The question asked now, as the corpus-wide names check reads it: an earlier question's
-        # names ("a transfer agent in Python") are the user's setting, not what is asked now.
-        asked = question_asked_now(query)
+        # What is asked, as the corpus-wide names check reads it: an earlier question's names ("a
+        # transfer agent in Python") and a statement's ("Our tests run in Docker.") are the
+        # user's setting, not what is asked now.
+        asked = asked_sentences(query)
         if unmentioned_names(asked, passages) or unmentioned_identifiers(asked, passages):
             return GateDecision([], "nothing_relevant")
         best = max(similarities)
