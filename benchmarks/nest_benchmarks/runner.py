@@ -404,11 +404,13 @@ def eval_decoder(index: NestIndex, config: NestConfig) -> NestDecoder:
 # --------------------------------------------------------------------------- scoring
 
 
-def _task_scores(item: EvalItem, text: str, task: str) -> dict[str, Any]:
-    """Quality metrics of ``text`` for ``task`` (see :data:`TASK_METRICS`)."""
+def _task_scores(item: EvalItem, text: str, task: str, abstained: bool) -> dict[str, Any]:
+    """Quality metrics of ``text`` for ``task`` (see :data:`TASK_METRICS`). An ``abstained``
+    answer (the documents do not cover the question) answers nothing, though its "see also"
+    line may name a section whose title holds a gold answer."""
     if task in QA_TASKS:
         unanswerable = bool(item.meta.get("unanswerable", False))
-        return {"answer_recall": None if unanswerable else answer_recall(text, _meta(item, "answers"))}
+        return {"answer_recall": None if unanswerable else 0.0 if abstained else answer_recall(text, _meta(item, "answers"))}
     scores: dict[str, Any] = rouge_scores(text, item.reference)
     if task == "bio":
         name = _meta(item, "name")
@@ -481,7 +483,7 @@ def score_item(
         :data:`TASK_METRICS` (ROUGE F1 in [0, 1] vs ``item.reference``; for bio
         also ``year_precision`` (None without years), the two opening checks
         and ``fragment_answer`` (bools); for the question tasks
-        ``answer_recall`` in {0, 1}, None for unanswerable items), the latency split in
+        ``answer_recall`` in {0, 1}, 0 for an abstention, None for unanswerable items), the latency split in
         seconds (``wall_s``, ``retrieval_s``, ``encode_s``, ``decode_s``),
         ``new_tokens``, ``forward_passes`` and ``tokens_per_forward``.
 
@@ -498,6 +500,7 @@ def score_item(
         raise ValueError("output has no 'stats' mapping")
     markup = copied_markup(output, passages_by_id)
     unanswerable = bool(item.meta.get("unanswerable", False))
+    abstained = output["stats"].get("finish_reason") == "not_covered"
     return {
         # An unanswerable question's attribution should be 0: it is reported apart
         # (unanswerable_attribution), not averaged into the attribution of answers.
@@ -512,8 +515,8 @@ def score_item(
         "markup_copied": bool(markup),
         "copied_markup": markup,
         **unanswerable_scores(output, unanswerable),
-        "abstained": output["stats"].get("finish_reason") == "not_covered" if unanswerable else None,
-        **_task_scores(item, output["text"], task),
+        "abstained": abstained if unanswerable else None,
+        **_task_scores(item, output["text"], task, abstained),
         **_speed_scores(output["stats"], first_stage_s),
     }
 

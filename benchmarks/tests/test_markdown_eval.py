@@ -360,6 +360,10 @@ def test_score_item_and_summary_for_markdown_items():
     assert unanswerable["markup_copied"] is True and unanswerable["copied_markup"] == ["heading"]
     answered = score_item(items["howto-redirect-default"], _output([("It sends 302.", None)], 0.0), "markdown-docs", passages)
     assert answered["answer_recall"] == 1.0 and answered["cited_unanswerable"] is None
+    see_also = _output([("The documents do not cover this question.\nSee also: reply.md (302 redirects).", None)], 0.0)
+    see_also["stats"]["finish_reason"] = "not_covered"
+    abstained = score_item(items["howto-redirect-default"], see_also, "markdown-docs", passages)
+    assert abstained["answer_recall"] == 0.0, "an abstention answers nothing, whatever the titles it names"
     assert answered["markup_copied"] is False and answered["repetitive"] is False
     records = [{"mode": mode, "condition": "present", "metrics": {**metrics, "wall_s": wall}}
                for mode, metrics, wall in (("rag", answered, 2.0), ("nest", unanswerable, 1.0))]
