@@ -21,8 +21,10 @@ A passage passes when all of these hold:
   left out), unless its cosine reaches ``lexical_free_similarity`` (a close
   paraphrase: "folder" for "directory"). "reverse a string in JavaScript"
   against a Python sequence document covers 2 of 3 at cosine 0.32;
-* **named things**, for every query: a name it mentions (a capitalised word
-  after a line's first, a camelCase identifier: :func:`named_words`) that
+* **named things**, for every query: a name it mentions in a sentence that
+  asks (:func:`~.conversation.asked_sentences`: a statement of the user's
+  setting before the question is left out; a capitalised word after a line's
+  first, a camelCase identifier: :func:`named_words`) that
   no retrieved passage holds means the corpus does not cover the question,
   and the gate keeps nothing (:func:`unmentioned_names`); so does a scoped code
   name ("@fastify/rate-limit", "reply.redirect") whose last part no retrieved
