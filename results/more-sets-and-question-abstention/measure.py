@@ -42,7 +42,7 @@ from nest_benchmarks.selector_fit import fit, selected_recall
 from nest_benchmarks.window_rows import cached_domain_rows
 from nest_integrations import NestIndex
 from nest_integrations.core.config import NestConfig
-from nest_integrations.policy.conversation import question_asked_now
+from nest_integrations.policy.conversation import asked_sentences, question_asked_now
 from nest_integrations.policy.relevance import RelevanceGate, content_words, text_stems
 from nest_integrations.policy.selection import DEFAULT_SELECTOR, FEATURES
 
@@ -77,7 +77,7 @@ def questions(index: NestIndex, rows: list[dict]) -> list[dict]:
     terms = index.corpus_terms
     out = []
     for row in rows:
-        turned = bool(terms.unmentioned(question_asked_now(row["query"]))) or not gate.decide(row["query"], row["passages"], index.relevance).kept
+        turned = bool(terms.unmentioned(asked_sentences(row["query"]))) or not gate.decide(row["query"], row["passages"], index.relevance).kept
         out.append({"id": row["id"], "unanswerable": row["unanswerable"], "retrieved": row["retrieved"], "turned": turned,
                     "signals": question_signals(row)})
     return out
