@@ -11,6 +11,7 @@ def test_names_are_capitalised_words_that_do_not_open_a_sentence():
     assert question_names("Does it support PowerShell, and PowerShell 7?") == ["PowerShell"]
     assert question_names("which flag turns off colour?") == []
     assert question_names("Who is Frida Kahlo, and what is a JSON Web Token?") == ["Frida Kahlo", "JSON Web Token"]
+    assert question_names("Is an SSH URL accepted by the LFS API?") == ["SSH", "URL", "LFS", "API"], "a run of acronyms is its words"
 
 
 def test_a_word_rare_in_english_is_a_name_in_any_case_and_a_common_one_is_not():

@@ -125,6 +125,19 @@ def test_a_name_never_runs_across_a_sentence_end():
     assert query_names("When was J. R. R. Tolkien born? Where did J. R. R. Tolkien teach?") == ["J. R. R. Tolkien", "J. R. R. Tolkien"]
 
 
+def test_a_run_of_acronyms_is_not_one_name_each_word_is_named():
+    """"an SSH URL" is a thing and its kind: the section on SSH remotes never writes the two
+    words together, and a question that asks about one still gets it; a word it names that no
+    passage holds still keeps nothing."""
+    ssh = Passage(id="s", text="If the remote is reached over SSH, the client runs git-lfs-authenticate on the server to get an href for the LFS API.")
+    query = "When the remote is an SSH URL, which command does the client run over SSH to reach the LFS API?"
+    urls = Passage(id="u", text="The LFS API's URL is found from the Git remote's URL.")
+    assert query_names(query) == []
+    assert ssh in RelevanceGate()(query, [ssh, urls], [0.6, 0.5]).kept
+    assert RelevanceGate()("Which command runs over SSH for the LFS API with an SSH URL on Gitea?", [ssh, urls], [0.6, 0.5]).kept == []
+    assert query_names("What is a JSON Web Token in the HTTP API?") == ["JSON Web Token"], "a run with a word that is not an acronym stays a name"
+
+
 def test_a_question_about_something_no_retrieved_passage_names_keeps_nothing():
     """Another framework's feature over Fastify's docs, a person the summaries do not hold."""
     routes = Passage(id="r", text="Register routes under a prefix: fastify.register(plugin, { prefix: '/v1' }).")

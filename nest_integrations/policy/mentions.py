@@ -23,7 +23,7 @@ import functools
 import re
 from typing import Iterable
 
-from .words import fold, stem
+from .words import fold, is_acronym_run, stem
 
 __all__ = ["CorpusTerms", "RARE_WORD_ZIPF", "question_names"]
 
@@ -44,7 +44,8 @@ _SENTENCE_START = re.compile(r"(?:^|[.?!:;]\s+|\n)\s*[\"'“‘(`*_]*")
 def question_names(question: str) -> list[str]:
     """The names ``question`` gives, in order, once each: words with a capital letter that do
     not open a sentence (those are capitalised whatever they are), runs of them one space
-    apart as one name (``Frida Kahlo``, ``JSON Web Token``), and the other words that are rare
+    apart as one name (``Frida Kahlo``, ``JSON Web Token``; a run of acronyms, ``SSH URL``, is
+    its words: :func:`~.words.is_acronym_run`), and the other words that are rare
     in English (:func:`is_rare_word`)."""
     openings = {m.end() for m in _SENTENCE_START.finditer(question)}
     runs: list[tuple[int, int]] = []
@@ -62,8 +63,9 @@ def question_names(question: str) -> list[str]:
     names: list[str] = []
     for start, end in sorted(runs):
         name = question[start:end].strip(".-+#")
-        if name and name not in names:
-            names.append(name)
+        for part in name.split() if is_acronym_run(name) else [name]:
+            if part and part not in names:
+                names.append(part)
     return names
 
 

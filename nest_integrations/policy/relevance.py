@@ -57,7 +57,7 @@ from nest_integrations.corpus.chunking import section_chunks, sentence_spans
 from nest_integrations.corpus.markdown_structure import copy_layout
 from nest_integrations.corpus.passages import Passage
 from .conversation import asked_sentences
-from .words import fold, split_words, stem
+from .words import fold, is_acronym_run, split_words, stem
 
 if TYPE_CHECKING:  # pragma: no cover
     from nest_integrations.core.config import NestConfig
@@ -265,10 +265,13 @@ _QUERY_NAME = re.compile(
 def query_names(query: str) -> list[str]:
     """The multi-word names a question mentions after the first word of each of its sentences
     ("Chimamanda Ngozi Adichie" in "What novel did Chimamanda Ngozi Adichie write?"): runs of two
-    or more capitalised words within a sentence, so "... in Fastify. How do I ..." names nothing."""
+    or more capitalised words within a sentence, so "... in Fastify. How do I ..." names nothing.
+    A run of acronyms ("an SSH URL", :func:`~.words.is_acronym_run`) is not a name: its words
+    are each a named word (:func:`named_words`) instead."""
     unpossessed = re.sub(r"['’]s\b", " ,", query)  # "Tolkien's The Hobbit" is two names
     sentences = (unpossessed[start:end] for start, end in sentence_spans(unpossessed))
-    return [match.group().rstrip(".") for sentence in sentences for match in _QUERY_NAME.finditer(sentence)]
+    names = (match.group().rstrip(".") for sentence in sentences for match in _QUERY_NAME.finditer(sentence))
+    return [name for name in names if not is_acronym_run(name)]
 
 
 def mentions_query_names(query: str, text: str) -> bool:

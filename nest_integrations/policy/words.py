@@ -15,7 +15,7 @@ import threading
 import unicodedata
 from typing import Any
 
-__all__ = ["fold", "folded_words", "split_words", "stem"]
+__all__ = ["fold", "folded_words", "is_acronym_run", "split_words", "stem"]
 
 _WORD = re.compile(r"\w+")
 _JOINED_WORD = re.compile(r"[\w'-]+")
@@ -29,6 +29,15 @@ def split_words(text: str, *, joined: bool = False) -> list[str]:
 def folded_words(text: str, *, joined: bool = False) -> list[str]:
     """:func:`split_words`, case-folded: what the rules compare."""
     return [word.casefold() for word in split_words(text, joined=joined)]
+
+
+def is_acronym_run(name: str) -> bool:
+    """Whether every word of ``name`` is an acronym: two or more letters, all upper case
+    (``"SSH URL"``, ``"LFS API"``, ``"HTTP"``). Such a run is a thing and its kind ("an SSH
+    URL", "the HTTPS REST server"), not one proper name: documentation writes its words apart
+    ("a URL ... over SSH") where it never writes a person's name or a title apart."""
+    words = split_words(name)
+    return bool(words) and all(sum(ch.isalpha() for ch in word) >= 2 and word.isupper() for word in words)
 
 
 def fold(text: str) -> str:
