@@ -231,6 +231,19 @@ def test_a_tilde_underline_is_a_title_not_a_markdown_code_fence():
     assert looks_like_markdown("Some code:\n\n~~~\nx = 1\n~~~\n"), "a tilde fence after a blank line stays a fence"
 
 
+def test_a_wrapped_reference_target_is_not_an_html_tag():
+    """A reference wrapped at its space puts ``<target>`` first on a line; an overlined title
+    above it is then read as a title, not copied as "=====Major changes in 5.0"."""
+    text = (
+        "====================\nMajor changes in 5.0\n====================\n\n"
+        "This is not a complete list. See the :ref:`complete change history\n<changes>` for all the details.\n\n"
+        "Open Questions\n--------------\n\n- How to support SQL access to data?\n"
+    )
+    assert not looks_like_markdown(text) and looks_like_rst(text)
+    assert [kind for kind, _ in _blocks(text)] == ["heading", "paragraph", "heading", "list_item"]
+    assert looks_like_markdown("Some text.\n<details>\nMore.\n</details>\n"), "an HTML tag opening a line stays Markdown"
+
+
 def test_a_backtick_underline_is_a_title_and_a_fence_under_a_code_line_is_a_fence():
     """reStructuredText underlines a title with any punctuation, backticks too; a Markdown fence
     is three backticks, also right under a line of text or code."""

@@ -83,7 +83,7 @@ _SNIFF = re.compile(
     r"|^ {0,3}#[ \t]+\S[^\n]*\n[ \t]*(?:\n|\Z)"  # ...or a title with a blank line after (not a "# comment")
     r"|^(?:[ \t]{0,3}>[ \t]?)*[ \t]{0,3}(?:```|~~~)"  # a code fence, maybe in a block quote
     r"|<!--"  # an HTML comment
-    r"|^ {0,3}</?[A-Za-z][A-Za-z0-9-]*(?:[ \t/>]|$)"  # an HTML tag opening a line
+    r"|^ {0,3}</?[A-Za-z][A-Za-z0-9-]*(?:[ \t/]|>(?!`)|$)"  # an HTML tag opening a line (not reST's wrapped "<target>`")
     r"|^ {0,3}\[[^\]\n]+\]:[ \t]*\S"  # a link-reference definition
     r"|^ {0,3}\|?[ \t]*:?-{3,}:?[ \t]*\|"  # a table's delimiter row
     r"|\S\[\^[\w-]+\](?=[\s.,;:!?)]|\Z)"  # a footnote reference after a word ("problem.[^1]"), not a regex's [^a-z]+
