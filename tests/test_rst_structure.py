@@ -244,6 +244,15 @@ def test_a_wrapped_reference_target_is_not_an_html_tag():
     assert looks_like_markdown("Some text.\n<details>\nMore.\n</details>\n"), "an HTML tag opening a line stays Markdown"
 
 
+def test_an_overlined_title_opening_a_text_is_a_title():
+    """A document's first chunk often shows nothing but its overlined title: its adornment lines
+    are markup a reader never sees, not text to copy."""
+    text = "************\nREST Backend\n************\n\nRestic can interact with HTTP Backend that respects the following REST\nAPI.\n"
+    assert looks_like_rst(text)
+    assert [kind for kind, _ in _blocks(text)] == ["heading", "paragraph"]
+    assert not looks_like_rst("****\nNot a title\n====\n\nThe overline and the underline differ.\n")
+
+
 def test_a_backtick_underline_is_a_title_and_a_fence_under_a_code_line_is_a_fence():
     """reStructuredText underlines a title with any punctuation, backticks too; a Markdown fence
     is three backticks, also right under a line of text or code."""

@@ -57,7 +57,12 @@ CODE_DIRECTIVES: frozenset[str] = frozenset({
 """Directives whose body is code (docutils' and Sphinx's own, and the common extensions')."""
 
 _ADORNMENT = re.compile(rf"({ADORNMENT_CHARACTER})\1{{2,}}[ \t]*")
-_UNDERLINED = re.compile(rf"(?:\A|\n[ \t]*\n)(\S[^\n]*)\n(({ADORNMENT_CHARACTER})\3{{2,}})[ \t]*(?:\n|\Z)")
+_UNDERLINED = re.compile(
+    rf"(?:\A|\n[ \t]*\n)(?:(?P<over>{ADORNMENT_CHARACTER})(?P=over){{2,}}[ \t]*\n)?"
+    rf"(?P<title>\S[^\n]*)\n(?P<under>(?P<char>{ADORNMENT_CHARACTER})(?P=char){{2,}})[ \t]*(?:\n|\Z)"
+)
+"""A title after a blank line or the text's start, underlined, maybe overlined first (a document's
+title: ``"****\nREST Backend\n****"``)."""
 _DIRECTIVE = re.compile(r"\.\.[ \t]+([A-Za-z0-9]+(?:[-_.:+][A-Za-z0-9]+)*)[ \t]?::(?:[ \t]|$)")
 _TARGET = re.compile(r"\.\.[ \t]+(?:_[^\n]*:|\|[^|\n]+\|)")
 _FOOTNOTE = re.compile(r"\.\.[ \t]+\[[^\]\n]+\]")
@@ -88,13 +93,16 @@ def _title_fits(title: str, adornment: str) -> bool:
 
 
 def looks_like_rst(text: str) -> bool:
-    """Whether ``text`` shows reStructuredText's block syntax: an underlined title, explicit
+    """Whether ``text`` shows reStructuredText's block syntax: an underlined (maybe overlined) title, explicit
     markup (a line opening with ``..``: a directive, a target, a comment), a literal block
     under a ``::`` paragraph, a simple table's border line, or lines indented like code that
     the text opens with (:data:`OPENS_INDENTED`)."""
     if _SNIFF.search(text) or OPENS_INDENTED.match(text):
         return True
-    return any(_title_fits(m.group(1), m.group(2)) and not _ADORNMENT.fullmatch(m.group(1)) for m in _UNDERLINED.finditer(text))
+    return any(
+        _title_fits(m["title"], m["under"]) and not _ADORNMENT.fullmatch(m["title"]) and m["over"] in (None, m["char"])
+        for m in _UNDERLINED.finditer(text)
+    )
 
 
 def announces_code(line: str) -> bool:
