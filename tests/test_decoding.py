@@ -483,21 +483,44 @@ def test_windows_that_would_run_into_each_other_get_a_paragraph_break_of_no_ones
     assert MODEL_MARK not in render_markdown(out) and MODEL_MARK not in render_html(out)
 
 
-def test_a_window_that_opens_inside_a_fenced_block_gets_its_opening_fence(tiny_lm):
+@pytest.mark.parametrize("middle", [0, 3], ids=["cut-once", "cut-four-times"])
+def test_a_window_that_opens_inside_a_fenced_block_gets_its_opening_fence(tiny_lm, middle):
     """A chunker cut an example inside its fence: the next chunk opens with code and closes the
     block with a bare fence. A window copied from it is opened by the decoder with the block's
     fence (set, not copied, not the model's words: bare, without the source's ``js``), so a
     Markdown reader sees the copied lines as code and the source's closing fence as closing it,
-    not opening a block."""
+    not opening a block. So also when the example is long and chunks of its middle, all code,
+    stand between the fence and the window's chunk."""
     from markdown_it import MarkdownIt
 
     first = "The `listen` method starts the server. Create the app first:\n\n```js\nconst app = fastify()\n"
+    lines = [f"app.register(plugin{i}, {{ prefix: '/v{i}' }})\n" for i in range(middle)]
     second = "app.listen({ port: 3000 })\n```\n\nThe server then listens on port 3000."
     opened = Passage(id="srv#0", doc_id="srv", text=first.rstrip("\n"))
-    cut = Passage(id="srv#1", doc_id="srv", text=second, doc_char_start=len(first))
-    out = _two_window_answer(tiny_lm, [cut, opened], "How do I make the app listen on port 3000?", max_new_tokens=60)
+    starts = [len(first) + len("".join(lines[:i])) for i in range(middle + 1)]
+    between = [Passage(id=f"srv#{i + 1}", doc_id="srv", text=line.rstrip("\n"), doc_char_start=starts[i]) for i, line in enumerate(lines)]
+    cut = Passage(id=f"srv#{middle + 1}", doc_id="srv", text=second, doc_char_start=starts[-1])
+    out = _two_window_answer(tiny_lm, [cut, opened, *between], "How do I make the app listen on port 3000?", max_new_tokens=60)
     assert out.text.startswith("```\napp.listen({ port: 3000 })\n```\n\n"), out.text
     assert [(span.text, span.copied) for span in out.spans[:2]] == [("```\n", False), ("app.listen({ port: 3000 })\n```", True)]
+    code = [t.content for t in MarkdownIt("commonmark").parse(out.text) if t.type == "fence"]
+    assert code[0] == "app.listen({ port: 3000 })\n" and not any(model_written(out, span) for span in out.spans)
+
+
+def test_a_fenced_window_after_prose_opens_its_fence_on_a_line_of_its_own(tiny_lm):
+    """A window that opens inside a fenced block, planned after a window of prose that ends its
+    sentence without a line break: the decoder's paragraph break, then the block's fence, then the
+    copied lines, so a Markdown reader sees code, not a paragraph that runs on from the prose."""
+    from markdown_it import MarkdownIt
+
+    first = "Start the server with the `listen` method of the app:\n\n```js\nconst app = fastify()\n"
+    second = "\napp.listen({ port: 3000 })\n```\n\nThe server then listens on port 3000."  # a splitter kept the line break
+    opened = Passage(id="srv#0", doc_id="srv", text=first.rstrip("\n"))
+    cut = Passage(id="srv#1", doc_id="srv", text=second, doc_char_start=len(first) - 1)
+    body = Passage(id="body", text="The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients.")
+    question = "Which option sets the largest request body in bytes that the server accepts, and how does the app listen on port 3000?"
+    out = _two_window_answer(tiny_lm, [body, cut, opened], question, max_new_tokens=80)
+    assert out.text.startswith(body.text + "\n\n```\napp.listen({ port: 3000 })\n```"), out.text
     code = [t.content for t in MarkdownIt("commonmark").parse(out.text) if t.type == "fence"]
     assert code[0] == "app.listen({ port: 3000 })\n" and not any(model_written(out, span) for span in out.spans)
 

@@ -544,9 +544,9 @@ def open_code_block(text: str, pos: int, lead: str = "") -> tuple[int, int] | No
     ``text`` is inside: ``pos`` past the block's first character and before its closing
     fence line (or its end, for a block without one). None for prose and outside code.
 
-    ``lead`` is the text a reader read before ``text`` in its document (the chunk before it,
-    :func:`~nest_integrations.decoding.chunk_chain.text_before`; "" for none): ``text`` is read
-    after it, so a chunk cut inside a block that the chunk before opens (a ``::`` paragraph, a
+    ``lead`` is the text a reader read before ``text`` in its document (the chunks before it,
+    :func:`~nest_integrations.decoding.chunk_chain.text_read_before`; "" for none): ``text`` is read
+    after it, so a chunk cut inside a block that a chunk before opens (a ``::`` paragraph, a
     code directive, a fence) is inside that block from its first character (the block then
     starts at 0). Read alone, its lines are code only when they read as code on their own
     (shell lines without a prompt do not)."""
@@ -572,7 +572,7 @@ def _code_block_around(text: str, pos: int) -> tuple[int, int] | None:
 def opening_fence(text: str, pos: int, lead: str = "") -> str | None:
     """The fence (three or more backticks or tildes, as the source's opener) that opens the
     fenced code block a copy opening at character ``pos`` of ``text`` starts inside: its opener
-    lies before ``pos``, in ``text`` or in ``lead`` (the chunk before, as for
+    lies before ``pos``, in ``text`` or in ``lead`` (the chunks before, as for
     :func:`open_code_block`: a chunk cut inside a block), so the copy would not bring it. An answer
     that opens there needs a fence above the copied lines, or a Markdown reader reads them as prose
     and the source's closing fence as opening a block. Bare, without the opener's info string

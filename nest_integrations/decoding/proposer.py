@@ -42,7 +42,7 @@ from nest_integrations.policy.copy_policy import acceptable_start, continues, se
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.encoder import EncodedPassage
-from .chunk_chain import continue_at, cut_between, cut_width, next_chunk, text_before
+from .chunk_chain import continue_at, cut_between, cut_width, next_chunk, text_read_before
 from .generation import Generation
 from .mixing import Mixture
 from .proposal import Proposal, Verdict
@@ -120,7 +120,7 @@ class SpanProposer:
             planned_opener = self._planned_opener(gen) if plan.opening is not None else None
             if plan.opening is not None and not plan.announced and (fence := self._closing_fence(gen, planned_opener)) is not None:
                 return fence
-            if plan.opening is not None and self._runs_into_copy(gen):
+            if plan.opening is not None and self._runs_into_copy(gen, planned_opener):
                 return Proposal(TokenRecord(self.break_id, separator=True))  # type: ignore[arg-type]
             if plan.opening is not None and plan.copying_title and plan.window_end is not None:
                 pidx, pos = plan.take_opening()  # type: ignore[misc]
@@ -210,7 +210,7 @@ class SpanProposer:
     def _opening_fence(self, gen: Generation, planned_opener: Optional[str]) -> list[int]:
         """Token ids of the fence that opens the fenced code block the planned copy about to open
         starts inside (:func:`~nest_integrations.corpus.markdown_structure.opening_fence`: a
-        window opening at a line of code, its opener above it or in the chunk before), when the
+        window opening at a line of code, its opener above it or in a chunk before), when the
         copy opens a line of the answer outside a fenced block; [] otherwise. Set by the decoder,
         as the fence that closes a block is: without it a reader sees the copied code as prose and
         the source's closing fence as opening a block. ``planned_opener``: :meth:`_planned_opener`."""
@@ -226,8 +226,7 @@ class SpanProposer:
         if (planned := self._planned_start(gen)) is None:
             return None
         pidx, text, start = planned
-        lead = text_before(self.datastore.passages, self.datastore.preceding_chunk(pidx), pidx)  # type: ignore[union-attr]
-        opener = opening_fence(text, start, lead)
+        opener = opening_fence(text, start, self._lead(pidx))
         return None if opener is None else opener + ("" if text.startswith("\n", start) else "\n")
 
     def _planned_start(self, gen: Generation) -> Optional[tuple[int, str, int]]:
@@ -312,13 +311,18 @@ class SpanProposer:
         gen.finish("length")
         return self._nothing_more()
 
-    def _runs_into_copy(self, gen: Generation) -> bool:
+    def _runs_into_copy(self, gen: Generation, planned_opener: Optional[str]) -> bool:
         """Whether the planned copy about to open would run into the text so far: both end and
         opening are a word or a sign, no white space between ("...close the file.Path.read_bytes").
         A window that opens at its passage's start, or after a window that ends its section, has
         no line break of its own to copy. A section's title opens a line of its own: its label
         (" Immutability", read after a heading's marks) runs into any text that does not end in a
-        line break ("... set an attribute. Immutability", a closing fence's line)."""
+        line break ("... set an attribute. Immutability", a closing fence's line). So does the
+        fence the decoder sets above a copy that opens inside a fenced block (``planned_opener``,
+        :meth:`_planned_opener`; :meth:`_opening_fence`), unless the answer is inside one already:
+        after "... writes to the file." the copied lines would otherwise follow without it."""
+        if planned_opener is not None and unclosed_fence(gen.text) is None:
+            return self.break_id is not None and bool(gen.text.strip(" \t")) and not gen.text.endswith("\n")
         pidx, pos = gen.plan.opening  # type: ignore[misc]
         text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
         if gen.plan.copying_title and gen.plan.window_end is not None:
@@ -487,12 +491,15 @@ class SpanProposer:
 
     def _open_code_block(self, pidx: int, pos: int) -> Optional[tuple[int, int]]:
         """The code block of passage ``pidx`` a copy that got to its character ``pos`` is inside,
-        read after the chunk its document has before it
-        (:func:`~nest_integrations.corpus.markdown_structure.open_code_block`): a chunk cut inside
+        read after the chunks its document has before it (:meth:`_lead`,
+        :func:`~nest_integrations.corpus.markdown_structure.open_code_block`): a chunk cut inside
         a literal block opens with lines that need the ``::`` above them to read as code."""
-        passages = self.datastore.passages  # type: ignore[union-attr]
-        lead = text_before(passages, self.datastore.preceding_chunk(pidx), pidx)  # type: ignore[union-attr]
-        return open_code_block(passages[pidx].text, pos, lead)
+        return open_code_block(self.datastore.passages[pidx].text, pos, self._lead(pidx))  # type: ignore[union-attr]
+
+    def _lead(self, pidx: int) -> str:
+        """The text the chunks before passage ``pidx`` hold in its document
+        (:func:`~nest_integrations.decoding.chunk_chain.text_read_before`)."""
+        return text_read_before(self.datastore.passages, self.datastore.preceding_chunk, pidx)  # type: ignore[union-attr]
 
     def _select_span(self, gen: Generation, p_m: torch.Tensor, values: torch.Tensor, entries: torch.Tensor) -> Optional[tuple[int, int]]:
         """(passage index, start position) of the neighbour whose value has the highest p_M
