@@ -91,11 +91,6 @@ def text_before(passages: Sequence[Passage], before: Optional[int], pidx: int) -
     return earlier.text + "\n" * min(cut_width(passages, before, pidx), 2)
 
 
-def _has_token(candidates: CandidateSet, pidx: int, pos: int) -> bool:
-    """Whether passage ``pidx`` has a token at position ``pos``."""
-    return pos < len(candidates.passage(pidx).token_ids)
-
-
 def text_read_before(passages: Sequence[Passage], preceding: Callable[[int], Optional[int]], pidx: int, chunks: int = READ_BACK_CHUNKS) -> str:
     """What a reader of the document read in the ``chunks`` chunks before passage ``pidx``
     (:func:`text_before` of each, chained; ``preceding`` gives the chunk a passage goes on from,
@@ -112,3 +107,7 @@ def text_read_before(passages: Sequence[Passage], preceding: Callable[[int], Opt
         lead, here = text_before(passages, before, here) + lead, before
     return lead
 
+
+def _has_token(candidates: CandidateSet, pidx: int, pos: int) -> bool:
+    """Whether passage ``pidx`` has a token at position ``pos``."""
+    return pos < len(candidates.passage(pidx).token_ids)
