@@ -237,6 +237,17 @@ def test_an_answer_that_opens_at_a_line_of_code_keeps_its_indentation(tiny_lm):
     assert [s.copied for s in out.spans if s.text.strip()] == [True] * len([s for s in out.spans if s.text.strip()]), "the spaces alone are set"
 
 
+def test_a_line_of_a_literal_block_cut_by_the_chunking_keeps_its_indentation():
+    """A chunk cut inside a literal block opens with shell lines that read as text on their own;
+    read after the chunk before, which announces the block with ``::``, they are code, and a copy
+    that opens at one of them gets the indentation its first token does not bring."""
+    lead = "Installing\n==========\n\nDrop the binary into your ``PATH`` and make it executable::\n\n    sudo cp borg-linux64 /usr/local/bin/borg\n"
+    chunk = "    sudo chown root:root /usr/local/bin/borg\n    sudo chmod 755 /usr/local/bin/borg\n"
+    at = chunk.index("sudo chmod") - 1  # the token " sudo" opens the copy
+    assert missing_indentation(chunk, at) == "", "read alone: no code line"
+    assert missing_indentation(chunk, at, lead) == "   "
+
+
 def test_an_opening_skips_markup_blank_tokens_and_a_closing_fence(smol_tokenizer):
     text = f"## Charset\n\n{FENCE}js\nreply.type('application/json')\n{FENCE}\nIf no charset is set, utf-8 is used."
     enc = smol_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)

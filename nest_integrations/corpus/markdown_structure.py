@@ -500,21 +500,23 @@ def copyable_end(text: str, char_spans: np.ndarray, pos: int, end: int) -> int:
     return pos + int(blocked[0]) if len(blocked) else end
 
 
-def missing_indentation(text: str, start: int) -> str:
+def missing_indentation(text: str, start: int, lead: str = "") -> str:
     """The part of a code line's indentation that lies before character ``start`` on its line,
     where a copy that opens at ``start`` begins inside it: ``"   "`` for a token ``" @click"`` on a
     line indented by four spaces (the tokenizer writes one space of them into the word's token, the
     rest into the line break's). ``""`` when ``start`` is at its line's start, after text on its
     line, not in the indentation of a line of code (:attr:`CopyLayout.code_line_starts`), or in
     a fence line's: a fence indented by four spaces, out of the list item that indented it, is
-    no fence but a line of an indented block."""
-    layout = copy_layout(text)
+    no fence but a line of an indented block. ``text`` is read after ``lead``, as for
+    :func:`open_code_block`: a chunk cut inside a literal block opens with lines that are code
+    only below the ``::`` of a chunk before."""
+    layout = copy_layout(lead + text)
     line_start = text.rfind("\n", 0, start) + 1
     before = text[line_start:start]
     if layout is None or not before or before.strip(" \t"):
         return ""
     first_shown = start + len(text[start:]) - len(text[start:].lstrip(" \t"))
-    if first_shown not in layout.code_line_starts or _FENCE_LINE.match(text, first_shown):
+    if len(lead) + first_shown not in layout.code_line_starts or _FENCE_LINE.match(text, first_shown):
         return ""
     return before
 

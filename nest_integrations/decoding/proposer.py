@@ -247,8 +247,8 @@ class SpanProposer:
         paragraph above the block's other lines."""
         if (gen.text and not gen.text.endswith("\n")) or (planned := self._planned_start(gen)) is None:
             return []
-        _, text, start = planned
-        ids = self._decoder_tokens(missing_indentation(text, start))
+        pidx, text, start = planned
+        ids = self._decoder_tokens(missing_indentation(text, start, self._lead(pidx)))
         return ids if len(ids) < gen.tokens_left() else []  # spaces the budget leaves no copy after are none
 
     def _nothing_more(self) -> Proposal:
