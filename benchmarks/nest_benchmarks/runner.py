@@ -89,18 +89,20 @@ from .metrics import (
     unanswerable_scores,
     year_precision,
 )
-from .tasks import FILE_TASKS, QA_TASKS, TASK_MAX_NEW_TOKENS, EvalItem, get_task
+from .tasks import FILE_TASKS, QA_TASKS, TASK_MAX_NEW_TOKENS, TASKS, EvalItem, get_task
 
 __all__ = [
     "CONDITIONS",
     "DOCS_DOMAIN_CHUNKINGS",
     "MARKDOWN_TASK_DOCS_SETS",
+    "SAMPLED_SET_ITEMS",
     "TASK_METRICS",
     "docs_domain_passages",
     "evaluate_item",
     "perplexity",
     "run_eval",
     "score_item",
+    "set_items",
 ]
 
 logger = logging.getLogger(__name__)
@@ -315,6 +317,19 @@ def load_items(
     if n is not None and n > len(items):
         raise ValueError(f"asked for {n} {task} items but {qa_path} has {len(items)}")
     return items[:n]
+
+
+SAMPLED_SET_ITEMS = {"bio": 24, "wiki-qa": 24}
+"""Items :func:`set_items` takes of the tasks that sample theirs: the first 24."""
+
+
+def set_items(qa: str, passages: Sequence[Passage]) -> list[EvalItem]:
+    """The questions of one set as the result scripts that read every set's questions take them:
+    ``qa`` is a markdown-qa JSONL file, or a bundled task's name (the biographies and the
+    questions over the summaries give their first :data:`SAMPLED_SET_ITEMS`); ``passages`` are
+    the index's, which the bundled tasks draw their questions from."""
+    task, path = (qa, None) if qa in TASKS else ("markdown-qa", qa)
+    return load_items(task, SAMPLED_SET_ITEMS.get(task), passages=passages, qa_path=path)
 
 
 def docs_domain_passages(task: str, chunking: str) -> list[Passage]:

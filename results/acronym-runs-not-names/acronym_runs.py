@@ -21,15 +21,11 @@ import re
 
 from nest_benchmarks.metrics import answer_recall
 from nest_benchmarks.report_files import domain_parser, domain_specs
-from nest_benchmarks.runner import load_items
-from nest_benchmarks.tasks import TASKS
+from nest_benchmarks.runner import set_items
 from nest_benchmarks.window_rows import PASSAGE_K
 from nest_integrations import NestIndex
 from nest_integrations.core.config import NestConfig
 from nest_integrations.policy.relevance import RelevanceGate, mentions
-
-SAMPLED_TASKS = {"bio": 24, "wiki-qa": 24}
-"""Tasks that sample their items: how many are read."""
 
 ACRONYM_RUN = re.compile(r"(?<=\s)[A-Z]{2,}(?:\s+[A-Z]{2,})+\b")
 """Two or more upper-case words one space apart after a question's first word: what the names
@@ -47,8 +43,7 @@ def main() -> None:
     report: dict = {"questions": 0, "with_acronym_runs": 0, "changed": []}
     for name, (index_path, qa) in domain_specs(args.domain).items():
         index = NestIndex.load(index_path)
-        task, path = (qa, None) if qa in TASKS else ("markdown-qa", qa)
-        for item in load_items(task, SAMPLED_TASKS.get(task), passages=index.passages, qa_path=path):
+        for item in set_items(qa, index.passages):
             report["questions"] += 1
             runs = ACRONYM_RUN.findall(item.query)
             if not runs:

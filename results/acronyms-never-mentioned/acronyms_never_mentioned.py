@@ -24,16 +24,12 @@ import json
 import re
 
 from nest_benchmarks.report_files import domain_parser, domain_specs
-from nest_benchmarks.runner import load_items
-from nest_benchmarks.tasks import TASKS
+from nest_benchmarks.runner import set_items
 from nest_benchmarks.window_rows import PASSAGE_K
 from nest_integrations import NestIndex
 from nest_integrations.policy.conversation import asked_sentences
 from nest_integrations.policy.mentions import question_names
 from nest_integrations.policy.relevance import unmentioned_identifiers, unmentioned_names
-
-SAMPLED_TASKS = {"bio": 24, "wiki-qa": 24}
-"""Tasks that sample their items: how many are read."""
 
 ACRONYM = re.compile(r"^[A-Z0-9]*[A-Z][A-Z0-9]+s?$")
 """A name that is an acronym: ``PR``, ``SVG``, ``TLS``, ``HTTP2``, ``CPUs``."""
@@ -44,8 +40,7 @@ def main() -> None:
     report: dict = {"questions": 0, "naming_an_acronym": 0, "acronym_never_mentioned": []}
     for name, (index_path, qa) in domain_specs(args.domain).items():
         index = NestIndex.load(index_path)
-        task, path = (qa, None) if qa in TASKS else ("markdown-qa", qa)
-        for item in load_items(task, SAMPLED_TASKS.get(task), passages=index.passages, qa_path=path):
+        for item in set_items(qa, index.passages):
             report["questions"] += 1
             asked = asked_sentences(item.query)
             acronyms = [n for n in question_names(asked) if ACRONYM.match(n)]

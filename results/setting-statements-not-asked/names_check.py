@@ -22,16 +22,12 @@ import argparse
 import json
 
 from nest_benchmarks.report_files import domain_parser, domain_specs
-from nest_benchmarks.runner import load_items
-from nest_benchmarks.tasks import TASKS
+from nest_benchmarks.runner import set_items
 from nest_benchmarks.window_rows import PASSAGE_K
 from nest_integrations import NestIndex
 from nest_integrations.core.config import NestConfig
 from nest_integrations.policy.conversation import asked_sentences, question_asked_now
 from nest_integrations.policy.relevance import RelevanceGate, passage_similarities, unmentioned_identifiers, unmentioned_names
-
-SAMPLED_TASKS = {"bio": 24, "wiki-qa": 24}
-"""Tasks that sample their items: how many are read."""
 
 
 def main() -> None:
@@ -41,8 +37,7 @@ def main() -> None:
     for name, (index_path, qa) in domain_specs(args.domain).items():
         index = NestIndex.load(index_path)
         terms = index.corpus_terms
-        task, path = (qa, None) if qa in TASKS else ("markdown-qa", qa)
-        for item in load_items(task, SAMPLED_TASKS.get(task), passages=index.passages, qa_path=path):
+        for item in set_items(qa, index.passages):
             report["questions"] += 1
             passages = [p for p, _ in index.retrieve(item.query, PASSAGE_K)]
             readings = [question_asked_now(item.query), asked_sentences(item.query)]
