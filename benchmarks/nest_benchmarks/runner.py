@@ -320,16 +320,17 @@ def load_items(
 
 
 SAMPLED_SET_ITEMS = {"bio": 24, "wiki-qa": 24}
-"""Items :func:`set_items` takes of the tasks that sample theirs: the first 24."""
+"""Items :func:`set_items` takes by default of the tasks that sample theirs: the first 24."""
 
 
-def set_items(qa: str, passages: Sequence[Passage]) -> list[EvalItem]:
-    """The questions of one set as the result scripts that read every set's questions take them:
-    ``qa`` is a markdown-qa JSONL file, or a bundled task's name (the biographies and the
-    questions over the summaries give their first :data:`SAMPLED_SET_ITEMS`); ``passages`` are
-    the index's, which the bundled tasks draw their questions from."""
+def set_items(qa: str, passages: Sequence[Passage], limits: Mapping[str, int] = SAMPLED_SET_ITEMS) -> list[EvalItem]:
+    """The questions of one set as the scripts that read sets of questions take them: ``qa`` is a
+    markdown-qa JSONL file, or a bundled task's name; ``passages`` are the index's, which the
+    bundled tasks draw their questions from. ``limits``: how many items of each task named are
+    taken (the biographies and the questions over the summaries give their first 24 by default);
+    every item of any other (``{}``: every item of every task)."""
     task, path = (qa, None) if qa in TASKS else ("markdown-qa", qa)
-    return load_items(task, SAMPLED_SET_ITEMS.get(task), passages=passages, qa_path=path)
+    return load_items(task, limits.get(task), passages=passages, qa_path=path)
 
 
 def docs_domain_passages(task: str, chunking: str) -> list[Passage]:

@@ -14,8 +14,7 @@ from typing import Optional
 import numpy as np
 
 from nest_benchmarks.metrics import answer_recall
-from nest_benchmarks.runner import load_items
-from nest_benchmarks.tasks import TASKS
+from nest_benchmarks.runner import set_items
 from nest_integrations import NestIndex
 from nest_integrations.policy.selection import candidate_windows, window_features
 
@@ -32,9 +31,8 @@ def domain_rows(index: NestIndex, qa: str) -> list[dict]:
     decoder copies before it, holds a gold answer), the N ``candidates`` and the retrieved
     ``passages`` they come from (best first), whether the question is
     ``unanswerable``, and whether a retrieved passage holds its answer (``retrieved``)."""
-    task, path = (qa, None) if qa in TASKS else ("markdown-qa", qa)
     rows = []
-    for item in load_items(task, None, passages=index.passages, qa_path=path):
+    for item in set_items(qa, index.passages, limits={}):
         passages = [p for p, _ in index.retrieve(item.query, PASSAGE_K)]
         candidates = candidate_windows(passages)
         answers = item.meta.get("answers") or []

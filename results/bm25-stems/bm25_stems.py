@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from nest_benchmarks.metrics import answer_recall
 from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table, write_report
-from nest_benchmarks.runner import load_items
-from nest_benchmarks.tasks import TASKS
+from nest_benchmarks.runner import set_items
 from nest_integrations import NestIndex
 from nest_integrations.retrieval import bm25
 from nest_integrations.policy.words import stem
@@ -36,9 +35,8 @@ def snowball_tokens(texts: list[str], *, allow_empty: bool) -> list[list[str]]:
 def first_stage(index_path: str, qa: str) -> dict:
     """Answerable questions, and those whose first ``K`` passages / first passage hold an answer."""
     index = NestIndex.load(index_path)
-    task, path = (qa, None) if qa in TASKS else ("markdown-qa", qa)
     counts = {"answerable": 0, f"recall@{K}": 0, "top_1": 0}
-    for item in load_items(task, None, passages=index.passages, qa_path=path):
+    for item in set_items(qa, index.passages, limits={}):
         answers = item.meta.get("answers") or []
         if item.meta.get("unanswerable") or not answers:
             continue

@@ -29,8 +29,7 @@ from typing import Callable
 
 from nest_benchmarks.metrics import answer_recall
 from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table, write_report
-from nest_benchmarks.runner import first_stage, load_items
-from nest_benchmarks.tasks import TASKS
+from nest_benchmarks.runner import first_stage, set_items
 from nest_benchmarks.window_bench import gate_kept, planned_text
 from nest_integrations import NestConfig, NestIndex
 from nest_integrations.decoding.prepare import fitting_windows, window_token_plan
@@ -61,13 +60,12 @@ RULES: dict[str, Rule] = {
 def domain_counts(index: NestIndex, qa: str, budget: int) -> dict:
     """Per rule: answerable questions whose planned text holds the answer, mean planned tokens,
     and plans longer than the budget (the answer ends cut mid-window)."""
-    task, path = (qa, None) if qa in TASKS else ("markdown-qa", qa)
     config = NestConfig(max_new_tokens=budget)
     held = {rule: 0 for rule in RULES}
     tokens = {rule: 0 for rule in RULES}
     over = {rule: 0 for rule in RULES}
     planned = 0
-    for item in load_items(task, None, passages=index.passages, qa_path=path):
+    for item in set_items(qa, index.passages, limits={}):
         if item.meta.get("unanswerable") or not item.meta.get("chat", True):
             continue
         passages = [p for p, _ in first_stage(index, item, "present", config.passage_k)[0]]
