@@ -472,3 +472,26 @@ def test_a_copy_opening_inside_a_fenced_block_is_given_its_fence():
     assert opening_fence(whole, whole.index("quill serve")) == "```"
     assert opening_fence(whole, whole.index("```sh")) is None and opening_fence(whole, whole.index("Run")) is None
     assert opening_fence("Run:\n\n    quill build\n    quill serve\n", 22) is None
+
+
+def test_a_copy_opening_in_code_indented_too_little_to_read_as_code_is_given_a_fence():
+    """A reStructuredText code directive's body indented three spaces, or a doctest at the
+    margin, reads as prose in a Markdown answer: a copy opening in it (at a line's indentation,
+    or at the line break before it) needs a bare fence, and ends where the block does. A body
+    indented four spaces reads as code without one."""
+    from nest_integrations.corpus.markdown_structure import code_block_at, opening_fence, shallow_code_block
+
+    rst = "Run it:\n\n.. code-block:: python\n\n   runner = CliRunner()\n   runner.invoke(cli)\n\nThe result holds the exit code."
+    body = rst.index("   runner")
+    end = rst.index("(cli)") + len("(cli)")
+    assert opening_fence(rst, body) == "```" and opening_fence(rst, body - 2) == "```"  # the line break before it
+    assert opening_fence(rst, rst.index("runner.invoke")) == "```"
+    assert shallow_code_block(rst, body) == (body + 3, end) == code_block_at(rst, body)
+    assert opening_fence(rst, rst.index("The result")) is None and code_block_at(rst, end) is None
+    doctest = "Usage\n=====\n\nUse it:\n\n>>> add(1, 2)\n3\n\nThat is all."
+    assert opening_fence(doctest, doctest.index(">>>")) == "```"
+    deep = rst.replace("\n   ", "\n    ")
+    assert opening_fence(deep, deep.index("    runner")) is None and shallow_code_block(deep, deep.index("    runner")) is None
+    assert code_block_at(deep, deep.index("    runner")) is not None
+    lead, chunk = rst[:body], rst[body:]  # a chunker cut at the body: its lines are code only after the chunk before
+    assert opening_fence(chunk, 0, lead) == "```" and shallow_code_block(chunk, 0, lead) == (3, end - body)

@@ -77,6 +77,12 @@ MARKDOWN_SUFFIXES: tuple[str, ...] = (".md", ".markdown", ".mdx")
 NAME_FIELDS: tuple[str, ...] = ("source", "file_path", "file_name", "path")
 """Metadata fields holding a passage's file name (LangChain loaders: ``source``; LlamaIndex readers: ``file_path``, ``file_name``)."""
 
+INDENTED_CODE_COLUMNS = 4
+"""The indentation (columns, a tab 4) every line of a code block needs to read as code in a
+Markdown answer without a fence (CommonMark's indented code block). A reStructuredText code
+directive's body indented three spaces, or a doctest at the margin, copied as it is reads as
+prose: the decoder fences it (:func:`opening_fence`, :func:`shallow_code_block`)."""
+
 _SNIFF = re.compile(
     r"\A---[ \t]*\n"  # YAML front matter opening the text
     r"|^ {0,3}#{2,6}[ \t]+\S"  # an ATX heading below the title...
@@ -572,21 +578,60 @@ def _code_block_around(text: str, pos: int) -> tuple[int, int] | None:
 
 
 def opening_fence(text: str, pos: int, lead: str = "") -> str | None:
-    """The fence (three or more backticks or tildes, as the source's opener) that opens the
-    fenced code block a copy opening at character ``pos`` of ``text`` starts inside: its opener
-    lies before ``pos``, in ``text`` or in ``lead`` (the chunks before, as for
-    :func:`open_code_block`: a chunk cut inside a block), so the copy would not bring it. An answer
-    that opens there needs a fence above the copied lines, or a Markdown reader reads them as prose
-    and the source's closing fence as opening a block. Bare, without the opener's info string
-    (```` ```js ````): what the decoder sets holds no word. None when ``pos`` is in prose, in an
-    indented block (no fence), inside the opener's line (its line break is past it) or past the
-    closing fence's start."""
+    """The fence a copy opening at character ``pos`` of ``text`` needs above it to read as code in
+    a Markdown answer, its block's opener being out of the copy; None when it needs none.
+
+    * In a fenced block: the source's fence (three or more backticks or tildes), its opener lying
+      before ``pos``, in ``text`` or in ``lead`` (the chunks before, as for
+      :func:`open_code_block`: a chunk cut inside a block). Without it a Markdown reader reads
+      the copied lines as prose and the source's closing fence as opening a block. Bare, without
+      the opener's info string (```` ```js ````): what the decoder sets holds no word. None
+      inside the opener's line (its line break is past it) or past the closing fence's start.
+    * In a block without a fence whose lines are indented fewer than
+      :data:`INDENTED_CODE_COLUMNS` (:func:`shallow_code_block`, read from the first character
+      a reader sees at or after ``pos``): ```` ``` ````. The source has no closing fence to copy:
+      the decoder sets one where the copy leaves the block.
+    * None in prose and in a block indented deeply enough to read as code without a fence."""
     full, at = lead + text, len(lead) + pos
     block = _code_block_around(full, at)
-    if block is None or (opener := _FENCE_LINE.match(full, *block)) is None:
+    if block is not None and (opener := _FENCE_LINE.match(full, *block)) is not None:
+        line_end = full.find("\n", block[0], block[1])
+        return None if line_end < 0 or at < line_end else opener.group(1)
+    return "```" if _shallow_block(full, at) is not None else None
+
+
+def code_block_at(text: str, pos: int, lead: str = "") -> tuple[int, int] | None:
+    """``(start, end)`` of the code block of ``text`` (its fence lines included) that holds the
+    first character a reader sees at or after ``pos``; None when that character is in prose or
+    there is none. ``text`` is read after ``lead`` as for :func:`open_code_block` (a block that
+    a chunk before opens starts at 0). Where a copy that opens at ``pos`` goes: into code, or
+    out of it."""
+    block = _block_at(lead + text, len(lead) + pos)
+    return None if block is None else (max(block[0] - len(lead), 0), block[1] - len(lead))
+
+
+def shallow_code_block(text: str, pos: int, lead: str = "") -> tuple[int, int] | None:
+    """:func:`code_block_at`, for a block without a fence of its own whose lines are indented
+    fewer than :data:`INDENTED_CODE_COLUMNS`; None for any other. A copy of such a block reads as
+    code only between fences the decoder sets, and ends at the block's end."""
+    block = _shallow_block(lead + text, len(lead) + pos)
+    return None if block is None else (max(block[0] - len(lead), 0), block[1] - len(lead))
+
+
+def _block_at(text: str, pos: int) -> tuple[int, int] | None:
+    """:func:`code_block_at` without a lead."""
+    layout = copy_layout(text)
+    shown = pos + len(text[pos:]) - len(text[pos:].lstrip())
+    return None if layout is None else next(((start, end) for start, end in layout.code if start <= shown < end), None)
+
+
+def _shallow_block(text: str, pos: int) -> tuple[int, int] | None:
+    """:func:`shallow_code_block` without a lead."""
+    block = _block_at(text, pos)
+    if block is None or _FENCE_LINE.match(text, *block):
         return None
-    line_end = full.find("\n", block[0], block[1])
-    return None if line_end < 0 or at < line_end else opener.group(1)
+    lines = text[text.rfind("\n", 0, block[0]) + 1 : block[1]].expandtabs(INDENTED_CODE_COLUMNS).splitlines()
+    return block if min(len(line) - len(line.lstrip()) for line in lines if line.strip()) < INDENTED_CODE_COLUMNS else None
 
 
 def past_markup_indent(text: str, pos: int) -> int:

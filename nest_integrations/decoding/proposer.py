@@ -35,8 +35,8 @@ import torch
 from nest_integrations.core.config import NestConfig
 from nest_integrations.core.mixture import relaxed_accept_ratio
 from nest_integrations.corpus.markdown_structure import (
-    closing_fence, closing_fence_line, copyable_end, copyable_tokens, ends_in_code, first_copyable, missing_indentation, open_code_block,
-    opening_fence, past_markup_indent, title_tokens, unclosed_fence,
+    closing_fence, closing_fence_line, code_block_at, copyable_end, copyable_tokens, ends_in_code, first_copyable, missing_indentation,
+    open_code_block, opening_fence, past_markup_indent, shallow_code_block, title_tokens, unclosed_fence,
 )
 from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
@@ -152,6 +152,8 @@ class SpanProposer:
                         return self._propose(gen, mixture, at, resume_at, generator)
                 else:  # a copy running on: past a directive line or a comment, as a reader reads on
                     proposal = self._next_visible(gen, *resumed)
+                if proposal is not None and (fenced := self._fence_going_on(gen, mixture, at, proposal, generator)) is not None:
+                    return fenced
                 if proposal is not None and (separator := self._break_before(gen, resume_at[0], resumed, proposal)) is not None:
                     plan.opening, plan.announced = proposal, True  # copied after the break, as a planned opening is
                     return Proposal(TokenRecord(separator, separator=True))
@@ -193,10 +195,7 @@ class SpanProposer:
         break between copies, it is set by the decoder: not copied, and no word of the model's own."""
         if planned_opener is not None and gen.text.rstrip(" \t").endswith(planned_opener):  # opened for it (and indented)
             return None
-        ids = self._decoder_tokens(closing_fence_line(gen.text))
-        if not ids or len(ids) >= gen.tokens_left():
-            return None
-        return _set_by_decoder(ids)
+        return self._fence_closing(gen)
 
     def _decoder_tokens(self, text: Optional[str]) -> list[int]:
         """Token ids of ``text`` the decoder sets: the fence line that closes a fenced block
@@ -214,10 +213,51 @@ class SpanProposer:
         copy opens a line of the answer outside a fenced block; [] otherwise. Set by the decoder,
         as the fence that closes a block is: without it a reader sees the copied code as prose and
         the source's closing fence as opening a block. ``planned_opener``: :meth:`_planned_opener`."""
-        if (gen.text and not gen.text.endswith("\n")) or unclosed_fence(gen.text) is not None:
+        if (gen.text and not gen.text.endswith("\n")) or not self._fence_wanted(gen, planned_opener):
             return []
         ids = self._decoder_tokens(planned_opener)
         return ids if len(ids) < gen.tokens_left() else []  # a fence the budget leaves no copy after is none
+
+    @staticmethod
+    def _fence_wanted(gen: Generation, planned_opener: Optional[str]) -> bool:
+        """Whether the decoder sets a fence above the planned copy about to open: it opens inside a
+        code block its opener is out of (``planned_opener``: :meth:`_planned_opener`) and the
+        answer holds no open block (:func:`~nest_integrations.corpus.markdown_structure.unclosed_fence`)."""
+        return planned_opener is not None and unclosed_fence(gen.text) is None
+
+    def _fence_going_on(
+        self, gen: Generation, mixture: Mixture, at: int, going_on: tuple[int, int], generator: Optional[torch.Generator]
+    ) -> Optional[Proposal]:
+        """What the decoder sets before a copy that goes on at ``going_on`` (a passage index and
+        token position) crosses between code and prose; None when it crosses neither way. Into code
+        whose fence is out of the copy (:func:`~nest_integrations.corpus.markdown_structure.opening_fence`:
+        past a ``::`` or a code directive's line, a reStructuredText body indented three spaces)
+        with no block open in the answer: the copy opens as a planned one does, with the break and
+        the fence above it, at the first line's text (the break and the indentation are the
+        decoder's, as at a window that opens there). Out of code into prose with a block open in the answer (one the
+        decoder fenced, whose source has no closing fence to copy): the closing fence on a line
+        of its own, the copy going on after it. Without them a Markdown reader shows the code as
+        prose, or the prose as code."""
+        pidx, pos = going_on
+        text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
+        start = int(char_spans[pos, 0]) if pos < len(char_spans) else len(text)
+        if unclosed_fence(gen.text) is None:
+            if opening_fence(text, start, self._lead(pidx)) is None:
+                return None
+            # At its first line's text: the fence stands right above the code, not a blank line.
+            gen.plan.opening, gen.plan.announced = (pidx, min(first_copyable(text, char_spans, pos), len(char_spans) - 1)), True
+            return self._propose(gen, mixture, at, None, generator)
+        if code_block_at(text, start, self._lead(pidx)) is not None or (fence := self._fence_closing(gen)) is None:
+            return None
+        gen.plan.opening, gen.plan.announced = going_on, True
+        return fence
+
+    def _fence_closing(self, gen: Generation) -> Optional[Proposal]:
+        """The fence that closes the block the answer so far leaves open, on a line of its own, set
+        by the decoder (:func:`~nest_integrations.corpus.markdown_structure.closing_fence_line`); None
+        when no block is open or the budget cannot hold it with a token after it."""
+        ids = self._decoder_tokens(closing_fence_line(gen.text))
+        return _set_by_decoder(ids) if ids and len(ids) < gen.tokens_left() else None
 
     def _planned_opener(self, gen: Generation) -> Optional[str]:
         """The fence that opens the block the planned copy about to open starts inside
@@ -321,7 +361,7 @@ class SpanProposer:
         fence the decoder sets above a copy that opens inside a fenced block (``planned_opener``,
         :meth:`_planned_opener`; :meth:`_opening_fence`), unless the answer is inside one already:
         after "... writes to the file." the copied lines would otherwise follow without it."""
-        if planned_opener is not None and unclosed_fence(gen.text) is None:
+        if self._fence_wanted(gen, planned_opener):
             return self.break_id is not None and bool(gen.text.strip(" \t")) and not gen.text.endswith("\n")
         pidx, pos = gen.plan.opening  # type: ignore[misc]
         text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
@@ -465,7 +505,7 @@ class SpanProposer:
         text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
         block = self._open_code_block(pidx, copied_to)
         if block is None:
-            return None
+            return self._fence_after_code(gen, pidx, pos, copied_to)
         line_end = text.find("\n", copied_to, block[1])
         if text[copied_to : line_end if line_end >= 0 else block[1]].strip():  # mid-line
             stop = _first_token_from(encoded.char_spans, line_end if line_end >= 0 else block[1])
@@ -482,6 +522,16 @@ class SpanProposer:
         if not span:
             return self._end_in_code(gen)
         return Proposal(span[0], span[1:], unchecked=True)
+
+    def _fence_after_code(self, gen: Generation, pidx: int, pos: int, copied_to: int) -> Optional[Proposal]:
+        """The fence that closes the block the answer leaves open when its last copy, token ``pos``
+        of passage ``pidx`` ending at character ``copied_to``, ended at the end of a code block of
+        its source that has no closing fence to copy (a body the decoder fenced, a block a
+        chunker cut) and goes on nowhere: set before anything else is written, or the model's
+        words would read as the block's code. None otherwise."""
+        text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
+        block = code_block_at(text, int(char_spans[pos, 0]), self._lead(pidx))
+        return None if block is None or block[1] > copied_to else self._fence_closing(gen)
 
     def _end_in_code(self, gen: Generation) -> Proposal:
         """A copied line of code ended and its block has no fence to close it with: the answer
@@ -546,7 +596,9 @@ class SpanProposer:
     def _copy_end(self, gen: Generation, pidx: int, pos: int, source_repeats: bool = False) -> int:
         """Where a copy from token ``pos`` of passage ``pidx`` must end (exclusive): at most
         ``span_length`` tokens, never past the passage, never into Markdown a reader does not
-        see (:func:`~nest_integrations.corpus.markdown_structure.copyable_end`), never into a token this
+        see (:func:`~nest_integrations.corpus.markdown_structure.copyable_end`), never past the end of a code
+        block the answer has fenced for it (:func:`~nest_integrations.corpus.markdown_structure.shallow_code_block`:
+        the decoder sets the closing fence there), never into a token this
         answer has already copied (a used entry), never past the end of the planned copy it is in (the
         plan moves on from there), never completing a run of ``repeat_ngram`` tokens the answer
         already holds (:func:`~nest_integrations.policy.repetition.repeat_free_length`). A planned
@@ -559,7 +611,10 @@ class SpanProposer:
         end = min(len(tokens), pos + config.span_length)
         if gen.plan.in_planned_copy(pidx, pos):
             end = min(end, gen.plan.window_end[1] + 1)  # type: ignore[index]
-        end = copyable_end(self.datastore.passages[pidx].text, candidates.passage(pidx).char_spans, pos, end)  # type: ignore[union-attr]
+        text, char_spans = self.datastore.passages[pidx].text, candidates.passage(pidx).char_spans  # type: ignore[union-attr]
+        end = copyable_end(text, char_spans, pos, end)
+        if (block := shallow_code_block(text, int(char_spans[pos, 0]), self._lead(pidx))) is not None and unclosed_fence(gen.text) is not None:
+            end = min(end, max(_first_token_from(char_spans, block[1]), pos + 1))  # the decoder's fence closes it there
         end = next((i for i in range(pos, end) if candidates.is_used(pidx, i)), end)
         if source_repeats or gen.plan.copies_whole(pidx, pos):
             return end
