@@ -525,20 +525,30 @@ def test_a_fenced_window_after_prose_opens_its_fence_on_a_line_of_its_own(tiny_l
     assert code[0] == "app.listen({ port: 3000 })\n" and not any(model_written(out, span) for span in out.spans)
 
 
-def test_copied_code_indented_too_little_to_read_as_code_is_fenced_by_the_decoder(tiny_lm):
-    """A reStructuredText example under a code directive, its body indented three spaces: copied as
-    it is, a Markdown reader shows its lines as a paragraph. The copy that goes on past the hidden
-    directive line gets a fence above the code and another where the copy leaves it for the prose
-    after (both set by the decoder: not copied, not the model's words), and the code's lines
-    are the source's, read as one code block."""
+@pytest.mark.parametrize(
+    "announced",
+    [
+        "Run the command in a test with the runner, then check its exit code:\n\n.. code-block:: python",
+        "Run the command in a test with the runner, then check its exit code as follows::",
+    ],
+    ids=["code-directive", "literal-block"],
+)
+def test_copied_code_indented_too_little_to_read_as_code_is_fenced_by_the_decoder(tiny_lm, announced):
+    """A reStructuredText example under a code directive or a ``::`` paragraph, its body indented
+    three spaces: copied as it is, a Markdown reader shows its lines as a paragraph. The copy that
+    goes on into it (past the hidden directive line, or from the paragraph in one span) gets a
+    fence above the code and another where the copy leaves it for the prose after (both set by
+    the decoder: not copied, not the model's words), and the code's lines are the source's, read
+    as one code block."""
     from markdown_it import MarkdownIt
 
     code = "   from click.testing import CliRunner\n   result = CliRunner().invoke(cli)\n   assert result.exit_code == 0"
-    text = f"Testing\n=======\n\nRun the command in a test with the runner, then check its exit code:\n\n.. code-block:: python\n\n{code}\n\nThe result also holds the output the command printed, as a string."
+    text = f"Testing\n=======\n\n{announced}\n\n{code}\n\nThe result also holds the output the command printed, as a string."
     decoder = _accepting_decoder(tiny_lm, [Passage(id="testing.rst", text=text)], 120)
     question = "How do I run a command in a test with the runner and check its exit code and output?"
     out = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=2)
-    assert f"exit code:\n\n```\n{code}\n```\n\nThe result also holds" in out.text, out.text
+    shown = announced.split("\n")[0]  # the directive's line is hidden, a ``::`` shown as the source has it
+    assert f"{shown}\n\n```\n{code}\n```\n\nThe result also holds" in out.text, out.text
     fences = [span.text for span in out.spans if not span.copied]
     assert fences == ["\n\n```\n  ", "\n```"], out.spans
     blocks = [t.content for t in MarkdownIt("commonmark").parse(out.text) if t.type == "fence"]

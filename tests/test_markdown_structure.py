@@ -495,3 +495,18 @@ def test_a_copy_opening_in_code_indented_too_little_to_read_as_code_is_given_a_f
     assert code_block_at(deep, deep.index("    runner")) is not None
     lead, chunk = rst[:body], rst[body:]  # a chunker cut at the body: its lines are code only after the chunk before
     assert opening_fence(chunk, 0, lead) == "```" and shallow_code_block(chunk, 0, lead) == (3, end - body)
+
+
+def test_a_copy_of_prose_that_runs_into_code_indented_too_little_ends_above_it():
+    """Where a copy of a ``::`` paragraph would run on into its literal block (indented three
+    spaces): the end of the paragraph, so the decoder can set the fence above the code. Not for a
+    copy that ends before the block, nor for a block indented four spaces."""
+    from nest_integrations.corpus.markdown_structure import shallow_code_entry
+
+    rst = "Layout\n======\n\nLay it out as follows::\n\n   foo\n   └── src\n\nThen build it."
+    paragraph_end = rst.index("::") + 2
+    assert shallow_code_entry(rst, rst.index("Lay"), len(rst)) == paragraph_end
+    assert shallow_code_entry(rst, rst.index("Lay"), paragraph_end) is None
+    assert shallow_code_entry(rst, rst.index("Then"), len(rst)) is None
+    deep = rst.replace("\n   ", "\n    ")
+    assert shallow_code_entry(deep, deep.index("Lay"), len(deep)) is None

@@ -618,6 +618,20 @@ def shallow_code_block(text: str, pos: int, lead: str = "") -> tuple[int, int] |
     return None if block is None else (max(block[0] - len(lead), 0), block[1] - len(lead))
 
 
+def shallow_code_entry(text: str, start: int, end: int, lead: str = "") -> int | None:
+    """Where the white space before the first block of :func:`shallow_code_block` that opens
+    inside characters ``[start, end)`` of ``text`` begins (the end of the ``::`` paragraph above
+    it); None when none opens there. A copy of prose that would run on into such a block ends
+    there, so that the decoder can set the block's fence above its code. ``lead`` as for
+    :func:`open_code_block`."""
+    full, offset = lead + text, len(lead)
+    layout = copy_layout(full)
+    for block_start, _ in layout.code if layout is not None else ():
+        if offset + start < block_start < offset + end and _shallow_block(full, block_start) is not None:
+            return max(len(full[:block_start].rstrip()) - offset, start)
+    return None
+
+
 def _block_at(text: str, pos: int) -> tuple[int, int] | None:
     """:func:`code_block_at` without a lead."""
     layout = copy_layout(text)

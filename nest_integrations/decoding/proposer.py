@@ -36,7 +36,7 @@ from nest_integrations.core.config import NestConfig
 from nest_integrations.core.mixture import relaxed_accept_ratio
 from nest_integrations.corpus.markdown_structure import (
     closing_fence, closing_fence_line, code_block_at, copyable_end, copyable_tokens, ends_in_code, first_copyable, missing_indentation,
-    open_code_block, opening_fence, past_markup_indent, shallow_code_block, title_tokens, unclosed_fence,
+    open_code_block, opening_fence, past_markup_indent, shallow_code_block, shallow_code_entry, title_tokens, unclosed_fence,
 )
 from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
@@ -118,6 +118,11 @@ class SpanProposer:
         announced = False  # a copy going on where the source does: its first line goes unchecked
         if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
             planned_opener = self._planned_opener(gen) if plan.opening is not None else None
+            if self._fence_wanted(gen, planned_opener) and (first := self._first_text(gen, *plan.opening)) is not None:  # type: ignore[misc]
+                # The copy opens at its first line's text, so the fence stands right above the code
+                # (the break, the fence and the indentation set by the decoder), not a blank line.
+                plan.opening = (plan.opening[0], first)  # type: ignore[index]
+                planned_opener = self._planned_opener(gen)
             if plan.opening is not None and not plan.announced and (fence := self._closing_fence(gen, planned_opener)) is not None:
                 return fence
             if plan.opening is not None and self._runs_into_copy(gen, planned_opener):
@@ -233,8 +238,7 @@ class SpanProposer:
         whose fence is out of the copy (:func:`~nest_integrations.corpus.markdown_structure.opening_fence`:
         past a ``::`` or a code directive's line, a reStructuredText body indented three spaces)
         with no block open in the answer: the copy opens as a planned one does, with the break and
-        the fence above it, at the first line's text (the break and the indentation are the
-        decoder's, as at a window that opens there). Out of code into prose with a block open in the answer (one the
+        the fence above it (unless what it would copy is copied already). Out of code into prose with a block open in the answer (one the
         decoder fenced, whose source has no closing fence to copy): the closing fence on a line
         of its own, the copy going on after it. Without them a Markdown reader shows the code as
         prose, or the prose as code."""
@@ -242,15 +246,22 @@ class SpanProposer:
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
         start = int(char_spans[pos, 0]) if pos < len(char_spans) else len(text)
         if unclosed_fence(gen.text) is None:
-            if opening_fence(text, start, self._lead(pidx)) is None:
+            if opening_fence(text, start, self._lead(pidx)) is None or self._first_text(gen, pidx, pos) is None:
                 return None
-            # At its first line's text: the fence stands right above the code, not a blank line.
-            gen.plan.opening, gen.plan.announced = (pidx, min(first_copyable(text, char_spans, pos), len(char_spans) - 1)), True
+            gen.plan.opening, gen.plan.announced = going_on, True
             return self._propose(gen, mixture, at, None, generator)
         if code_block_at(text, start, self._lead(pidx)) is not None or (fence := self._fence_closing(gen)) is None:
             return None
         gen.plan.opening, gen.plan.announced = going_on, True
         return fence
+
+    def _first_text(self, gen: Generation, pidx: int, pos: int) -> Optional[int]:
+        """The first token from ``pos`` of passage ``pidx`` that shows text and a copy may start with
+        (:func:`~nest_integrations.corpus.markdown_structure.first_copyable`); None when there is
+        none or this answer has copied it already."""
+        text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
+        first = first_copyable(text, char_spans, pos)
+        return None if first >= len(char_spans) or gen.candidates.is_used(pidx, first) else first  # type: ignore[union-attr]
 
     def _fence_closing(self, gen: Generation) -> Optional[Proposal]:
         """The fence that closes the block the answer so far leaves open, on a line of its own, set
@@ -596,9 +607,9 @@ class SpanProposer:
     def _copy_end(self, gen: Generation, pidx: int, pos: int, source_repeats: bool = False) -> int:
         """Where a copy from token ``pos`` of passage ``pidx`` must end (exclusive): at most
         ``span_length`` tokens, never past the passage, never into Markdown a reader does not
-        see (:func:`~nest_integrations.corpus.markdown_structure.copyable_end`), never past the end of a code
-        block the answer has fenced for it (:func:`~nest_integrations.corpus.markdown_structure.shallow_code_block`:
-        the decoder sets the closing fence there), never into a token this
+        see (:func:`~nest_integrations.corpus.markdown_structure.copyable_end`), never across the edge of a code
+        block that reads as code only between the decoder's fences (:meth:`_shallow_code_bound`),
+        never into a token this
         answer has already copied (a used entry), never past the end of the planned copy it is in (the
         plan moves on from there), never completing a run of ``repeat_ngram`` tokens the answer
         already holds (:func:`~nest_integrations.policy.repetition.repeat_free_length`). A planned
@@ -613,12 +624,26 @@ class SpanProposer:
             end = min(end, gen.plan.window_end[1] + 1)  # type: ignore[index]
         text, char_spans = self.datastore.passages[pidx].text, candidates.passage(pidx).char_spans  # type: ignore[union-attr]
         end = copyable_end(text, char_spans, pos, end)
-        if (block := shallow_code_block(text, int(char_spans[pos, 0]), self._lead(pidx))) is not None and unclosed_fence(gen.text) is not None:
-            end = min(end, max(_first_token_from(char_spans, block[1]), pos + 1))  # the decoder's fence closes it there
+        end = min(end, self._shallow_code_bound(gen, pidx, pos, end))
         end = next((i for i in range(pos, end) if candidates.is_used(pidx, i)), end)
         if source_repeats or gen.plan.copies_whole(pidx, pos):
             return end
         return pos + repeat_free_length(gen.ids, [int(t) for t in tokens[pos:end]], config.repeat_ngram)
+
+    def _shallow_code_bound(self, gen: Generation, pidx: int, pos: int, end: int) -> int:
+        """Where a copy from token ``pos`` to ``end`` of passage ``pidx`` must end at a code block that
+        reads as code only between the decoder's fences
+        (:func:`~nest_integrations.corpus.markdown_structure.shallow_code_block`): at the block's end
+        when the copy is inside it and the answer holds its open fence, at the end of the prose
+        above it when the copy would run on into it; ``end`` otherwise. The copy goes on past
+        the fence the decoder sets there (:meth:`_fence_going_on`)."""
+        text, char_spans, lead = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans, self._lead(pidx)  # type: ignore[union-attr]
+        if (block := shallow_code_block(text, int(char_spans[pos, 0]), lead)) is not None:
+            stop = block[1] if unclosed_fence(gen.text) is not None else None
+        else:
+            stop = shallow_code_entry(text, int(char_spans[pos, 0]), int(char_spans[end - 1, 1]), lead) if end > pos else None
+            stop = stop if stop is not None and unclosed_fence(gen.text) is None else None
+        return end if stop is None else max(_first_token_from(char_spans, stop), pos + 1)
 
     @staticmethod
     def _pick(p_m: torch.Tensor, config: NestConfig, generator: Optional[torch.Generator]) -> int:
