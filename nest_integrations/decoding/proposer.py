@@ -238,10 +238,10 @@ class SpanProposer:
         whose fence is out of the copy (:func:`~nest_integrations.corpus.markdown_structure.opening_fence`:
         past a ``::`` or a code directive's line, a reStructuredText body indented three spaces)
         with no block open in the answer: the copy opens as a planned one does, with the break and
-        the fence above it (unless what it would copy is copied already). Out of code into prose with a block open in the answer (one the
-        decoder fenced, whose source has no closing fence to copy): the closing fence on a line
-        of its own, the copy going on after it. Without them a Markdown reader shows the code as
-        prose, or the prose as code."""
+        the fence above it (unless what it would copy is copied already). Out of a block the
+        decoder fenced (:meth:`_left_shallow_code`: its source has no closing fence to copy) into
+        prose: the closing fence on a line of its own, the copy going on after it. Without them a
+        Markdown reader shows the code as prose, or the prose as code."""
         pidx, pos = going_on
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
         start = int(char_spans[pos, 0]) if pos < len(char_spans) else len(text)
@@ -250,9 +250,10 @@ class SpanProposer:
                 return None
             gen.plan.opening, gen.plan.announced = going_on, True
             return self._propose(gen, mixture, at, None, generator)
-        if code_block_at(text, start, self._lead(pidx)) is not None or (fence := self._fence_closing(gen)) is None:
+        if not self._left_shallow_code(gen) or code_block_at(text, start, self._lead(pidx)) is not None:
             return None
-        gen.plan.opening, gen.plan.announced = going_on, True
+        if (fence := self._fence_closing(gen)) is not None:
+            gen.plan.opening, gen.plan.announced = going_on, True
         return fence
 
     def _first_text(self, gen: Generation, pidx: int, pos: int) -> Optional[int]:
@@ -507,8 +508,9 @@ class SpanProposer:
         mid-line (``C(x=`` going on with another example's ``42)``), so: mid-line, the copy goes
         on to the line's end; at a line's end, the block's closing fence is copied and the answer
         ends there (``answered``); a block without one (indented, or cut by the chunking) ends
-        the answer at that line end (:meth:`_end_in_code`). The proposer asks before it looks
-        for a span elsewhere."""
+        the answer at that line end (:meth:`_end_in_code`). A copy that reached the end of a
+        block the decoder fenced (:meth:`_left_shallow_code`) gets its closing fence. The
+        proposer asks before it looks for a span elsewhere."""
         copied = self._last_copied(gen)
         if copied is None:
             return None
@@ -516,7 +518,7 @@ class SpanProposer:
         text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
         block = self._open_code_block(pidx, copied_to)
         if block is None:
-            return self._fence_after_code(gen, pidx, pos, copied_to)
+            return self._fence_closing(gen) if self._left_shallow_code(gen) else None
         line_end = text.find("\n", copied_to, block[1])
         if text[copied_to : line_end if line_end >= 0 else block[1]].strip():  # mid-line
             stop = _first_token_from(encoded.char_spans, line_end if line_end >= 0 else block[1])
@@ -534,15 +536,20 @@ class SpanProposer:
             return self._end_in_code(gen)
         return Proposal(span[0], span[1:], unchecked=True)
 
-    def _fence_after_code(self, gen: Generation, pidx: int, pos: int, copied_to: int) -> Optional[Proposal]:
-        """The fence that closes the block the answer leaves open when its last copy, token ``pos``
-        of passage ``pidx`` ending at character ``copied_to``, ended at the end of a code block of
-        its source that has no closing fence to copy (a body the decoder fenced, a block a
-        chunker cut) and goes on nowhere: set before anything else is written, or the model's
-        words would read as the block's code. None otherwise."""
+    def _left_shallow_code(self, gen: Generation) -> bool:
+        """Whether the answer's last token was copied from a code block that reads as code only
+        between the decoder's fences (:func:`~nest_integrations.corpus.markdown_structure.shallow_code_block`)
+        and reached its end: the fence the decoder set above it is to be closed before anything
+        else is written, or what follows would read as the block's code. Only that block's: a
+        fence the answer leaves open otherwise (a fence indented in a list item, copied without the
+        list) is the source's, and a copy cut mid-line there goes on."""
+        copied = self._last_copied(gen)
+        if copied is None:
+            return False
+        pidx, pos, copied_to = copied
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
-        block = code_block_at(text, int(char_spans[pos, 0]), self._lead(pidx))
-        return None if block is None or block[1] > copied_to else self._fence_closing(gen)
+        block = shallow_code_block(text, int(char_spans[pos, 0]), self._lead(pidx))
+        return block is not None and block[1] <= copied_to
 
     def _end_in_code(self, gen: Generation) -> Proposal:
         """A copied line of code ended and its block has no fence to close it with: the answer

@@ -20,51 +20,8 @@ import argparse
 import json
 from pathlib import Path
 
+from nest_benchmarks.code_rendering import code_lines_read_as_prose
 from nest_integrations import NestIndex
-from nest_integrations.corpus.markdown_structure import open_code_block
-from nest_integrations.decoding.chunk_chain import text_read_before
-
-
-def whole_lead(index: NestIndex, pidx: int) -> str:
-    """Every chunk of passage ``pidx``'s document before it, as a reader read them."""
-    store = index.datastore
-    return text_read_before(store.passages, store.preceding_chunk, pidx, chunks=len(store.passages))
-
-
-def code_ranges(answer: str) -> list[tuple[int, int]]:
-    """``[start, end)`` character ranges of ``answer``'s code blocks (fenced or indented) as
-    CommonMark reads the whole answer."""
-    from markdown_it import MarkdownIt
-
-    starts = [0]
-    for line in answer.splitlines(keepends=True):
-        starts.append(starts[-1] + len(line))
-    return [
-        (starts[t.map[0]], starts[min(t.map[1], len(starts) - 1)])
-        for t in MarkdownIt("commonmark").parse(answer) if t.type in ("fence", "code_block") and t.map
-    ]
-
-
-def answer_counts(index: NestIndex, output: dict) -> tuple[int, int]:
-    """Code lines of its sources ``output`` copies, and those of them it shows as prose."""
-    text, copied, prose = output["text"], 0, 0
-    code = code_ranges(text)
-    for span in output.get("spans") or []:
-        source = span.get("source") or {}
-        pidx = index.datastore.index_of(source.get("id", "")) if span.get("copied") else None
-        if pidx is None or source.get("chunk_char_start") is None:
-            continue
-        passage, lead = index.datastore.passages[pidx], whole_lead(index, pidx)
-        offset = 0
-        for line in span["text"].splitlines(keepends=True):
-            shown = len(line) - len(line.lstrip())
-            at = source["chunk_char_start"] + offset + shown
-            if line.strip() and open_code_block(passage.text, at, lead) is not None:
-                copied += 1
-                where = span["start"] + offset + shown
-                prose += not any(start <= where < end for start, end in code)
-            offset += len(line)
-    return copied, prose
 
 
 def main() -> None:
@@ -78,7 +35,7 @@ def main() -> None:
         for line in path.read_text().splitlines():
             item = json.loads(line)
             output = item.get("output", item)
-            copied, prose = answer_counts(index, output)
+            copied, prose = code_lines_read_as_prose(index, output)
             total, as_prose = total + copied, as_prose + prose
             if prose:
                 answers.append(item.get("item_id") or item.get("id"))
