@@ -238,7 +238,9 @@ class SpanProposer:
         whose fence is out of the copy (:func:`~nest_integrations.corpus.markdown_structure.opening_fence`:
         past a ``::`` or a code directive's line, a reStructuredText body indented three spaces)
         with no block open in the answer: the copy opens as a planned one does, with the break and
-        the fence above it (unless what it would copy is copied already). Out of a block the
+        the fence above it (unless what it would copy is copied already, or the text so far ends in
+        code, :meth:`_text_ends_in_code`: a copy cut mid-line in a fence indented in a list item,
+        which the answer shows as an indented block, goes on in it). Out of a block the
         decoder fenced (:meth:`_left_shallow_code`: its source has no closing fence to copy) into
         prose: the closing fence on a line of its own, the copy going on after it. Without them a
         Markdown reader shows the code as prose, or the prose as code."""
@@ -246,7 +248,7 @@ class SpanProposer:
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
         start = int(char_spans[pos, 0]) if pos < len(char_spans) else len(text)
         if unclosed_fence(gen.text) is None:
-            if opening_fence(text, start, self._lead(pidx)) is None or self._first_text(gen, pidx, pos) is None:
+            if self._text_ends_in_code(gen) or opening_fence(text, start, self._lead(pidx)) is None or self._first_text(gen, pidx, pos) is None:
                 return None
             gen.plan.opening, gen.plan.announced = going_on, True
             return self._propose(gen, mixture, at, None, generator)
