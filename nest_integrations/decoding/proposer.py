@@ -220,15 +220,27 @@ class SpanProposer:
         the source's closing fence as opening a block. ``planned_opener``: :meth:`_planned_opener`."""
         if (gen.text and not gen.text.endswith("\n")) or not self._fence_wanted(gen, planned_opener):
             return []
-        ids = self._decoder_tokens(planned_opener)
-        return ids if len(ids) < gen.tokens_left() else []  # a fence the budget leaves no copy after is none
+        return self._decoder_tokens(planned_opener)
 
-    @staticmethod
-    def _fence_wanted(gen: Generation, planned_opener: Optional[str]) -> bool:
+    def _fence_wanted(self, gen: Generation, planned_opener: Optional[str]) -> bool:
         """Whether the decoder sets a fence above the planned copy about to open: it opens inside a
-        code block its opener is out of (``planned_opener``: :meth:`_planned_opener`) and the
-        answer holds no open block (:func:`~nest_integrations.corpus.markdown_structure.unclosed_fence`)."""
-        return planned_opener is not None and unclosed_fence(gen.text) is None
+        code block its opener is out of (``planned_opener``: :meth:`_planned_opener`), the answer
+        holds no open block (:func:`~nest_integrations.corpus.markdown_structure.unclosed_fence`),
+        and the budget holds the fence with a line of code under it (:meth:`_fence_fits`)."""
+        if planned_opener is None or unclosed_fence(gen.text) is not None:
+            return False
+        pidx, pos = gen.plan.opening  # type: ignore[misc]
+        text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
+        return self._fence_fits(gen, pidx, self._opening_token(encoded, text, pos), planned_opener)
+
+    def _fence_fits(self, gen: Generation, pidx: int, first: int, opener: str) -> bool:
+        """Whether the budget holds a paragraph break, the fence ``opener``, the first line of a
+        copy from token ``first`` of passage ``pidx`` and the fence that closes the block: a fence
+        with no line of code under it would leave an empty block at the answer's end."""
+        tokens = len(gen.candidates.passage(pidx).token_ids)  # type: ignore[union-attr]
+        line = self._first_line_length(gen, pidx, first, tokens) if first < tokens else 0
+        fences = len(self._decoder_tokens(opener)) + len(self._decoder_tokens("\n" + opener.strip()))
+        return 1 + fences + line <= gen.tokens_left()
 
     def _fence_going_on(
         self, gen: Generation, mixture: Mixture, at: int, going_on: tuple[int, int], generator: Optional[torch.Generator]
@@ -238,9 +250,10 @@ class SpanProposer:
         whose fence is out of the copy (:func:`~nest_integrations.corpus.markdown_structure.opening_fence`:
         past a ``::`` or a code directive's line, a reStructuredText body indented three spaces)
         with no block open in the answer: the copy opens as a planned one does, with the break and
-        the fence above it (unless what it would copy is copied already, or the text so far ends in
-        code, :meth:`_text_ends_in_code`: a copy cut mid-line in a fence indented in a list item,
-        which the answer shows as an indented block, goes on in it). Out of a block the
+        the fence above it (unless what it would copy is copied already, the budget would leave the
+        block empty, or the text so far ends in code, :meth:`_text_ends_in_code`: a copy cut
+        mid-line in a fence indented in a list item, which the answer shows as an indented block,
+        goes on in it). Out of a block the
         decoder fenced (:meth:`_left_shallow_code`: its source has no closing fence to copy) into
         prose: the closing fence on a line of its own, the copy going on after it. Without them a
         Markdown reader shows the code as prose, or the prose as code."""
@@ -248,7 +261,9 @@ class SpanProposer:
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
         start = int(char_spans[pos, 0]) if pos < len(char_spans) else len(text)
         if unclosed_fence(gen.text) is None:
-            if self._text_ends_in_code(gen) or opening_fence(text, start, self._lead(pidx)) is None or self._first_text(gen, pidx, pos) is None:
+            opener = None if self._text_ends_in_code(gen) else opening_fence(text, start, self._lead(pidx))
+            first = self._first_text(gen, pidx, pos) if opener is not None else None
+            if opener is None or first is None or not self._fence_fits(gen, pidx, first, opener):
                 return None
             gen.plan.opening, gen.plan.announced = going_on, True
             return self._propose(gen, mixture, at, None, generator)
