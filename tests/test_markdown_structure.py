@@ -510,3 +510,14 @@ def test_a_copy_of_prose_that_runs_into_code_indented_too_little_ends_above_it()
     assert shallow_code_entry(rst, rst.index("Then"), len(rst)) is None
     deep = rst.replace("\n   ", "\n    ")
     assert shallow_code_entry(deep, deep.index("Lay"), len(deep)) is None
+
+
+def test_a_comment_indented_in_a_restructuredtext_code_block_is_no_markdown_title():
+    """A shell or Python comment indented three spaces in a code directive's body, with a blank
+    line after it, reads in a Markdown reader as a title; it made a whole Sphinx page Markdown (its
+    titles, directives and literal blocks then read wrong) and named a "see also" section after the
+    comment. A ``# Title`` at the margin with a blank line after it is one."""
+    rst = "Manifest\n========\n\n.. code-block:: bash\n\n   graft src\n   # `-> adds all files inside a directory\n\nThen build it."
+    assert not looks_like_markdown(rst)
+    assert parse_blocks(rst)[0].kind == "heading" and parse_blocks(rst)[-1].heading_path == ("Manifest",)
+    assert looks_like_markdown("# Manifest\n\nGraft the source folder.")

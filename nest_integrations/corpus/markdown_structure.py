@@ -24,8 +24,8 @@ text only (lazily encoded, precomputed and Ray-built keys must agree, and a
 chunk cut by a user's splitter carries whatever metadata its loader gave), so
 there the rule is a content sniff, :func:`looks_like_markdown`: a text is read
 as Markdown when a line shows block syntax that prose does not have: a
-``##``-``######`` heading, a ``# Title`` followed by a blank line (a lone
-``# comment`` line in a doctest is not one), a code fence, front matter, an
+``##``-``######`` heading, a ``# Title`` at the margin followed by a blank line (a lone
+``# comment`` line in a doctest is not one, nor one indented in a reStructuredText code block), a code fence, front matter, an
 HTML comment or a tag opening a line, a link-reference definition, a table
 delimiter row. Setext (``===``-underlined) headings are not sniffed as
 Markdown: reStructuredText and docstrings underline titles the same way. A
@@ -86,7 +86,7 @@ prose: the decoder fences it (:func:`opening_fence`, :func:`shallow_code_block`)
 _SNIFF = re.compile(
     r"\A---[ \t]*\n"  # YAML front matter opening the text
     r"|^ {0,3}#{2,6}[ \t]+\S"  # an ATX heading below the title...
-    r"|^ {0,3}#[ \t]+\S[^\n]*\n[ \t]*(?:\n|\Z)"  # ...or a title with a blank line after (not a "# comment")
+    r"|^#[ \t]+\S[^\n]*\n[ \t]*(?:\n|\Z)"  # ...or a title at the margin with a blank line after (not a "# comment")
     r"|^(?:[ \t]{0,3}>[ \t]?)*[ \t]{0,3}(?:```|~~~)"  # a code fence, maybe in a block quote
     r"|<!--"  # an HTML comment
     r"|^ {0,3}</?[A-Za-z][A-Za-z0-9-]*(?:[ \t/]|>(?!`)|$)"  # an HTML tag opening a line (not reST's wrapped "<target>`")
