@@ -559,6 +559,12 @@ def open_code_block(text: str, pos: int, lead: str = "") -> tuple[int, int] | No
     starts at 0). Read alone, its lines are code only when they read as code on their own
     (shell lines without a prompt do not)."""
     block = _code_block_around(lead + text, len(lead) + pos)
+    return _in_text(block, lead)
+
+
+def _in_text(block: tuple[int, int] | None, lead: str) -> tuple[int, int] | None:
+    """``block``, found in ``lead`` and the text after it, in the text's own offsets: a block that
+    ``lead`` opens starts at 0; None stays None."""
     return None if block is None else (max(block[0] - len(lead), 0), block[1] - len(lead))
 
 
@@ -607,7 +613,7 @@ def code_block_at(text: str, pos: int, lead: str = "") -> tuple[int, int] | None
     a chunk before opens starts at 0). Where a copy that opens at ``pos`` goes: into code, or
     out of it."""
     block = _block_at(lead + text, len(lead) + pos)
-    return None if block is None else (max(block[0] - len(lead), 0), block[1] - len(lead))
+    return _in_text(block, lead)
 
 
 def shallow_code_block(text: str, pos: int, lead: str = "") -> tuple[int, int] | None:
@@ -615,7 +621,7 @@ def shallow_code_block(text: str, pos: int, lead: str = "") -> tuple[int, int] |
     fewer than :data:`INDENTED_CODE_COLUMNS`; None for any other. A copy of such a block reads as
     code only between fences the decoder sets, and ends at the block's end."""
     block = _shallow_block(lead + text, len(lead) + pos)
-    return None if block is None else (max(block[0] - len(lead), 0), block[1] - len(lead))
+    return _in_text(block, lead)
 
 
 def shallow_code_entry(text: str, start: int, end: int, lead: str = "") -> int | None:
