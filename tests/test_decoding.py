@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pytest
 import torch
@@ -553,6 +555,32 @@ def test_copied_code_indented_too_little_to_read_as_code_is_fenced_by_the_decode
     assert fences == ["\n\n```\n  ", "\n```"], out.spans
     blocks = [t.content for t in MarkdownIt("commonmark").parse(out.text) if t.type == "fence"]
     assert blocks == [code + "\n"] and not any(model_written(out, span) for span in out.spans)
+
+
+@pytest.mark.parametrize(
+    ("item", "body", "fenced"),
+    [
+        ("1. Download the release and check its version:\n\n.. code::", "    $ quill version\n    quill 0.12.1 compiled with go1.16.6", True),
+        ("- Download the release and check its version:", "      $ quill version\n      quill 0.12.1 compiled with go1.16.6", False),
+    ],
+    ids=["indented-four-under-a-list-item", "indented-past-the-items-text"],
+)
+def test_copied_code_under_a_list_item_is_fenced_where_the_answer_would_read_it_as_prose(tiny_lm, item, body, fenced):
+    """Code indented four spaces after a list item's text (a reStructuredText directive's body
+    under a numbered step) reads as the item's next paragraph in a Markdown answer: the copy that
+    goes on into it gets the decoder's fences, and the step after it follows the closing fence.
+    Code indented four columns past the item's text reads as code in the item: no fence."""
+    from markdown_it import MarkdownIt
+
+    text = f"Reproducing a build\n===================\n\n{item}\n\n{body}\n\n2. Unpack the source code into a folder of its own."
+    decoder = _accepting_decoder(tiny_lm, [Passage(id="build.rst", text=text)], 120)
+    question = "How do I download the release and check its version before I unpack the source code?"
+    out = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=2)
+    tokens = MarkdownIt("commonmark").parse(out.text)
+    code = [t.content for t in tokens if t.type in ("fence", "code_block")]
+    assert "quill 0.12.1 compiled" in out.text and "2. Unpack the source code" in out.text, out.text
+    assert code == [(body if fenced else textwrap.dedent(body)) + "\n"], out.text
+    assert ("```" in out.text) is fenced and not any(model_written(out, span) for span in out.spans)
 
 
 def test_a_code_block_a_window_leaves_open_is_closed_before_the_next_window(tiny_lm):

@@ -497,6 +497,33 @@ def test_a_copy_opening_in_code_indented_too_little_to_read_as_code_is_given_a_f
     assert opening_fence(chunk, 0, lead) == "```" and shallow_code_block(chunk, 0, lead) == (3, end - body)
 
 
+def test_code_indented_four_spaces_needs_a_fence_only_where_the_answer_would_read_it_as_prose():
+    """A block indented four spaces reads as code after a paragraph break, but as a list item's
+    paragraph right under the item's text, and as a paragraph's own line right under its last
+    line. The fence a copy of it needs is read from the answer so far: after any block the answer
+    leaves open (the fence the decoder has just set above it), and with the line breaks the copy
+    brings."""
+    from nest_integrations.corpus.markdown_structure import opening_fence, reads_as_code_after, unfenced_code_block
+
+    line = "    rm -rf chunks.archive.d"
+    assert reads_as_code_after("", line) and reads_as_code_after("It keeps a cache.", line)
+    assert reads_as_code_after("It keeps a cache.\n\n", line)
+    assert not reads_as_code_after("Some pros and cons:\n\n- much less disk space needed.", line)
+    assert not reads_as_code_after("It keeps a cache.\n", line)  # a paragraph's line
+    assert reads_as_code_after("It keeps a cache.\n", "\n" + line)  # the copy brings its blank line
+    assert reads_as_code_after("- much less disk space needed.", "      rm -rf chunks.archive.d")  # past the item's text
+    assert not reads_as_code_after("- much less disk space needed.\n\n```\n", line)  # read before the open fence
+    assert not reads_as_code_after("", "   rm -rf chunks.archive.d")  # three spaces read as prose anywhere
+
+    rst = "Cache\n=====\n\nDrop the indexes::\n\n    rm -rf chunks.archive.d\n    touch chunks.archive.d\n\nThat is all."
+    body = rst.index("    rm")
+    assert opening_fence(rst, body) is None and opening_fence(rst, body, after="It keeps a cache.") is None
+    assert opening_fence(rst, body, after="Some pros and cons:\n\n- much less disk space needed.") == "```"
+    assert unfenced_code_block(rst, body) == (body + 4, rst.index("\n\nThat"))
+    fenced = "Drop them:\n\n```sh\nrm -rf chunks.archive.d\n```\n"
+    assert unfenced_code_block(fenced, fenced.index("rm")) is None and unfenced_code_block(rst, rst.index("That")) is None
+
+
 def test_a_copy_of_prose_that_runs_into_code_indented_too_little_ends_above_it():
     """Where a copy of a ``::`` paragraph would run on into its literal block (indented three
     spaces): the end of the paragraph, so the decoder can set the fence above the code. Not for a

@@ -81,7 +81,9 @@ INDENTED_CODE_COLUMNS = 4
 """The indentation (columns, a tab 4) every line of a code block needs to read as code in a
 Markdown answer without a fence (CommonMark's indented code block). A reStructuredText code
 directive's body indented three spaces, or a doctest at the margin, copied as it is reads as
-prose: the decoder fences it (:func:`opening_fence`, :func:`shallow_code_block`)."""
+prose: the decoder fences it (:func:`opening_fence`, :func:`shallow_code_block`), as it fences a block
+indented deeply enough that an answer would read as a list item's paragraph
+(:func:`reads_as_code_after`)."""
 
 _SNIFF = re.compile(
     r"\A---[ \t]*\n"  # YAML front matter opening the text
@@ -583,7 +585,7 @@ def _code_block_around(text: str, pos: int) -> tuple[int, int] | None:
     return None
 
 
-def opening_fence(text: str, pos: int, lead: str = "") -> str | None:
+def opening_fence(text: str, pos: int, lead: str = "", after: str = "") -> str | None:
     """The fence a copy opening at character ``pos`` of ``text`` needs above it to read as code in
     a Markdown answer, its block's opener being out of the copy; None when it needs none.
 
@@ -593,17 +595,24 @@ def opening_fence(text: str, pos: int, lead: str = "") -> str | None:
       the copied lines as prose and the source's closing fence as opening a block. Bare, without
       the opener's info string (```` ```js ````): what the decoder sets holds no word. None
       inside the opener's line (its line break is past it) or past the closing fence's start.
-    * In a block without a fence whose lines are indented fewer than
-      :data:`INDENTED_CODE_COLUMNS` (:func:`shallow_code_block`, read from the first character
-      a reader sees at or after ``pos``): ```` ``` ````. The source has no closing fence to copy:
-      the decoder sets one where the copy leaves the block.
-    * None in prose and in a block indented deeply enough to read as code without a fence."""
+    * In a block without a fence of its own (:func:`unfenced_code_block`, read from the first
+      character a reader sees at or after ``pos``) whose first line would read as prose after
+      ``after``, the answer so far (:func:`reads_as_code_after`): ```` ``` ````. A block indented
+      fewer than :data:`INDENTED_CODE_COLUMNS` reads so anywhere (:func:`shallow_code_block`); one
+      indented four spaces reads so under a list item's text. The source has no closing fence to
+      copy: the decoder sets one where the copy leaves the block.
+    * None in prose and in a block without a fence that reads as code where the answer stands."""
     full, at = lead + text, len(lead) + pos
     block = _code_block_around(full, at)
     if block is not None and (opener := _FENCE_LINE.match(full, *block)) is not None:
         line_end = full.find("\n", block[0], block[1])
         return None if line_end < 0 or at < line_end else opener.group(1)
-    return "```" if _shallow_block(full, at) is not None else None
+    if _unfenced_block(full, at) is None:
+        return None
+    shown = at + len(full[at:]) - len(full[at:].lstrip())
+    line_start, line_end = full.rfind("\n", 0, shown) + 1, full.find("\n", shown)
+    copied = full[min(at, line_start) : line_end if line_end >= 0 else None]  # its line breaks, its first line whole
+    return None if reads_as_code_after(after, copied) else "```"
 
 
 def code_block_at(text: str, pos: int, lead: str = "") -> tuple[int, int] | None:
@@ -616,12 +625,42 @@ def code_block_at(text: str, pos: int, lead: str = "") -> tuple[int, int] | None
     return _in_text(block, lead)
 
 
+def unfenced_code_block(text: str, pos: int, lead: str = "") -> tuple[int, int] | None:
+    """:func:`code_block_at`, for a block without a fence of its own (indented, a ``::`` literal
+    block, a code directive's body, a doctest); None for a fenced block or prose. Its source has no
+    closing fence to copy: a copy of it that the decoder fences (:func:`opening_fence`) ends at the
+    block's end, where the decoder closes the fence."""
+    return _in_text(_unfenced_block(lead + text, len(lead) + pos), lead)
+
+
 def shallow_code_block(text: str, pos: int, lead: str = "") -> tuple[int, int] | None:
-    """:func:`code_block_at`, for a block without a fence of its own whose lines are indented
-    fewer than :data:`INDENTED_CODE_COLUMNS`; None for any other. A copy of such a block reads as
-    code only between fences the decoder sets, and ends at the block's end."""
+    """:func:`unfenced_code_block`, for a block whose lines are indented fewer than
+    :data:`INDENTED_CODE_COLUMNS`; None for any other. A copy of such a block reads as code only
+    between fences the decoder sets, wherever the answer stands."""
     block = _shallow_block(lead + text, len(lead) + pos)
     return _in_text(block, lead)
+
+
+@functools.lru_cache(maxsize=256)
+def reads_as_code_after(text: str, copied: str) -> bool:
+    """Whether the last line of ``copied`` (a line of code with its indentation, after the line
+    breaks a copy brings before it) reads as code when set after ``text`` (an answer so far, read
+    whole as a Markdown reader, CommonMark, reads it) where the decoder sets it: after the text
+    before any block ``text`` leaves open (:func:`unclosed_fence`), with a paragraph break between
+    them unless one of them brings a line break. An indented line under a list item's text reads
+    as the item's next paragraph unless it is indented four columns past the item's text ("- much
+    less disk space needed." and then ``    rm -rf chunks.archive.d``), and an indented line right
+    under a paragraph's last line as that paragraph's; one indented four spaces after a blank
+    line anywhere else reads as code. Cached: the proposer asks it for one opening several times."""
+    block = _unclosed_block(text)
+    head = text if block is None else text[: block[0]]
+    joined = not head.strip() or head.endswith("\n") or copied.lstrip(" \t").startswith("\n")
+    full = (head if head.strip() else "") + ("" if joined else "\n\n") + copied
+    last = full.count("\n")
+    return any(
+        token.type in ("code_block", "fence") and token.map is not None and token.map[0] <= last < token.map[1]
+        for token in _parser().parse(full)
+    )
 
 
 def shallow_code_entry(text: str, start: int, end: int, lead: str = "") -> int | None:
@@ -645,10 +684,16 @@ def _block_at(text: str, pos: int) -> tuple[int, int] | None:
     return None if layout is None else next(((start, end) for start, end in layout.code if start <= shown < end), None)
 
 
+def _unfenced_block(text: str, pos: int) -> tuple[int, int] | None:
+    """:func:`unfenced_code_block` without a lead."""
+    block = _block_at(text, pos)
+    return None if block is None or _FENCE_LINE.match(text, *block) else block
+
+
 def _shallow_block(text: str, pos: int) -> tuple[int, int] | None:
     """:func:`shallow_code_block` without a lead."""
-    block = _block_at(text, pos)
-    if block is None or _FENCE_LINE.match(text, *block):
+    block = _unfenced_block(text, pos)
+    if block is None:
         return None
     lines = text[text.rfind("\n", 0, block[0]) + 1 : block[1]].expandtabs(INDENTED_CODE_COLUMNS).splitlines()
     return block if min(len(line) - len(line.lstrip()) for line in lines if line.strip()) < INDENTED_CODE_COLUMNS else None
@@ -691,6 +736,18 @@ def closing_fence(text: str, block: tuple[int, int]) -> tuple[int, int] | None:
     return line_start - 1, end
 
 
+def _unclosed_block(text: str) -> tuple[int, int] | None:
+    """``(start, end)`` of the fenced code block ``text`` ends inside (:func:`unclosed_fence`), its
+    opener's line included; None when ``text`` ends outside one."""
+    layout = copy_layout(text, chunk=False)
+    if layout is None or not layout.code:
+        return None
+    start, end = layout.code[-1]
+    if text[end:].strip() or _FENCE_LINE.match(text, start, end) is None or closing_fence(text, (start, end)) is not None:
+        return None
+    return start, end
+
+
 def unclosed_fence(text: str) -> str | None:
     """The fence (three or more backticks or tildes, as its opener's) that closes the fenced code
     block ``text`` ends inside: a copy that stopped where a chunker cut the block leaves it open,
@@ -698,14 +755,8 @@ def unclosed_fence(text: str) -> str | None:
     read whole as that reader reads it: prose and then a diagram's bare opening fence is no chunk
     cut inside a block. None when ``text`` ends outside a fenced block (or inside an indented
     one, which needs no fence)."""
-    layout = copy_layout(text, chunk=False)
-    if layout is None or not layout.code:
-        return None
-    start, end = layout.code[-1]
-    opener = _FENCE_LINE.match(text, start, end)
-    if text[end:].strip() or opener is None or closing_fence(text, (start, end)) is not None:
-        return None
-    return opener.group(1)
+    block = _unclosed_block(text)
+    return None if block is None else _FENCE_LINE.match(text, *block).group(1)  # type: ignore[union-attr]
 
 
 def closing_fence_line(text: str) -> str | None:

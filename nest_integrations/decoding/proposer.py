@@ -37,6 +37,7 @@ from nest_integrations.core.mixture import relaxed_accept_ratio
 from nest_integrations.corpus.markdown_structure import (
     closing_fence, closing_fence_line, code_block_at, copyable_end, copyable_tokens, ends_in_code, first_copyable, missing_indentation,
     open_code_block, opening_fence, past_markup_indent, shallow_code_block, shallow_code_entry, title_tokens, unclosed_fence,
+    unfenced_code_block,
 )
 from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
@@ -246,32 +247,51 @@ class SpanProposer:
         self, gen: Generation, mixture: Mixture, at: int, going_on: tuple[int, int], generator: Optional[torch.Generator]
     ) -> Optional[Proposal]:
         """What the decoder sets before a copy that goes on at ``going_on`` (a passage index and
-        token position) crosses between code and prose; None when it crosses neither way. Into code
-        whose fence is out of the copy (:func:`~nest_integrations.corpus.markdown_structure.opening_fence`:
-        past a ``::`` or a code directive's line, a reStructuredText body indented three spaces)
-        with no block open in the answer: the copy opens as a planned one does, with the break and
-        the fence above it (unless what it would copy is copied already, the budget would leave the
-        block empty, or the text so far ends in code, :meth:`_text_ends_in_code`: a copy cut
-        mid-line in a fence indented in a list item, which the answer shows as an indented block,
-        goes on in it). Out of a block the
-        decoder fenced (:meth:`_left_shallow_code`: its source has no closing fence to copy) into
-        prose: the closing fence on a line of its own, the copy going on after it. Without them a
-        Markdown reader shows the code as prose, or the prose as code."""
-        pidx, pos = going_on
-        text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
-        start = int(char_spans[pos, 0]) if pos < len(char_spans) else len(text)
+        token position) crosses between code and prose: into code (:meth:`_fence_into_code`) while
+        the answer holds no block open, out of it (:meth:`_fence_out_of_code`) while it holds one;
+        None when it crosses neither way. Without them a Markdown reader shows the code as prose,
+        or the prose as code."""
         if unclosed_fence(gen.text) is None:
-            opener = None if self._text_ends_in_code(gen) else opening_fence(text, start, self._lead(pidx))
-            first = self._first_text(gen, pidx, pos) if opener is not None else None
-            if opener is None or first is None or not self._fence_fits(gen, pidx, first, opener):
-                return None
-            gen.plan.opening, gen.plan.announced = going_on, True
-            return self._propose(gen, mixture, at, None, generator)
-        if not self._left_shallow_code(gen) or code_block_at(text, start, self._lead(pidx)) is not None:
+            return self._fence_into_code(gen, mixture, at, going_on, generator)
+        return self._fence_out_of_code(gen, going_on)
+
+    def _fence_into_code(
+        self, gen: Generation, mixture: Mixture, at: int, going_on: tuple[int, int], generator: Optional[torch.Generator]
+    ) -> Optional[Proposal]:
+        """A copy going on at ``going_on`` into code whose fence is out of the copy
+        (:func:`~nest_integrations.corpus.markdown_structure.opening_fence`: past a ``::`` or a code
+        directive's line, a reStructuredText body indented three spaces, or one indented four
+        under a list item's text, which the answer would read as the item's): it opens as a planned
+        copy does, with the break and the fence above it. None when the code needs no fence, when
+        what it would copy is copied already, when the budget would leave the block empty, or when
+        the text so far ends in code (:meth:`_text_ends_in_code`: a copy cut mid-line in a fence
+        indented in a list item, which the answer shows as an indented block, goes on in it)."""
+        pidx, pos = going_on
+        text, start = self.datastore.passages[pidx].text, self._char_at(gen, pidx, pos)  # type: ignore[union-attr]
+        opener = None if self._text_ends_in_code(gen) else opening_fence(text, start, self._lead(pidx), gen.text)
+        first = self._first_text(gen, pidx, pos) if opener is not None else None
+        if opener is None or first is None or not self._fence_fits(gen, pidx, first, opener):
+            return None
+        gen.plan.opening, gen.plan.announced = going_on, True
+        return self._propose(gen, mixture, at, None, generator)
+
+    def _fence_out_of_code(self, gen: Generation, going_on: tuple[int, int]) -> Optional[Proposal]:
+        """A copy going on at ``going_on`` into prose out of a block the decoder fenced
+        (:meth:`_left_decoder_fence`: its source has no closing fence to copy): the closing fence
+        on a line of its own, the copy going on after it; None otherwise."""
+        pidx, pos = going_on
+        text, start = self.datastore.passages[pidx].text, self._char_at(gen, pidx, pos)  # type: ignore[union-attr]
+        if not self._left_decoder_fence(gen) or code_block_at(text, start, self._lead(pidx)) is not None:
             return None
         if (fence := self._fence_closing(gen)) is not None:
             gen.plan.opening, gen.plan.announced = going_on, True
         return fence
+
+    def _char_at(self, gen: Generation, pidx: int, pos: int) -> int:
+        """The character of passage ``pidx`` its token ``pos`` starts at; the passage's length when
+        ``pos`` is past its last token."""
+        char_spans = gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
+        return int(char_spans[pos, 0]) if pos < len(char_spans) else len(self.datastore.passages[pidx].text)  # type: ignore[union-attr]
 
     def _first_text(self, gen: Generation, pidx: int, pos: int) -> Optional[int]:
         """The first token from ``pos`` of passage ``pidx`` that shows text and a copy may start with
@@ -290,12 +310,13 @@ class SpanProposer:
 
     def _planned_opener(self, gen: Generation) -> Optional[str]:
         """The fence that opens the block the planned copy about to open starts inside
-        (:func:`~nest_integrations.corpus.markdown_structure.opening_fence`), with the line break
-        after it unless the copy brings its own; None when it opens outside a fenced block."""
+        (:func:`~nest_integrations.corpus.markdown_structure.opening_fence`, read after the answer so
+        far), with the line break after it unless the copy brings its own; None when it opens
+        outside a block that needs one."""
         if (planned := self._planned_start(gen)) is None:
             return None
         pidx, text, start = planned
-        opener = opening_fence(text, start, self._lead(pidx))
+        opener = opening_fence(text, start, self._lead(pidx), gen.text)
         return None if opener is None else opener + ("" if text.startswith("\n", start) else "\n")
 
     def _planned_start(self, gen: Generation) -> Optional[tuple[int, str, int]]:
@@ -500,14 +521,11 @@ class SpanProposer:
         assert self.datastore is not None and gen.candidates is not None
         passages = self.datastore.passages
 
-        def start(pidx: int, pos: int) -> int:
-            spans = gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
-            return int(spans[pos, 0]) if pos < len(spans) else len(passages[pidx].text)
-
+        from_char, to_char = self._char_at(gen, *resumed), self._char_at(gen, *going_on)
         if going_on[0] == resumed[0]:
-            skipped = passages[resumed[0]].text[start(*resumed) : start(*going_on)]
+            skipped = passages[resumed[0]].text[from_char:to_char]
         else:
-            skipped = passages[resumed[0]].text[start(*resumed) :] + passages[going_on[0]].text[: start(*going_on)]
+            skipped = passages[resumed[0]].text[from_char:] + passages[going_on[0]].text[:to_char]
         crossed = going_on[0] != came_from and cut_between(passages, came_from, going_on[0])
         if not ("\n" in skipped or crossed) or not self._runs_into(gen, *going_on):
             return None
@@ -526,7 +544,7 @@ class SpanProposer:
         on to the line's end; at a line's end, the block's closing fence is copied and the answer
         ends there (``answered``); a block without one (indented, or cut by the chunking) ends
         the answer at that line end (:meth:`_end_in_code`). A copy that reached the end of a
-        block the decoder fenced (:meth:`_left_shallow_code`) gets its closing fence. The
+        block the decoder fenced (:meth:`_left_decoder_fence`) gets its closing fence. The
         proposer asks before it looks for a span elsewhere."""
         copied = self._last_copied(gen)
         if copied is None:
@@ -535,7 +553,7 @@ class SpanProposer:
         text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
         block = self._open_code_block(pidx, copied_to)
         if block is None:
-            return self._fence_closing(gen) if self._left_shallow_code(gen) else None
+            return self._fence_closing(gen) if self._left_decoder_fence(gen) else None
         line_end = text.find("\n", copied_to, block[1])
         if text[copied_to : line_end if line_end >= 0 else block[1]].strip():  # mid-line
             stop = _first_token_from(encoded.char_spans, line_end if line_end >= 0 else block[1])
@@ -553,20 +571,20 @@ class SpanProposer:
             return self._end_in_code(gen)
         return Proposal(span[0], span[1:], unchecked=True)
 
-    def _left_shallow_code(self, gen: Generation) -> bool:
-        """Whether the answer's last token was copied from a code block that reads as code only
-        between the decoder's fences (:func:`~nest_integrations.corpus.markdown_structure.shallow_code_block`)
-        and reached its end: the fence the decoder set above it is to be closed before anything
-        else is written, or what follows would read as the block's code. Only that block's: a
-        fence the answer leaves open otherwise (a fence indented in a list item, copied without the
-        list) is the source's, and a copy cut mid-line there goes on."""
+    def _left_decoder_fence(self, gen: Generation) -> bool:
+        """Whether the answer's last token was copied from a code block without a fence of its own
+        (:func:`~nest_integrations.corpus.markdown_structure.unfenced_code_block`), reached the
+        block's end, and the answer holds a fence open: the one the decoder set above it, to be
+        closed before anything else is written, or what follows would read as the block's code.
+        Only that block's: a fence the answer leaves open otherwise (a fence indented in a list
+        item, copied without the list) is the source's, and a copy cut mid-line there goes on."""
         copied = self._last_copied(gen)
         if copied is None:
             return False
         pidx, pos, copied_to = copied
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
-        block = shallow_code_block(text, int(char_spans[pos, 0]), self._lead(pidx))
-        return block is not None and block[1] <= copied_to
+        block = unfenced_code_block(text, int(char_spans[pos, 0]), self._lead(pidx))
+        return block is not None and block[1] <= copied_to and unclosed_fence(gen.text) is not None
 
     def _end_in_code(self, gen: Generation) -> Proposal:
         """A copied line of code ended and its block has no fence to close it with: the answer
@@ -632,7 +650,7 @@ class SpanProposer:
         """Where a copy from token ``pos`` of passage ``pidx`` must end (exclusive): at most
         ``span_length`` tokens, never past the passage, never into Markdown a reader does not
         see (:func:`~nest_integrations.corpus.markdown_structure.copyable_end`), never across the edge of a code
-        block that reads as code only between the decoder's fences (:meth:`_shallow_code_bound`),
+        block that reads as code only between the decoder's fences (:meth:`_decoder_fence_bound`),
         never into a token this
         answer has already copied (a used entry), never past the end of the planned copy it is in (the
         plan moves on from there), never completing a run of ``repeat_ngram`` tokens the answer
@@ -648,25 +666,28 @@ class SpanProposer:
             end = min(end, gen.plan.window_end[1] + 1)  # type: ignore[index]
         text, char_spans = self.datastore.passages[pidx].text, candidates.passage(pidx).char_spans  # type: ignore[union-attr]
         end = copyable_end(text, char_spans, pos, end)
-        end = min(end, self._shallow_code_bound(gen, pidx, pos, end))
+        end = min(end, self._decoder_fence_bound(gen, pidx, pos, end))
         end = next((i for i in range(pos, end) if candidates.is_used(pidx, i)), end)
         if source_repeats or gen.plan.copies_whole(pidx, pos):
             return end
         return pos + repeat_free_length(gen.ids, [int(t) for t in tokens[pos:end]], config.repeat_ngram)
 
-    def _shallow_code_bound(self, gen: Generation, pidx: int, pos: int, end: int) -> int:
-        """Where a copy from token ``pos`` to ``end`` of passage ``pidx`` must end at a code block that
-        reads as code only between the decoder's fences
-        (:func:`~nest_integrations.corpus.markdown_structure.shallow_code_block`): at the block's end
-        when the copy is inside it and the answer holds its open fence, at the end of the prose
-        above it when the copy would run on into it; ``end`` otherwise. The copy goes on past
-        the fence the decoder sets there (:meth:`_fence_going_on`)."""
+    def _decoder_fence_bound(self, gen: Generation, pidx: int, pos: int, end: int) -> int:
+        """Where a copy from token ``pos`` to ``end`` of passage ``pidx`` must end at a code block
+        without a fence of its own: at the block's end when the copy is inside it and the answer
+        holds a fence open (the decoder's, :func:`~nest_integrations.corpus.markdown_structure.opening_fence`);
+        at the end of the prose above a block indented fewer than four spaces when the copy would
+        run on into it (:func:`~nest_integrations.corpus.markdown_structure.shallow_code_entry`);
+        ``end`` otherwise. The copy goes on past the fence the decoder sets there
+        (:meth:`_fence_going_on`)."""
         text, char_spans, lead = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans, self._lead(pidx)  # type: ignore[union-attr]
-        if (block := shallow_code_block(text, int(char_spans[pos, 0]), lead)) is not None:
-            stop = block[1] if unclosed_fence(gen.text) is not None else None
+        start = int(char_spans[pos, 0])
+        if unclosed_fence(gen.text) is not None:
+            stop = block[1] if (block := unfenced_code_block(text, start, lead)) is not None else None
+        elif end > pos and shallow_code_block(text, start, lead) is None:
+            stop = shallow_code_entry(text, start, int(char_spans[end - 1, 1]), lead)
         else:
-            stop = shallow_code_entry(text, int(char_spans[pos, 0]), int(char_spans[end - 1, 1]), lead) if end > pos else None
-            stop = stop if stop is not None and unclosed_fence(gen.text) is None else None
+            stop = None
         return end if stop is None else max(_first_token_from(char_spans, stop), pos + 1)
 
     @staticmethod
