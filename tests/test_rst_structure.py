@@ -112,6 +112,17 @@ def test_underlines_labels_and_directive_lines_are_hidden_and_titles_label_secti
     assert start_allowed(SAMPLE, code) and not start_allowed(SAMPLE, code + 4), "code is copied from a line's start"
 
 
+def test_a_literal_blocks_marker_written_alone_is_hidden():
+    """docutils shows nothing of a ``::`` paragraph: copied, it read as a stray ``::`` above the code."""
+    text = "To achieve this, run ``borg create`` within the mountpoint:\n\n::\n\n    cd /mnt/rootfs\n    borg create repo::backup .\n"
+    layout = copy_layout(text)
+    marker = text.index("\n::\n") + 1
+    assert layout is not None and (marker, marker + 2) in layout.hidden
+    assert not start_allowed(text, marker) and not shows_text(text, marker, marker + 2)
+    assert [b.kind for b in parse_blocks(text)] == ["paragraph", "directive", "code"]
+    assert start_allowed(text, text.index("cd /mnt")), "the code below it is still code"
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

@@ -21,7 +21,8 @@ as the Markdown reader, in character offsets into the original text:
   as code (:func:`reads_as_code`: a doctest, a shell prompt, or Python), otherwise the body's
   paragraphs are read like any others;
 * literal blocks (the lines indented under a paragraph that ends in ``::``) and doctest
-  blocks (``>>>`` lines): ``"code"``; so are the lines a text opens with when they are indented
+  blocks (``>>>`` lines): ``"code"``; a paragraph of ``::`` alone, which announces a literal
+  block and shows nothing: ``"directive"``; so are the lines a text opens with when they are indented
   by four spaces or a tab (:data:`OPENS_INDENTED`) and read as code (:func:`reads_as_code`): a
   chunk cut inside a literal block or a directive's body shows neither the ``::`` nor the
   directive above them (a note's body cut the same way reads as text);
@@ -257,6 +258,8 @@ class _Reader:
                 break
             stop += 1
         kind: BlockKind = "list_item" if _ITEM.match(self.raw[i][base:]) else "paragraph"
+        if stop == i + 1 and self.raw[i].strip() == "::":
+            kind = "directive"  # the literal block's marker written alone: docutils shows nothing of it
         self.add(kind, i, stop)
         return stop, self.raw[stop - 1].rstrip().endswith("::")
 
