@@ -50,6 +50,25 @@ def test_a_markdown_window_takes_in_its_whole_paragraph_under_its_section_title(
     assert "Paths like" not in chosen("How do I make /foo and /foo/ point to the same route?", [prose])[0], "prose keeps its sentence windows"
 
 
+def test_no_window_spans_a_heading():
+    """A heading's line is never copied: a window over one was chosen for words the answer does
+    not show (the last list item of one section, copied for the title of the next)."""
+    doc = Passage(id="faq", text=(
+        "Protecting backups\n------------------\n\nThus:\n\n- have multiple backup media\n"
+        "- have a relatively recent backup on your media\n\n"
+        "How do I report a security issue?\n---------------------------------\n\n"
+        "Send a private email to the security contact.\n\n"
+        ".. _compaction:\n\nSeparate compaction\n-------------------\n\nBorg does not compact segments on its own.\n"
+    ))
+    headings = [m.start() for m in re.finditer(r"^\w.*\n-+$", doc.text, re.M)]
+    candidates = candidate_windows([doc])
+    assert not [doc.text[c.start : c.end] for c in candidates if any(c.start < h < c.end for h in headings)]
+    assert not [c for c in candidates if "recent backup" in doc.text[c.start : c.end] and "secur" in c.words]
+    below = [c for c in candidates if "compact segments" in doc.text[c.start : c.end]]
+    assert below and all(c.heading_path == ("Separate compaction",) for c in below), "a label before a title is no section of its own"
+    assert chosen("How do I report a security issue?", [doc])[0].endswith("Send a private email to the security contact.")
+
+
 def test_windows_never_repeat_one_another_through_overlapping_chunks():
     sentence = "Be aware that if routes are wrapped with fastify-plugin, the prefix option will not work."
     lead = "Register routes with a prefix option. "

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from nest_integrations.corpus.chunking import sentence_spans
-from nest_integrations.corpus.markdown_structure import copy_layout, readable_blocks, start_allowed
+from nest_integrations.corpus.markdown_structure import copy_layout, parse_blocks, readable_blocks, shows_text, start_allowed
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.corpus.rst_structure import announces_code
 from .relevance import is_name_query
@@ -168,11 +168,16 @@ def sentence_windows(passage: Passage) -> list[tuple[int, int, int]]:
     """``(start, sentence_end, end)`` of one candidate answer window per sentence of
     ``passage``: from the line heading the sentence (:func:`_is_heading`) to the
     sentence's end, then extended over the following sentences while it has fewer
-    than ``MIN_WINDOW_WORDS`` words (and no heading intervenes). Windows are scored on ``[start, sentence_end)``."""
+    than ``MIN_WINDOW_WORDS`` words (and no heading intervenes). Windows are scored on ``[start, sentence_end)``.
+    A sentence that opens a section (a heading's title) takes in no line of the section before: its
+    last list item or code line is no term that heads it."""
     spans = sentence_spans(passage.text)
+    layout = copy_layout(passage.text)
+    headings = layout.heading_starts if layout is not None else frozenset()
     windows = []
     for i, (start, end) in enumerate(spans):
-        if i and _is_heading(passage.text, *spans[i - 1], start):
+        opens_section = i and any(spans[i - 1][0] < heading <= start for heading in headings)
+        if i and not opens_section and _is_heading(passage.text, *spans[i - 1], start):
             start = spans[i - 1][0]
         core_end, j = end, i
         # Never past Markdown a copy cannot cross (a heading): the window's end would be out of reach.
@@ -205,6 +210,27 @@ def whole_blocks(text: str, start: int, end: int) -> tuple[int, int]:
         return start, end
     wide = (min(start, touched[0][0]), max(end, touched[-1][1]))
     return wide if len(folded_words(text[wide[0] : wide[1]])) <= MAX_BLOCK_WINDOW_WORDS else (start, end)
+
+
+def within_section(text: str, start: int, end: int) -> tuple[int, int]:
+    """``[start, end)`` of Markdown ``text`` kept to one section: a window that opens with a heading,
+    or with markup a reader does not see and then a heading (a reStructuredText label, an
+    ``.. include::`` line), starts below it; one that runs into the next heading ends with the
+    last block a reader sees before it. Unchanged for prose; ``start >= end`` when nothing is left.
+
+    A heading's line is never copied (its title is, before the window: ``section_title``), so a
+    window over a heading would be chosen for words the answer does not show: the last list item
+    of one section copied for the title of the next."""
+    layout = copy_layout(text)
+    if layout is None:
+        return start, end
+    for heading in sorted(h for h in layout.heading_starts if start <= h < end):
+        if heading < start:
+            continue  # under a heading the window already moved below
+        if shows_text(text, start, heading):
+            return start, max((e for s, e in readable_blocks(text) if start < e <= heading), default=start)
+        start = next((b.start for b in parse_blocks(text) if b.start > heading and b.kind != "heading"), len(text))
+    return start, end
 
 
 def closes_answer(text: str, end: int) -> bool:

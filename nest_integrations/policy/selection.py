@@ -33,7 +33,7 @@ from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.markdown_structure import copy_layout, parse_blocks, section_title, shows_text
 from nest_integrations.corpus.passages import Passage
 from .conversation import question_asked_now
-from .copy_policy import Window, document_range, sentence_windows, whole_blocks
+from .copy_policy import Window, document_range, sentence_windows, whole_blocks, within_section
 from .relevance import content_words, opening_words, text_stems
 from .words import stem
 
@@ -98,32 +98,21 @@ def _heading_path(text: str, pos: int) -> tuple[str, ...]:
     return before[-1].heading_path if before else ()
 
 
-def _below_heading(text: str, pos: int) -> int:
-    """``pos``, or where the text under the heading that starts at ``pos`` begins: a window that
-    opens with a heading is copied from below it, under that heading's title (a heading's line
-    is never copied, and the title before ``pos`` would be the previous section's)."""
-    layout = copy_layout(text)
-    if layout is None or pos not in layout.heading_starts:
-        return pos
-    return next((b.start for b in parse_blocks(text) if b.start > pos and b.kind != "heading"), len(text))
-
-
 def candidate_windows(passages: Sequence[Passage]) -> list[CandidateWindow]:
     """Every passage's sentence windows (:func:`~.copy_policy.sentence_windows`) that hold text a
-    reader sees, in Markdown widened to the blocks they touch (:func:`~.copy_policy.whole_blocks`),
-    in passage order (``passages`` best first: ``rank`` is the index)."""
+    reader sees, in Markdown widened to the blocks they touch (:func:`~.copy_policy.whole_blocks`)
+    and kept to one section (:func:`~.copy_policy.within_section`), in passage order (``passages`` best first: ``rank`` is the index)."""
     candidates = []
     for rank, passage in enumerate(passages):
         text = passage.text
         for start, core_end, end in sentence_windows(passage):
-            wide_start, wide_end = whole_blocks(text, start, end)
-            wide_start = _below_heading(text, wide_start)
+            wide_start, wide_end = within_section(text, *whole_blocks(text, start, end))
             if wide_start >= wide_end or not shows_text(text, wide_start, wide_end):
                 continue  # a heading and nothing under it, or markup alone (a label, a directive)
             title = section_title(text, wide_start)
             candidates.append(CandidateWindow(
                 passage, rank, wide_start, wide_end, text[title[0] : title[1]] if title else "",
-                _heading_path(text, start), frozenset(text_stems(text[start:core_end])),
+                _heading_path(text, wide_start), frozenset(text_stems(text[start:core_end])),
             ))
     return candidates
 
