@@ -80,6 +80,14 @@ def test_windows_never_repeat_one_another_through_overlapping_chunks():
     assert chosen("   ", [first]) == [] and chosen(question, []) == []
 
 
+def test_an_example_two_pages_repeat_is_chosen_once():
+    example = "```js\nyargs(process.argv.slice(2))\n  .onFinishCommand(async (resultValue) => {\n    await db.disconnect()\n  }).argv\n```"
+    api = Passage(id="api", text=f"## .onFinishCommand([handler])\n\nCalled after the completion of any command:\n\n{example}\n")
+    advanced = Passage(id="advanced", text=f"### Example\n\n{example.replace('  ', '    ')}\n")
+    texts = chosen("When is the onFinishCommand handler called after a command completes?", [api, advanced], count=3)
+    assert sum("db.disconnect()" in text for text in texts) == 1, texts
+
+
 def test_features_have_one_column_each_and_the_selector_checks_its_weights():
     doc = Passage(id="d", text="## Options\n\nSet `timeout` to change how long a request may take. The default is 30 seconds.")
     candidates = candidate_windows([doc])

@@ -192,7 +192,9 @@ class AnswerSelector:
     ) -> list[Window]:
         """Up to ``count`` windows of ``passages`` (retrieved, best first: their order is a feature)
         that best answer ``query``, best first, none overlapping another in its document (chunk
-        splitters overlap their chunks). With ``eligible``, only windows of the passages it accepts
+        splitters overlap their chunks) and none whose text another holds or that holds another's,
+        white space aside (documentation repeats an example on two pages: copied twice, it reads
+        as a loop). With ``eligible``, only windows of the passages it accepts
         are chosen; every passage's windows are still read, so a window's features (its passage's
         rank, its overlap against the best) are those the selector was fitted on."""
         candidates = candidate_windows(passages)
@@ -201,6 +203,7 @@ class AnswerSelector:
         probability = self.probabilities(window_features(query, candidates, passages, relevance))
         windows: list[Window] = []
         taken: list[tuple[str, int, int]] = []
+        texts: list[str] = []  # each chosen window's words, one space between them
         for i in np.argsort(-probability, kind="stable"):
             c = candidates[int(i)]
             if eligible is not None and not eligible(c.passage):
@@ -208,8 +211,12 @@ class AnswerSelector:
             here = document_range(c.passage, c.start, c.end)
             if any(doc == here[0] and s < here[2] and here[1] < e for doc, s, e in taken):
                 continue
+            words = " ".join(c.passage.text[c.start : c.end].split())
+            if any(words in other or other in words for other in texts):
+                continue
             windows.append(Window(c.passage.id, c.start, c.end, float(probability[i])))
             taken.append(here)
+            texts.append(words)
             if len(windows) == count:
                 break
         return windows
