@@ -458,6 +458,11 @@ def test_copied_markup_flags_footnote_markers_and_table_borders(passage: str, co
     assert copied_markup(_copy_output("", copied, passage), {"p": passage}) == kinds
 
 
+def test_a_literal_blocks_marker_alone_is_markup_but_a_paragraphs_colons_are_not() -> None:
+    text = "Run it in the mount point:\n\n::\n\n    cd /mnt/rootfs\n\nExample::\n\n    borg create repo::name .\n"
+    assert [(text[lo:hi], kind) for lo, hi, kind in markup_ranges(text)] == [("::", "explicit_markup")]
+
+
 def test_markup_ranges_of_footnotes_and_simple_tables() -> None:
     assert [(NOTES[lo:hi], kind) for lo, hi, kind in markup_ranges(NOTES)] == [("[^attr]", "footnote"), ("[^attr]:", "footnote")]
     assert [TABLE[lo:hi].strip() for lo, hi, _ in markup_ranges(TABLE)] == ["========", *["=========  ======="] * 3]
