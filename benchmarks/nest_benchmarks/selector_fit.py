@@ -20,7 +20,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
 from nest_integrations import NestConfig
-from nest_integrations.policy.selection import AnswerSelector
+from nest_integrations.policy.selection import AnswerSelector, choose_windows
 
 from .report_files import markdown_table
 
@@ -78,24 +78,14 @@ def fit(rows: list[dict]) -> AnswerSelector:
 
 
 def selected_recall(selector: AnswerSelector | LinearScorer, rows: list[dict], count: int = NestConfig().answer_windows) -> int:
-    """Answerable questions whose ``count`` chosen windows (as AnswerSelector.select chooses) hold the answer."""
+    """Answerable questions whose ``count`` chosen windows (as AnswerSelector.select chooses:
+    :func:`~nest_integrations.policy.selection.choose_windows`) hold the answer."""
     found = 0
     for r in rows:
         if r["unanswerable"] or not len(r["labels"]):
             continue
-        order = np.argsort(-selector.probabilities(r["features"]), kind="stable")
-        taken: list[tuple[str, int, int]] = []
-        hit = False
-        for i in order:
-            c = r["candidates"][int(i)]
-            here = (c.passage.doc_id or c.passage.id, c.passage.doc_char_start + c.start, c.passage.doc_char_start + c.end)
-            if any(d == here[0] and s < here[2] and here[1] < e for d, s, e in taken):
-                continue
-            taken.append(here)
-            hit = hit or bool(r["labels"][int(i)])
-            if len(taken) == count:
-                break
-        found += hit
+        chosen = choose_windows(r["candidates"], selector.probabilities(r["features"]), count)
+        found += any(bool(r["labels"][i]) for i in chosen)
     return found
 
 

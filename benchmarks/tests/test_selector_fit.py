@@ -13,10 +13,15 @@ def window(passage: Passage, start: int, end: int) -> CandidateWindow:
     return CandidateWindow(passage, 0, start, end, "", (), frozenset())
 
 
+def tens(count: int) -> str:
+    """``count`` runs of ten letters, each another letter: windows over other runs hold other text."""
+    return "".join(chr(ord("a") + i % 26) * 10 for i in range(count))
+
+
 def question(scores: list[float], labels: list[bool], *, unanswerable: bool = False, doc: str = "") -> dict:
     """A question whose windows are one feature column (``scores``), each over its own characters
-    of one passage (of document ``doc`` when given)."""
-    passage = Passage("p", "x" * (10 * len(scores)), doc_id=doc)
+    (its own text) of one passage (of document ``doc`` when given)."""
+    passage = Passage("p", tens(len(scores)), doc_id=doc)
     candidates = [window(passage, 10 * i, 10 * i + 10) for i in range(len(scores))]
     return {"features": np.array(scores, dtype=np.float64)[:, None], "labels": np.array(labels), "candidates": candidates, "unanswerable": unanswerable}
 
@@ -37,10 +42,17 @@ def test_selected_recall_counts_a_question_once_its_chosen_windows_hold_the_answ
 
 
 def test_selected_recall_skips_a_window_that_overlaps_a_chosen_one() -> None:
-    passage = Passage("p", "x" * 40, doc_id="d")
+    passage = Passage("p", tens(4), doc_id="d")
     row = question([0.9, 0.8, 0.7], [False, False, True])
     row["candidates"] = [window(passage, 0, 20), window(passage, 10, 30), window(passage, 30, 40)]
     assert selected_recall(FirstColumn(), [row], count=2) == 1  # the second overlaps the first: the third is chosen
+
+
+def test_selected_recall_skips_a_window_whose_text_a_chosen_one_holds() -> None:
+    first, second = Passage("p", tens(2), doc_id="d"), Passage("q", tens(1), doc_id="e")
+    row = question([0.9, 0.8, 0.7], [False, False, True])
+    row["candidates"] = [window(first, 0, 20), window(second, 0, 10), window(Passage("r", "z" * 10, doc_id="f"), 0, 10)]
+    assert selected_recall(FirstColumn(), [row], count=2) == 1  # the second repeats the first's text: the third is chosen
 
 
 def test_abstention_auc_is_none_without_both_kinds_of_question() -> None:

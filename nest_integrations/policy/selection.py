@@ -43,6 +43,7 @@ __all__ = [
     "AnswerSelector",
     "CandidateWindow",
     "candidate_windows",
+    "choose_windows",
     "window_features",
 ]
 
@@ -191,36 +192,47 @@ class AnswerSelector:
         eligible: Optional[Callable[[Passage], bool]] = None,
     ) -> list[Window]:
         """Up to ``count`` windows of ``passages`` (retrieved, best first: their order is a feature)
-        that best answer ``query``, best first, none overlapping another in its document (chunk
-        splitters overlap their chunks) and none whose text another holds or that holds another's,
-        white space aside (documentation repeats an example on two pages: copied twice, it reads
-        as a loop). With ``eligible``, only windows of the passages it accepts
+        that best answer ``query``, best first (:func:`choose_windows`: none overlapping another in
+        its document, none whose text another holds). With ``eligible``, only windows of the passages it accepts
         are chosen; every passage's windows are still read, so a window's features (its passage's
         rank, its overlap against the best) are those the selector was fitted on."""
         candidates = candidate_windows(passages)
         if not candidates or not query.strip():
             return []
         probability = self.probabilities(window_features(query, candidates, passages, relevance))
-        windows: list[Window] = []
-        taken: list[tuple[str, int, int]] = []
-        texts: list[str] = []  # each chosen window's words, one space between them
-        for i in np.argsort(-probability, kind="stable"):
-            c = candidates[int(i)]
-            if eligible is not None and not eligible(c.passage):
-                continue
-            here = document_range(c.passage, c.start, c.end)
-            if any(doc == here[0] and s < here[2] and here[1] < e for doc, s, e in taken):
-                continue
-            words = " ".join(c.passage.text[c.start : c.end].split())
-            if any(words in other or other in words for other in texts):
-                continue
-            windows.append(Window(c.passage.id, c.start, c.end, float(probability[i])))
-            taken.append(here)
-            texts.append(words)
-            if len(windows) == count:
-                break
-        return windows
+        chosen = choose_windows(candidates, probability, count, eligible)
+        return [Window(candidates[i].passage.id, candidates[i].start, candidates[i].end, float(probability[i])) for i in chosen]
 
+
+def choose_windows(
+    candidates: Sequence[CandidateWindow], probability: np.ndarray, count: int, eligible: Optional[Callable[[Passage], bool]] = None
+) -> list[int]:
+    """Indices into ``candidates`` of up to ``count`` windows, best first by ``probability``
+    (float (N,), one per candidate): the choice of :meth:`AnswerSelector.select`, which a
+    benchmark scoring another window scorer makes the same way. A window is skipped when
+    ``eligible`` refuses its passage, when it overlaps a chosen one in its document
+    (:func:`~.copy_policy.document_range`: chunk splitters overlap their chunks), or when its
+    text (white space aside) holds a chosen one's or is held by it (documentation repeats an
+    example on two pages: copied twice, it reads as a loop)."""
+    chosen: list[int] = []
+    taken: list[tuple[str, int, int]] = []
+    texts: list[str] = []  # each chosen window's words, one space between them
+    for i in np.argsort(-np.asarray(probability), kind="stable"):
+        c = candidates[int(i)]
+        if eligible is not None and not eligible(c.passage):
+            continue
+        here = document_range(c.passage, c.start, c.end)
+        if any(doc == here[0] and s < here[2] and here[1] < e for doc, s, e in taken):
+            continue
+        words = " ".join(c.passage.text[c.start : c.end].split())
+        if any(words in other or other in words for other in texts):
+            continue
+        chosen.append(int(i))
+        taken.append(here)
+        texts.append(words)
+        if len(chosen) == count:
+            break
+    return chosen
 
 DEFAULT_SELECTOR = AnswerSelector(
     weights=(0.4479, 2.6096, 0.9975, 2.4447, 2.3071, 0.8502, -0.2578, -0.342),  # in the order of FEATURES
