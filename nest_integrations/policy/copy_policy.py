@@ -224,9 +224,7 @@ def within_section(text: str, start: int, end: int) -> tuple[int, int]:
     layout = copy_layout(text)
     if layout is None:
         return start, end
-    for heading in sorted(h for h in layout.heading_starts if start <= h < end):
-        if heading < start:
-            continue  # under a heading the window already moved below
+    while (heading := min((h for h in layout.heading_starts if start <= h < end), default=None)) is not None:
         if shows_text(text, start, heading):
             return start, max((e for s, e in readable_blocks(text) if start < e <= heading), default=start)
         start = next((b.start for b in parse_blocks(text) if b.start > heading and b.kind != "heading"), len(text))
