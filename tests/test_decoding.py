@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import numpy as np
@@ -691,12 +692,16 @@ def test_the_line_break_under_a_copied_title_is_copied_unchecked_like_the_title(
     assert copied_prefix().startswith(f" Options\n\n{idle}"), "a planned window is copied whole"
 
 
-@pytest.mark.parametrize("before", ["", "Sizes and limits of the server.\n\n"], ids=["first-heading", "later-heading"])
+@pytest.mark.parametrize(
+    "before", ["", "Sizes and limits of the server.\n\n", "Sizes and limits of the server.\n"],
+    ids=["first-heading", "later-heading", "heading-right-under-a-line"],
+)
 def test_a_sections_title_after_a_copy_opens_a_line_of_its_own(tiny_lm, before):
     """The second window sits in another section: its title label (" Limits", read after the
-    heading's marks, a space first) goes on a line of its own, after the paragraph break, not
-    onto the end of the first window ("...before it closes. Limits"). A later heading's label is
-    copied from the line breaks before it, which are break enough."""
+    heading's marks, a space first) goes on a line of its own, after a blank line, not onto the
+    end of the first window ("...before it closes. Limits") nor on the line right under it,
+    where Markdown reads it as that paragraph's last line. A later heading's label is copied from
+    the line breaks before it: two are break enough, one gets a second from the decoder."""
     idle = "The `keepAliveTimeout` option sets how many milliseconds an idle socket stays open before it closes."
     body = "The `bodyLimit` option sets the largest request body, in bytes, that the server accepts from clients."
     first = Passage(id="timeouts", title="Server", text=f"{idle}\n")
@@ -705,6 +710,7 @@ def test_a_sections_title_after_a_copy_opens_a_line_of_its_own(tiny_lm, before):
     out = _two_window_answer(tiny_lm, [first, second], question, max_new_tokens=90)
     assert out.text.startswith(f"{idle}\n\n"), out.text
     assert "Limits" in out.text and "closes. Limits" not in out.text and "\n\n\n" not in out.text, out.text
+    assert re.search(r"\n[ \t]*\n[ \t]*Limits", out.text), out.text
     assert not any(model_written(out, span) for span in out.spans)
 
 

@@ -128,6 +128,8 @@ class SpanProposer:
                 return fence
             if plan.opening is not None and self._runs_into_copy(gen, planned_opener):
                 return Proposal(TokenRecord(self.break_id, separator=True))  # type: ignore[arg-type]
+            if plan.opening is not None and self._label_under_text(gen):
+                return Proposal(TokenRecord(self.line_break_id, separator=True))  # type: ignore[arg-type]
             if plan.opening is not None and plan.copying_title and plan.window_end is not None:
                 pidx, pos = plan.take_opening()  # type: ignore[misc]
                 encoded = gen.candidates.passage(pidx)
@@ -419,6 +421,23 @@ class SpanProposer:
             first = next(iter(title_tokens(text, encoded.char_spans, pos, gen.plan.window_end[1])), len(encoded.char_spans))
             return self._runs_into(gen, pidx, first, opens_line=True)
         return self._runs_into(gen, pidx, self._opening_token(encoded, text, pos))
+
+    def _label_under_text(self, gen: Generation) -> bool:
+        """Whether the section title the plan copies next as a label would stand on the line right
+        under the text so far, with no blank line between them (its source brings one line break,
+        the text so far ends in none): a reader, and Markdown, read such a line as the last line of
+        the paragraph or list item above it ("... the final output type.\nInflection (camel-cased
+        keys)" reads "... the final output type. Inflection (camel-cased keys)"). A label opens a
+        paragraph of its own, as the section's heading does, so the decoder sets one line break
+        before it (a line break token must be known). No text so far, no label."""
+        plan = gen.plan
+        if self.line_break_id is None or not plan.copying_title or plan.window_end is None or not gen.text.strip():
+            return False
+        pidx, pos = plan.opening  # type: ignore[misc]
+        text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
+        label = "".join(text[slice(*char_spans[i])] for i in title_tokens(text, char_spans, pos, plan.window_end[1]))
+        breaks = gen.text[len(gen.text.rstrip()) :].count("\n") + label[: len(label) - len(label.lstrip())].count("\n")
+        return breaks < 2
 
     def _runs_into(self, gen: Generation, pidx: int, pos: int, *, opens_line: bool = False) -> bool:
         """Whether copying token ``pos`` of passage ``pidx`` next would run it into the text so
