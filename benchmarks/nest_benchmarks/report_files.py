@@ -11,9 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
-__all__ = ["domain_parser", "domain_specs", "markdown_table", "read_run_items", "write_report"]
+__all__ = ["domain_parser", "domain_specs", "markdown_table", "read_run_items", "score_before_after", "write_report"]
+
+Index = TypeVar("Index")
+Score = TypeVar("Score")
 
 
 def domain_parser(description: str | None, domain_help: str, **parser_options: Any) -> argparse.ArgumentParser:
@@ -40,6 +43,27 @@ def domain_specs(specs: Iterable[str]) -> dict[str, list[str]]:
             raise ValueError(f"--domain {spec!r}: expected NAME=FIELD:FIELD...")
         domains[name] = rest.split(":")
     return domains
+
+
+def score_before_after(
+    specs: Iterable[str], load_index: Callable[[str], Index], score_run: Callable[[Index, Path], Score]
+) -> dict[str, dict[str, Score]]:
+    """What a change did to the stored answers of some domains, scored without generating: for each
+    ``NAME=INDEX:BEFORE:AFTER`` spec (:func:`domain_specs`; BEFORE and AFTER are the runs before
+    and after the change), ``{NAME: {"before": score_run(index, BEFORE), "after": score_run(index,
+    AFTER)}}`` in the order given, ``index = load_index(INDEX)`` loaded once a domain.
+
+    Raises:
+        ValueError: a spec without ``=`` or without three fields, naming the spec.
+    """
+    report: dict[str, dict[str, Score]] = {}
+    for name, fields in domain_specs(specs).items():
+        if len(fields) != 3:
+            raise ValueError(f"--domain {name}={':'.join(fields)}: expected NAME=INDEX:BEFORE:AFTER")
+        index_path, before, after = fields
+        index = load_index(index_path)
+        report[name] = {"before": score_run(index, Path(before)), "after": score_run(index, Path(after))}
+    return report
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from nest_benchmarks.report_files import domain_specs, markdown_table, read_run_items, write_report
+from nest_benchmarks.report_files import domain_specs, markdown_table, read_run_items, score_before_after, write_report
 
 
 def test_a_domain_spec_is_a_name_and_the_fields_after_it():
@@ -34,3 +34,19 @@ def test_a_runs_items_are_keyed_by_item_mode_and_condition(tmp_path):
     assert set(items) == {("q1", "nest", "present"), ("q1", "rag", "present")}
     assert items["q1", "rag", "present"]["output"]["text"] == "b"
 
+
+
+def test_runs_before_and_after_a_change_are_scored_with_their_domains_index_loaded_once():
+    loaded: list[str] = []
+
+    def load(path: str) -> str:
+        loaded.append(path)
+        return path.upper()
+
+    report = score_before_after(
+        ["borg=IDX/borg:old/borg:new/borg", "attrs=IDX/attrs:old/attrs:new/attrs"], load, lambda index, run: f"{index} {run.as_posix()}"
+    )
+    assert list(report) == ["borg", "attrs"] and loaded == ["IDX/borg", "IDX/attrs"]
+    assert report["borg"] == {"before": "IDX/BORG old/borg", "after": "IDX/BORG new/borg"}
+    with pytest.raises(ValueError, match="attrs=IDX/attrs:old/attrs"):
+        score_before_after(["attrs=IDX/attrs:old/attrs"], load, lambda index, run: run)

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from nest_benchmarks.code_rendering import code_lines_read_as_prose
-from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table, write_report
+from nest_benchmarks.report_files import domain_parser, markdown_table, score_before_after, write_report
 from nest_integrations import NestIndex
 
 
@@ -43,20 +43,18 @@ def run_counts(index: NestIndex, run: Path) -> dict[str, dict]:
 
 def main() -> None:
     args = domain_parser(__doc__, "NAME=INDEX:BEFORE:AFTER", formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
-    report: dict = {}
-    rows = []
-    for name, (index_path, before, after) in domain_specs(args.domain).items():
-        index = NestIndex.load(index_path)
-        report[name] = {"before": run_counts(index, Path(before)), "after": run_counts(index, Path(after))}
-        for mode, then in report[name]["before"].items():
-            now = report[name]["after"].get(mode, {"copied": 0, "as_prose": 0, "answers": []})
-            rows.append([
-                name, mode, f"{then['as_prose']} of {then['copied']}", f"{now['as_prose']} of {now['copied']}",
-                len(then["answers"]), len(now["answers"]), ", ".join(f"`{a}`" for a in now["answers"]) or "–",
-            ])
+    report = score_before_after(args.domain, NestIndex.load, run_counts)
+    rows = [
+        [
+            name, mode, f"{then['as_prose']} of {then['copied']}", f"{now['as_prose']} of {now['copied']}",
+            len(then["answers"]), len(now["answers"]), ", ".join(f"`{a}`" for a in now["answers"]) or "–",
+        ]
+        for name, runs in report.items()
+        for mode, then in runs["before"].items()
+        for now in [runs["after"].get(mode, {"copied": 0, "as_prose": 0, "answers": []})]
+    ]
     header = ["domain", "mode", "read as prose before (of code lines)", "after", "answers before", "after", "answers after"]
     write_report(args.out, "code_read_as_prose", report, markdown_table(header, rows))
-
 
 if __name__ == "__main__":
     main()

@@ -25,7 +25,7 @@ import argparse
 import json
 from pathlib import Path
 
-from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table, write_report
+from nest_benchmarks.report_files import domain_parser, markdown_table, score_before_after, write_report
 from nest_integrations import NestIndex
 from nest_integrations.corpus.markdown_structure import section_title
 
@@ -48,9 +48,10 @@ def labels_under_text(output: dict, passages: dict[str, str]) -> list[str]:
     return found
 
 
-def run_labels(passages: dict[str, str], run: Path) -> dict[str, dict[str, list[str]]]:
+def run_labels(index: NestIndex, run: Path) -> dict[str, dict[str, list[str]]]:
     """Per mode of the answers in ``run``: their ids, and ``"id: label"`` of each label under text."""
     labels: dict[str, dict[str, list[str]]] = {}
+    passages = {p.id: p.text for p in index.passages}
     for line in (run / "items.jsonl").read_text(encoding="utf-8").splitlines():
         item = json.loads(line)
         mode = labels.setdefault(item["mode"], {"answers": [], "under text": []})
@@ -61,18 +62,16 @@ def run_labels(passages: dict[str, str], run: Path) -> dict[str, dict[str, list[
 
 def main() -> None:
     args = domain_parser(__doc__, "NAME=INDEX:BEFORE:AFTER", formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
-    report: dict = {}
-    rows = []
-    for name, (index_path, before, after) in domain_specs(args.domain).items():
-        passages = {p.id: p.text for p in NestIndex.load(index_path).passages}
-        report[name] = {"before": run_labels(passages, Path(before)), "after": run_labels(passages, Path(after))}
-        for mode, then in report[name]["before"].items():
-            now = report[name]["after"][mode]
-            rows.append([name, mode, len(then["answers"]), len(then["under text"]), len(now["under text"]),
-                         "; ".join(then["under text"]) or "–", "; ".join(now["under text"]) or "–"])
+    report = score_before_after(args.domain, NestIndex.load, run_labels)
+    rows = [
+        [name, mode, len(then["answers"]), len(then["under text"]), len(now["under text"]),
+         "; ".join(then["under text"]) or "–", "; ".join(now["under text"]) or "–"]
+        for name, runs in report.items()
+        for mode, then in runs["before"].items()
+        for now in [runs["after"][mode]]
+    ]
     header = ["domain", "mode", "answers", "labels under text, before", "after", "before", "after"]
     write_report(args.out, "labels_under_text", report, markdown_table(header, rows))
-
 
 if __name__ == "__main__":
     main()

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from nest_benchmarks.metrics import copied_markup
-from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table, write_report
+from nest_benchmarks.report_files import domain_parser, markdown_table, score_before_after, write_report
 from nest_integrations import NestIndex
 
 MIN_REPEAT_CHARS = 60
@@ -42,10 +42,11 @@ def copies_twice(output: dict) -> bool:
     )
 
 
-def run_faults(passages: dict[str, str], run: Path) -> dict[str, dict[str, list[str]]]:
+def run_faults(index: NestIndex, run: Path) -> dict[str, dict[str, list[str]]]:
     """Per mode of the answers in ``run``: the ids of those that copy ``markup`` (with its kinds)
     and of those that copy one text ``twice``."""
     faults: dict[str, dict[str, list[str]]] = {}
+    passages = {p.id: p.text for p in index.passages}
     for line in (run / "items.jsonl").read_text(encoding="utf-8").splitlines():
         item = json.loads(line)
         mode = faults.setdefault(item["mode"], {"answers": [], "markup": [], "twice": []})
@@ -60,21 +61,19 @@ def run_faults(passages: dict[str, str], run: Path) -> dict[str, dict[str, list[
 
 def main() -> None:
     args = domain_parser(__doc__, "NAME=INDEX:BEFORE:AFTER", formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
-    report: dict = {}
-    rows = []
-    for name, (index_path, before, after) in domain_specs(args.domain).items():
-        passages = {p.id: p.text for p in NestIndex.load(index_path).passages}
-        report[name] = {"before": run_faults(passages, Path(before)), "after": run_faults(passages, Path(after))}
-        for mode, then in report[name]["before"].items():
-            now = report[name]["after"][mode]
-            rows.append([
-                name, mode, len(then["answers"]), len(then["markup"]), len(now["markup"]), len(then["twice"]), len(now["twice"]),
-                "; ".join(then["markup"] + [f"twice: {a}" for a in then["twice"]]) or "–",
-                "; ".join(now["markup"] + [f"twice: {a}" for a in now["twice"]]) or "–",
-            ])
+    report = score_before_after(args.domain, NestIndex.load, run_faults)
+    rows = [
+        [
+            name, mode, len(then["answers"]), len(then["markup"]), len(now["markup"]), len(then["twice"]), len(now["twice"]),
+            "; ".join(then["markup"] + [f"twice: {a}" for a in then["twice"]]) or "–",
+            "; ".join(now["markup"] + [f"twice: {a}" for a in now["twice"]]) or "–",
+        ]
+        for name, runs in report.items()
+        for mode, then in runs["before"].items()
+        for now in [runs["after"][mode]]
+    ]
     header = ["domain", "mode", "answers", "copy markup, before", "after", "copy a text twice, before", "after", "answers before", "answers after"]
     write_report(args.out, "answer_faults", report, markdown_table(header, rows))
-
 
 if __name__ == "__main__":
     main()
