@@ -342,6 +342,8 @@ def test_a_fill_window_is_copied_only_when_it_fits_whole(tiny_lm):
     short = len(tiny_lm.tokenizer(idle, add_special_tokens=False).input_ids) + 5
     alone = ask(max_new_tokens=short)
     assert alone.text == idle and alone.stats.finish_reason == "answered"
+    exact = ask(max_new_tokens=alone.stats.new_tokens)  # the window's last token is the budget's last
+    assert exact.text == idle and exact.stats.finish_reason == "answered"
     cut = ask(max_new_tokens=short, answer_windows=2, fill_windows=0)  # the same window as a second answer window
     assert cut.text.startswith(f"{idle}\n\n") and cut.text != f"{idle}\n\n{body}" and cut.stats.finish_reason == "length"
 

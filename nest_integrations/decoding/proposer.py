@@ -126,10 +126,8 @@ class SpanProposer:
                 planned_opener = self._planned_opener(gen)
             if plan.opening is not None and not plan.announced and (fence := self._closing_fence(gen, planned_opener)) is not None:
                 return fence
-            if plan.opening is not None and self._runs_into_copy(gen, planned_opener):
-                return Proposal(TokenRecord(self.break_id, separator=True))  # type: ignore[arg-type]
-            if plan.opening is not None and self._label_under_text(gen):
-                return Proposal(TokenRecord(self.line_break_id, separator=True))  # type: ignore[arg-type]
+            if plan.opening is not None and (separator := self._break_before_opening(gen, planned_opener)) is not None:
+                return Proposal(TokenRecord(separator, separator=True))
             if plan.opening is not None and plan.copying_title and plan.window_end is not None:
                 pidx, pos = plan.take_opening()  # type: ignore[misc]
                 encoded = gen.candidates.passage(pidx)
@@ -403,47 +401,47 @@ class SpanProposer:
         gen.finish("length")
         return self._nothing_more()
 
-    def _runs_into_copy(self, gen: Generation, planned_opener: Optional[str]) -> bool:
-        """Whether the planned copy about to open would run into the text so far: both end and
-        opening are a word or a sign, no white space between ("...close the file.Path.read_bytes").
-        A window that opens at its passage's start, or after a window that ends its section, has
-        no line break of its own to copy. A section's title opens a line of its own: its label
-        (" Immutability", read after a heading's marks) runs into any text that does not end in a
-        line break ("... set an attribute. Immutability", a closing fence's line). So does the
-        fence the decoder sets above a copy that opens inside a fenced block (``planned_opener``,
-        :meth:`_planned_opener`; :meth:`_opening_fence`), unless the answer is inside one already:
-        after "... writes to the file." the copied lines would otherwise follow without it."""
+    def _break_before_opening(self, gen: Generation, planned_opener: Optional[str]) -> Optional[int]:
+        """The token the decoder sets before the planned copy about to open, so that it does not
+        run into the text so far; None when it needs none. A copy runs into text when both end and
+        opening are a word or a sign, no white space between ("...close the file.Path.read_bytes"):
+        a window that opens at its passage's start, or after a window that ends its section, has
+        no line break of its own to copy. So does the fence the decoder sets above a copy that
+        opens inside a fenced block (``planned_opener``, :meth:`_planned_opener`;
+        :meth:`_opening_fence`), unless the answer is inside one already: after "... writes to
+        the file." the copied lines would otherwise follow without it. Either gets a paragraph
+        break (``break_id``). A section's title copied as a label opens a paragraph of its own:
+        :meth:`_break_above_label`."""
         if self._fence_wanted(gen, planned_opener):
-            return self.break_id is not None and bool(gen.text.strip(" \t")) and not gen.text.endswith("\n")
+            runs = bool(gen.text.strip(" \t")) and not gen.text.endswith("\n")
+            return self.break_id if runs else None
+        if gen.plan.copying_title and gen.plan.window_end is not None:
+            return self._break_above_label(gen)
         pidx, pos = gen.plan.opening  # type: ignore[misc]
         text, encoded = self.datastore.passages[pidx].text, gen.candidates.passage(pidx)  # type: ignore[union-attr]
-        if gen.plan.copying_title and gen.plan.window_end is not None:
-            first = next(iter(title_tokens(text, encoded.char_spans, pos, gen.plan.window_end[1])), len(encoded.char_spans))
-            return self._runs_into(gen, pidx, first, opens_line=True)
-        return self._runs_into(gen, pidx, self._opening_token(encoded, text, pos))
+        return self.break_id if self._runs_into(gen, pidx, self._opening_token(encoded, text, pos)) else None
 
-    def _label_under_text(self, gen: Generation) -> bool:
-        """Whether the section title the plan copies next as a label would stand on the line right
-        under the text so far, with no blank line between them (its source brings one line break,
-        the text so far ends in none): a reader, and Markdown, read such a line as the last line of
-        the paragraph or list item above it ("... the final output type.\nInflection (camel-cased
-        keys)" reads "... the final output type. Inflection (camel-cased keys)"). A label opens a
-        paragraph of its own, as the section's heading does, so the decoder sets one line break
-        before it (a line break token must be known). No text so far, no label."""
+    def _break_above_label(self, gen: Generation) -> Optional[int]:
+        """The token that opens a paragraph for the section title the plan copies next as a label,
+        counting the line breaks the text so far ends in and those the label brings from its
+        source: a paragraph break (``break_id``) for none (" Immutability" would run into "... set
+        an attribute."), a line break (``line_break_id``) for one, None for two or more, or for no
+        text so far. With one line break a reader, and Markdown, read the label as the last line
+        of the paragraph or list item above it ("... the final output type.\nInflection
+        (camel-cased keys)" reads "... the final output type. Inflection (camel-cased keys)")."""
         plan = gen.plan
-        if self.line_break_id is None or not plan.copying_title or plan.window_end is None or not gen.text.strip():
-            return False
+        if not gen.text.strip():
+            return None
         pidx, pos = plan.opening  # type: ignore[misc]
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
-        label = "".join(text[slice(*char_spans[i])] for i in title_tokens(text, char_spans, pos, plan.window_end[1]))
+        label = "".join(text[slice(*char_spans[i])] for i in title_tokens(text, char_spans, pos, plan.window_end[1]))  # type: ignore[index]
         breaks = gen.text[len(gen.text.rstrip()) :].count("\n") + label[: len(label) - len(label.lstrip())].count("\n")
-        return breaks < 2
+        return self.break_id if breaks == 0 else self.line_break_id if breaks == 1 else None
 
-    def _runs_into(self, gen: Generation, pidx: int, pos: int, *, opens_line: bool = False) -> bool:
+    def _runs_into(self, gen: Generation, pidx: int, pos: int) -> bool:
         """Whether copying token ``pos`` of passage ``pidx`` next would run it into the text so
-        far (a break token must be known). A token that opens a line (``opens_line``: a section's
-        title label, read after its heading's marks; or only the line's indentation before it in
-        its source) runs into any text that does not end in a line break: the spaces of a code
+        far (a break token must be known). A token that opens a line (only the line's indentation
+        before it in its source) runs into any text that does not end in a line break: the spaces of a code
         line's indentation separate no lines; so does any token after a text whose last line is
         code (:meth:`_text_ends_in_code`: on a closing fence's line it keeps the block open). Any
         other token runs into a text that ends in a word or a sign unless it opens with white
@@ -457,7 +455,7 @@ class SpanProposer:
         token = text[start : int(char_spans[pos, 1])]
         if token.lstrip(" \t").startswith("\n"):
             return False
-        if opens_line or not text[text.rfind("\n", 0, start) + 1 : start].strip(" \t") or self._text_ends_in_code(gen):
+        if not text[text.rfind("\n", 0, start) + 1 : start].strip(" \t") or self._text_ends_in_code(gen):
             return not gen.text.rstrip(" \t").endswith("\n")
         return not gen.text[-1].isspace() and not token[:1].isspace()
 

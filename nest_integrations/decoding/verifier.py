@@ -107,8 +107,6 @@ class SpanVerifier:
                 gen.candidates.mark_used(record.passage_index, record.position, record.position)  # type: ignore[union-attr, arg-type]
             if any(s in gen.text for s in gen.config.stop):
                 gen.finish("stop")
-            elif gen.tokens_left() <= 0:
-                gen.finish("length")
             elif copied:
                 if gen.plan.ends_at(record.passage_index, record.position):  # type: ignore[arg-type]
                     gen.end_planned_copy()
@@ -117,6 +115,10 @@ class SpanVerifier:
                 # past its window) ends with its source.
                 if not gen.finished and gen.plan.window_end is None and gen.config.stop_at_source_end and self._source_exhausted(gen.candidates, record):  # type: ignore[arg-type]
                     gen.finish("source_end")
+            # The budget ends only an answer that did not end on its own: a last planned copy
+            # whose last token is the budget's last one is complete (``answered``), not cut short.
+            if not gen.finished and gen.tokens_left() <= 0:
+                gen.finish("length")
             if gen.finished:
                 return
 
