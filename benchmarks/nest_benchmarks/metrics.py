@@ -632,41 +632,57 @@ RECOPY_MIN_CHARS = 16
 _WORD_RE = re.compile(r"\w+")
 
 
-def repeated_ngram(text: str, n: int = REPEAT_NGRAM, times: int = REPEAT_TIMES) -> bool:
-    """Whether some word ``n``-gram occurs ``times`` or more times in ``text``.
+def repeated_ngram(text: str, n: int = REPEAT_NGRAM, times: int = REPEAT_TIMES, copied: Sequence[tuple[int, int, str, int]] = ()) -> bool:
+    """Whether ``text`` repeats some word ``n``-gram ``times`` or more times, beyond what its sources repeat.
 
-    Words are runs of word characters after NFKC and lower-casing, so
+    Words are runs of word characters, each NFKC-normalised and lower-cased, so
     punctuation, markup and case do not hide a loop; occurrences may overlap
     (``"a a a a a a"`` holds ``"a a a a"`` three times). A larger ``n`` or
     ``times`` flags only longer loops and spares answers that list similar
     items (``reply.header('x-foo', ...)`` twice is not a loop).
+
+    Args:
+        copied: the stretches of ``text`` copied from a source, ``(start, end, source,
+            source_start)``: characters ``start..end`` of ``text`` are those of ``source`` (a
+            document id) from ``source_start`` on. An occurrence that lies inside one was copied
+            from one place of its source, and occurrences copied from different places are the
+            source's own repetition (a changelog's links, an example's output lines), not the
+            answer's: an n-gram is repeated when its occurrences outnumber the places they were
+            copied from (at least one) by ``times - 1``. Without ``copied`` every occurrence counts.
 
     Raises:
         ValueError: if ``n`` or ``times`` is below 1.
     """
     if n < 1 or times < 1:
         raise ValueError(f"n and times must be >= 1, got n={n}, times={times}")
-    words = _WORD_RE.findall(_fold(text))
-    counts: dict[tuple[str, ...], int] = {}
+    words = [(_fold(m.group()), m.start(), m.end()) for m in _WORD_RE.finditer(text)]
+    seen: dict[tuple[str, ...], tuple[int, set[tuple[str, int]]]] = {}
     for i in range(len(words) - n + 1):
-        gram = tuple(words[i : i + n])
-        counts[gram] = counts.get(gram, 0) + 1
-        if counts[gram] >= times:
+        gram = tuple(word for word, _, _ in words[i : i + n])
+        start, end = words[i][1], words[i + n - 1][2]
+        count, places = seen.get(gram, (0, set()))
+        places.update((source, source_start + start - first) for first, last, source, source_start in copied if first <= start and end <= last)
+        seen[gram] = (count + 1, places)
+        if count + 1 - max(1, len(places)) >= times - 1:
             return True
     return False
 
 
-def _copied_sources(output: Mapping[str, Any]) -> list[tuple[str, int, int]]:
-    """``(passage id, char_start, char_end)`` of each copied span of ``output`` whose
-    source gives a string id and int offsets (the others cannot be located)."""
+def _copied_sources(output: Mapping[str, Any], doc_positions: Mapping[str, tuple[str, int]]) -> list[tuple[int, int, str, int]]:
+    """``(start, end, document, document_start)`` of each copied span of ``output`` that can be
+    located (int offsets, a string source id): characters ``start..end`` of its text are its
+    document's from ``document_start`` on. ``doc_positions``: passage id -> ``(document id, offset
+    of the passage in it)``; a passage it lacks is its own document."""
     located = []
     for span in _spans(output):
         source = span.get("source") if span.get("copied") else None
-        if not isinstance(source, Mapping):
+        start, end = span.get("start"), span.get("end")
+        if not isinstance(source, Mapping) or not isinstance(start, int) or not isinstance(end, int):
             continue
-        passage_id, (start, end) = source.get("id"), chunk_offsets(source)
-        if isinstance(passage_id, str) and isinstance(start, int) and isinstance(end, int):
-            located.append((passage_id, start, end))
+        passage_id, (char_start, _) = source.get("id"), chunk_offsets(source)
+        if isinstance(passage_id, str) and isinstance(char_start, int):
+            doc, offset = doc_positions.get(passage_id, (passage_id, 0))
+            located.append((start, end, doc, offset + char_start))
     return located
 
 
@@ -692,12 +708,7 @@ def recopied_source(
     """
     if min_chars < 1:
         raise ValueError(f"min_chars must be >= 1, got {min_chars}")
-    positions = doc_positions or {}
-    ranges = sorted(
-        (doc, offset + start, offset + end)
-        for passage_id, start, end in _copied_sources(output)
-        for doc, offset in [positions.get(passage_id, (passage_id, 0))]
-    )
+    ranges = sorted((doc, first, first + end - start) for start, end, doc, first in _copied_sources(output, doc_positions or {}))
     furthest: dict[str, int] = {}  # per source, the largest end of the ranges seen so far
     for doc, start, end in ranges:
         if min(end, furthest.get(doc, start)) - start >= min_chars:
@@ -708,15 +719,20 @@ def recopied_source(
 
 def is_repetitive(output: Mapping[str, Any], doc_positions: Mapping[str, tuple[str, int]] | None = None) -> bool:
     """Whether ``output`` is a degenerate loop: its text repeats a word 4-gram 3 or
-    more times (:func:`repeated_ngram` with :data:`REPEAT_NGRAM`, :data:`REPEAT_TIMES`)
-    or it copies the same source characters twice (:func:`recopied_source`, at least
-    :data:`RECOPY_MIN_CHARS` shared, ``doc_positions`` as there). The share of such
-    outputs is the evaluation's repetition rate.
+    more times beyond what its sources repeat (:func:`repeated_ngram` with
+    :data:`REPEAT_NGRAM`, :data:`REPEAT_TIMES`, the copied spans as ``copied``: a
+    changelog's links copied from three entries are the changelog's) or it copies the
+    same source characters twice (:func:`recopied_source`, at least
+    :data:`RECOPY_MIN_CHARS` shared). ``doc_positions``: passage id -> ``(document id,
+    offset of the passage in it)``, so that overlapping chunks of one document are one
+    source. The share of such outputs is the evaluation's repetition rate.
 
     Raises:
         ValueError: if ``output`` lacks ``text`` or ``spans``.
     """
-    return recopied_source(output, doc_positions) or repeated_ngram(output["text"])
+    if recopied_source(output, doc_positions):
+        return True
+    return repeated_ngram(output["text"], copied=_copied_sources(output, doc_positions or {}))
 
 
 GARBLED_LINE_RUN = 3
@@ -869,12 +885,12 @@ def copied_markup(output: Mapping[str, Any], passages: Mapping[str, str]) -> lis
     """
     found: set[str] = set()
     ranges_of: dict[str, list[tuple[int, int, str]]] = {}
-    for passage_id, start, end in _copied_sources(output):
+    for start, end, passage_id, first in _copied_sources(output, {}):
         if passage_id not in passages:
             continue
         if passage_id not in ranges_of:
             ranges_of[passage_id] = markup_ranges(passages[passage_id])
-        found.update(kind for lo, hi, kind in ranges_of[passage_id] if lo < end and start < hi)
+        found.update(kind for lo, hi, kind in ranges_of[passage_id] if lo < first + end - start and first < hi)
     return [kind for kind in MARKUP_KINDS if kind in found]
 
 

@@ -296,6 +296,28 @@ def test_recopied_source_in_passage_and_document_coordinates():
     assert not is_repetitive(clean)
 
 
+CHANGELOG = (
+    "* allow a default of 0 ([#1](https://github.com/yargs/yargs/issues/1))\n"
+    "* keep the order of commands ([#2](https://github.com/yargs/yargs/issues/2))\n"
+    "* strip dashes from aliases ([#3](https://github.com/yargs/yargs/issues/3))\n"
+)
+
+
+def test_a_repetition_its_sources_make_is_not_a_loop():
+    """Three changelog entries copied from three places each end in a link to the issues: the
+    changelog's repetition, not the answer's. Written by the model, or copied from one place
+    again and again, the same lines are a loop."""
+    lines = CHANGELOG.splitlines(keepends=True)
+    starts = [CHANGELOG.index(line) for line in lines]
+    copied = _output([(line, ("changelog", start)) for line, start in zip(lines, starts)])
+    assert repeated_ngram(copied["text"]) and not is_repetitive(copied)
+    assert is_repetitive(_output([(CHANGELOG, None)]))  # the model wrote them
+    once_then_written = _output([(lines[0], ("changelog", 0)), (lines[1] + lines[2], None)])
+    assert is_repetitive(once_then_written)  # copied once, the model repeats the links twice
+    same_place = _output([(lines[0], ("changelog", 0)), (lines[0], ("changelog", 0)), (lines[0], ("changelog", 0))])
+    assert is_repetitive(same_place)
+
+
 MARKDOWN = (
     "---\ntitle: Reply\n---\n"
     "## Reply\n"
