@@ -32,11 +32,8 @@ Writes ``section_context.json`` and ``section_context.md``.
 from __future__ import annotations
 
 import dataclasses
-import pickle
 from pathlib import Path
-from typing import Callable, Optional, Sequence
-
-import numpy as np
+from typing import Callable, Sequence
 
 from nest_benchmarks.metrics import answer_recall
 from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table, write_report
@@ -47,7 +44,7 @@ from nest_benchmarks.window_rows import cached_domain_rows
 from nest_integrations import NestConfig, NestIndex
 from nest_integrations.corpus.markdown_structure import copy_layout, parse_blocks
 from nest_integrations.corpus.passages import Passage
-from nest_integrations.policy.selection import candidate_windows, window_features
+from nest_integrations.policy.selection import CandidateWindow, candidate_windows
 from nest_integrations.retrieval.hybrid import build_retriever
 
 DEPTHS = (4, 8, 16)
@@ -111,24 +108,14 @@ class _Retrieving:
         return getattr(self._index, name)
 
 
-def titled_rows(index: NestIndex, qa: str, paths: dict[str, tuple[str, ...]], cache_file: Optional[Path]) -> list[dict]:
-    """``window_rows.domain_rows`` of ``index``'s questions with an untitled window read under the
-    headings its passage starts under (``paths``), read from ``cache_file`` when it is there, else
-    computed and written to it (nothing is cached when it is None)."""
-    if cache_file is not None and cache_file.exists():
-        return pickle.loads(cache_file.read_bytes())
-    rows = []
-    for item in set_items(qa, index.passages, limits={}):
-        passages = [p for p, _ in index.retrieve(item.query, NestConfig().passage_k)]
-        candidates = [dataclasses.replace(c, heading_path=paths[c.passage.id]) if not c.heading_path else c for c in candidate_windows(passages)]
-        answers = item.meta.get("answers") or []
-        labels = np.array([bool(answers) and bool(answer_recall(c.title + "\n" + c.passage.text[c.start : c.end], answers)) for c in candidates])
-        rows.append({"features": window_features(item.query, candidates, passages, index.relevance), "labels": labels,
-                     "candidates": candidates, "unanswerable": bool(item.meta.get("unanswerable"))})
-    if cache_file is not None:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        cache_file.write_bytes(pickle.dumps(rows))
-    return rows
+def titled_candidates(paths: dict[str, tuple[str, ...]]) -> Callable[[Sequence[Passage]], list[CandidateWindow]]:
+    """The decoder's candidate windows of some passages, a window with no heading above it in its
+    passage read under the headings its passage starts under (``paths``)."""
+
+    def candidates_of(passages: Sequence[Passage]) -> list[CandidateWindow]:
+        return [dataclasses.replace(c, heading_path=paths[c.passage.id]) if not c.heading_path else c for c in candidate_windows(passages)]
+
+    return candidates_of
 
 
 def table(report: dict) -> str:
@@ -158,7 +145,9 @@ def main() -> None:
         paths = start_paths(index.passages)
         report["sets"][name] = {"held out": held_out, "first stage": first_stage(index, qa, paths)}
         rows["as now"][name] = cached_domain_rows(path, qa, args.cache / f"{name}.pkl" if args.cache else None)
-        rows["with section titles"][name] = titled_rows(index, qa, paths, args.cache / f"{name}-section-titles.pkl" if args.cache else None)
+        rows["with section titles"][name] = cached_domain_rows(
+            path, qa, args.cache / f"{name}-section-titles.pkl" if args.cache else None, titled_candidates(paths)
+        )
         print(name, report["sets"][name], flush=True)
     design = [name for name, (_, held_out) in sets.items() if not held_out]
     for name in sets:
