@@ -7,7 +7,7 @@ All functions are pure and work offline. They fall into these groups:
 * biography entity checks: :func:`opens_with_entity`,
   :func:`opens_with_other_name`, :func:`fragment_answer`;
 * seams (where a copy starts): :func:`seam_ok`, :func:`seam_ok_rate`;
-* degenerate output and copied markup: :func:`repeated_ngram`,
+* degenerate output and copied markup: :func:`repeated_ngram`, :func:`repeated_ngrams`,
   :func:`recopied_source`, :func:`is_repetitive`, :func:`garbled_model_text`, :func:`markup_ranges`,
   :func:`copied_markup`; questions the corpus does not answer:
   :func:`unanswerable_scores`;
@@ -23,7 +23,7 @@ import math
 import re
 import string
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rouge_score import rouge_scorer
@@ -45,6 +45,7 @@ __all__ = [
     "opens_with_other_name",
     "recopied_source",
     "repeated_ngram",
+    "repeated_ngrams",
     "rouge_scores",
     "seam_ok",
     "seam_ok_rate",
@@ -632,8 +633,11 @@ RECOPY_MIN_CHARS = 16
 _WORD_RE = re.compile(r"\w+")
 
 
-def repeated_ngram(text: str, n: int = REPEAT_NGRAM, times: int = REPEAT_TIMES, copied: Sequence[tuple[int, int, str, int]] = ()) -> bool:
-    """Whether ``text`` repeats some word ``n``-gram ``times`` or more times, beyond what its sources repeat.
+def repeated_ngrams(
+    text: str, n: int = REPEAT_NGRAM, times: int = REPEAT_TIMES, copied: Sequence[tuple[int, int, str, int]] = ()
+) -> Iterator[tuple[str, ...]]:
+    """The word ``n``-grams ``text`` repeats ``times`` or more times, beyond what its sources
+    repeat, each once, in the order the text reaches its last counted occurrence.
 
     Words are runs of word characters, each NFKC-normalised and lower-cased, so
     punctuation, markup and case do not hide a loop; occurrences may overlap
@@ -642,30 +646,45 @@ def repeated_ngram(text: str, n: int = REPEAT_NGRAM, times: int = REPEAT_TIMES, 
     items (``reply.header('x-foo', ...)`` twice is not a loop).
 
     Args:
-        copied: the stretches of ``text`` copied from a source, ``(start, end, source,
-            source_start)``: characters ``start..end`` of ``text`` are those of ``source`` (a
-            document id) from ``source_start`` on. An occurrence that lies inside one was copied
-            from one place of its source, and occurrences copied from different places are the
+        copied: the stretches of ``text`` copied from a source, ``(start, end, document,
+            document_start)`` (``_copied_sources``): characters ``start..end`` of ``text`` are
+            those of ``document`` from ``document_start`` on. An occurrence that lies inside one was
+            copied from one place of its source, and occurrences copied from different places are the
             source's own repetition (a changelog's links, an example's output lines), not the
             answer's: an n-gram is repeated when its occurrences outnumber the places they were
             copied from (at least one) by ``times - 1``. Without ``copied`` every occurrence counts.
 
     Raises:
-        ValueError: if ``n`` or ``times`` is below 1.
+        ValueError: if ``n`` or ``times`` is below 1 (when the first n-gram is asked for).
     """
     if n < 1 or times < 1:
         raise ValueError(f"n and times must be >= 1, got n={n}, times={times}")
     words = [(_fold(m.group()), m.start(), m.end()) for m in _WORD_RE.finditer(text)]
     seen: dict[tuple[str, ...], tuple[int, set[tuple[str, int]]]] = {}
+    found: set[tuple[str, ...]] = set()
     for i in range(len(words) - n + 1):
         gram = tuple(word for word, _, _ in words[i : i + n])
         start, end = words[i][1], words[i + n - 1][2]
         count, places = seen.get(gram, (0, set()))
-        places.update((source, source_start + start - first) for first, last, source, source_start in copied if first <= start and end <= last)
+        places.update(
+            (document, document_start + start - span_start)
+            for span_start, span_end, document, document_start in copied
+            if span_start <= start and end <= span_end
+        )
         seen[gram] = (count + 1, places)
-        if count + 1 - max(1, len(places)) >= times - 1:
-            return True
-    return False
+        if count + 1 - max(1, len(places)) >= times - 1 and gram not in found:
+            found.add(gram)
+            yield gram
+
+
+def repeated_ngram(text: str, n: int = REPEAT_NGRAM, times: int = REPEAT_TIMES, copied: Sequence[tuple[int, int, str, int]] = ()) -> bool:
+    """Whether ``text`` repeats some word ``n``-gram ``times`` or more times, beyond what its
+    sources repeat (:func:`repeated_ngrams`, whose arguments these are; it stops at the first).
+
+    Raises:
+        ValueError: if ``n`` or ``times`` is below 1.
+    """
+    return next(repeated_ngrams(text, n, times, copied), None) is not None
 
 
 def _copied_sources(output: Mapping[str, Any], doc_positions: Mapping[str, tuple[str, int]]) -> list[tuple[int, int, str, int]]:
@@ -708,7 +727,7 @@ def recopied_source(
     """
     if min_chars < 1:
         raise ValueError(f"min_chars must be >= 1, got {min_chars}")
-    ranges = sorted((doc, first, first + end - start) for start, end, doc, first in _copied_sources(output, doc_positions or {}))
+    ranges = sorted((doc, doc_start, doc_start + end - start) for start, end, doc, doc_start in _copied_sources(output, doc_positions or {}))
     furthest: dict[str, int] = {}  # per source, the largest end of the ranges seen so far
     for doc, start, end in ranges:
         if min(end, furthest.get(doc, start)) - start >= min_chars:
@@ -885,12 +904,13 @@ def copied_markup(output: Mapping[str, Any], passages: Mapping[str, str]) -> lis
     """
     found: set[str] = set()
     ranges_of: dict[str, list[tuple[int, int, str]]] = {}
-    for start, end, passage_id, first in _copied_sources(output, {}):
+    for start, end, passage_id, passage_start in _copied_sources(output, {}):
         if passage_id not in passages:
             continue
         if passage_id not in ranges_of:
             ranges_of[passage_id] = markup_ranges(passages[passage_id])
-        found.update(kind for lo, hi, kind in ranges_of[passage_id] if lo < first + end - start and first < hi)
+        passage_end = passage_start + end - start
+        found.update(kind for lo, hi, kind in ranges_of[passage_id] if lo < passage_end and passage_start < hi)
     return [kind for kind in MARKUP_KINDS if kind in found]
 
 

@@ -10,7 +10,7 @@ the 4-gram more than its sources do (``repeated_ngram`` with ``copied``). The re
 the same in both.
 
 For each run (``nest eval``'s ``items.jsonl`` in a run folder), each mode on its own: the answers
-flagged by each rule, the flagged ids that the new rule clears, and the 4-grams they repeat.
+flagged by each rule, the flagged ids that the new rule clears, and the first two 4-grams they repeat.
 
     python results/loops-beyond-sources/repeats_beyond_sources.py --out results/loops-beyond-sources \\
         --domain yargs=IDX/yargs:results/answered-at-the-budget/every-domain/yargs ...
@@ -24,23 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
+from itertools import islice
 from pathlib import Path
 
-from nest_benchmarks.metrics import REPEAT_NGRAM, REPEAT_TIMES, is_repetitive, recopied_source, repeated_ngram
+from nest_benchmarks.metrics import is_repetitive, recopied_source, repeated_ngram, repeated_ngrams
 from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table, write_report
 from nest_benchmarks.runner import doc_positions_of
 from nest_integrations import NestIndex
-
-
-def repeated_grams(text: str) -> list[str]:
-    """The word 4-grams ``text`` holds three times or more, every occurrence counted (the rule before)."""
-    words = re.findall(r"\w+", text.lower())
-    counts: dict[str, int] = {}
-    for i in range(len(words) - REPEAT_NGRAM + 1):
-        gram = " ".join(words[i : i + REPEAT_NGRAM])
-        counts[gram] = counts.get(gram, 0) + 1
-    return [gram for gram, count in counts.items() if count >= REPEAT_TIMES][:2]
 
 
 def run_flags(doc_positions: dict[str, tuple[str, int]], run: Path) -> dict[str, dict]:
@@ -57,7 +47,7 @@ def run_flags(doc_positions: dict[str, tuple[str, int]], run: Path) -> dict[str,
         mode["before"] += [item["item_id"]] if before else []
         mode["after"] += [item["item_id"]] if after else []
         if before and not after:
-            mode["cleared"][item["item_id"]] = repeated_grams(output["text"])
+            mode["cleared"][item["item_id"]] = [" ".join(gram) for gram in islice(repeated_ngrams(output["text"]), 2)]
     return flags
 
 
