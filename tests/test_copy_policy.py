@@ -1,7 +1,9 @@
 """Seams (where a copy may start), where an answer may stop, and the conversation's retrieval query."""
 
 from nest_integrations.policy.conversation import is_follow_up, retrieval_query
-from nest_integrations.policy.copy_policy import acceptable_start, closes_answer, is_question, sentence_starts, wants_focus
+from nest_integrations.policy.copy_policy import (
+    acceptable_start, closes_answer, is_question, sentence_ends, sentence_starts, stops_whole, wants_focus,
+)
 
 ADA = (
     "Augusta Ada King, Countess of Lovelace (née Byron; 10 December 1815 – 27 November 1852) was an English "
@@ -71,3 +73,21 @@ def test_an_answer_does_not_stop_where_a_line_announces_what_follows():
     assert closes_answer(text, text.index("shell-session") + 13) is False
 
 
+
+
+def test_stops_whole_where_a_sentence_ends_and_nothing_is_announced_or_hidden():
+    """Where a budget may end a copied answer: after a whole sentence, not mid-way, not after a
+    line that announces an example, not on a heading's title, not at a chunk's cut mid-sentence."""
+    text = (
+        "# Combining\n\nUse the **combine** command to merge them::\n\n    $ coverage combine\n\n"
+        "Coverage.py collects the data. The current directory isn't searched.\n\nIf you name"
+    )
+    ends = sentence_ends(text)
+    at = lambda piece: text.index(piece) + len(piece)  # noqa: E731
+    assert stops_whole(text, at("the data."), ends) and stops_whole(text, at("searched."), ends)
+    assert stops_whole(text, at("searched.\n\n"), ends)  # the white space after a sentence
+    assert not stops_whole(text, at("collects the"), ends)
+    assert not stops_whole(text, at("merge them::"), ends)  # announces the example below it
+    assert not stops_whole(text, at("# Combining"), ends)  # a title, with nothing under it
+    assert not stops_whole(text, len(text), ends)  # the chunk is cut mid-sentence
+    assert stops_whole("It ends here.", len("It ends here."), sentence_ends("It ends here."))

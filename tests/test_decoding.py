@@ -345,7 +345,30 @@ def test_a_fill_window_is_copied_only_when_it_fits_whole(tiny_lm):
     exact = ask(max_new_tokens=alone.stats.new_tokens)  # the window's last token is the budget's last
     assert exact.text == idle and exact.stats.finish_reason == "answered"
     cut = ask(max_new_tokens=short, answer_windows=2, fill_windows=0)  # the same window as a second answer window
-    assert cut.text.startswith(f"{idle}\n\n") and cut.text != f"{idle}\n\n{body}" and cut.stats.finish_reason == "length"
+    assert cut.text == idle and cut.stats.finish_reason == "length"  # cut, its one sentence would end mid-way
+
+
+def test_a_budget_that_ends_inside_a_copied_sentence_ends_the_answer_at_the_sentence_before(tiny_lm):
+    """A token budget that would cut a copied sentence ends the answer after the last whole
+    sentence it reaches (``length``), not on a fragment of the next ("... stays open. It"); a
+    budget that reaches no sentence end of the copy cuts it as before."""
+    first = "The `keepAliveTimeout` option sets how many milliseconds an idle socket stays open."
+    second = "It defaults to seventy-two seconds, which outlasts the idle timeouts of most load balancers."
+    doc = Passage(id="srv", text=f"## Options\n\n{first} {second}\n")
+    store = TokenDatastore([doc], PassageEncoder(tiny_lm))
+    knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, answer_windows=1, fill_windows=0)
+    decoder = NestDecoder(tiny_lm, store, ListRetriever([doc]), NestConfig(**knobs), relevance=word_share)
+    question = "How long does an idle socket stay open, and which option sets it?"
+    ask = lambda budget: decoder.generate([{"role": "user", "content": question}], query=question, max_new_tokens=budget)  # noqa: E731
+    whole = ask(80)
+    assert whole.text == f" Options\n\n{first} {second}" and whole.stats.finish_reason == "answered", whole.text
+    ended = [ask(budget) for budget in range(whole.stats.new_tokens - 1, 0, -1)]
+    at_first = [out for out in ended if len(out.text) >= len(f" Options\n\n{first}")]
+    assert at_first and all(out.text == f" Options\n\n{first}" and out.stats.finish_reason == "length" for out in at_first)
+    assert all(out.attribution_ratio == 1.0 for out in at_first)
+    assert [out.stats.new_tokens for out in at_first] == [at_first[0].stats.new_tokens] * len(at_first)
+    cut = ended[-1]  # one token: not even the label's end
+    assert cut.stats.finish_reason == "length" and cut.stats.new_tokens == 1
 
 
 def test_a_window_that_announces_an_example_runs_on_into_the_next_chunk_to_its_sections_end(tiny_lm):

@@ -46,8 +46,9 @@ class Generation:
     """Text the output continues: a plain-text prompt (a chat answer starts afresh)."""
     budget: int = -1
     """Tokens the answer may hold: ``config.max_new_tokens`` (set when -1), or fewer once a copy
-    in code stopped at the last line end from which the budget could close its block: the
-    closing fence is then the answer's last tokens (``length``)."""
+    in code stopped at the last line end from which the budget could close its block (the
+    closing fence is then the answer's last tokens), or a copy in prose at the last sentence
+    end the budget reaches (``length`` either way)."""
 
     def __post_init__(self) -> None:
         if self.budget < 0:

@@ -21,6 +21,7 @@ Beyond the paper, each decision is a small rule of its own:
 * inside copied code the LM writes nothing: the copy goes on to the line's end, or to the
   block's closing fence; nor does the token budget end inside it: the copy stops at the last
   line end from which the budget can still close the block, and the closing fence ends the answer;
+  in prose, a copy the budget would cut mid-sentence stops at the last sentence end it reaches;
 * two planned copies that would run into each other get a paragraph break between them, and so
   does a copy that goes on past a line of markup or across a chunker's cut.
 """
@@ -39,7 +40,7 @@ from nest_integrations.corpus.markdown_structure import (
     open_code_block, opening_fence, past_markup_indent, shallow_code_block, shallow_code_entry, title_tokens, unclosed_fence,
     unfenced_code_block,
 )
-from nest_integrations.policy.copy_policy import acceptable_start, continues, sentence_starts
+from nest_integrations.policy.copy_policy import acceptable_start, continues, ends_sentence, sentence_ends, sentence_starts, stops_whole
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.encoder import EncodedPassage
@@ -174,7 +175,7 @@ class SpanProposer:
             tokens = gen.candidates.passage(pidx).token_ids  # type: ignore[union-attr]
             end = self._copy_end(gen, pidx, pos, source_repeats=announced)
             span = [TokenRecord(int(tokens[i]), pidx, i) for i in range(pos, end)]
-            if span and (fits := self._code_in_budget(gen, pidx, pos, len(span))) < len(span):
+            if span and (fits := self._in_budget(gen, pidx, pos, len(span))) < len(span):
                 if fits == 0:
                     return self._close_for_budget(gen)
                 span = span[:fits]
@@ -344,6 +345,58 @@ class SpanProposer:
     def _nothing_more(self) -> Proposal:
         """What a generation that has just finished proposes: a token its commit does not take."""
         return Proposal(TokenRecord(next(iter(self.eos_ids), 0)))
+
+    def _in_budget(self, gen: Generation, pidx: int, pos: int, count: int) -> int:
+        """How many of the ``count`` tokens of a copy from token ``pos`` of passage ``pidx`` the
+        answer takes so that the budget cuts neither a line of copied code
+        (:meth:`_code_in_budget`) nor a copied sentence (:meth:`_sentence_in_budget`); 0: the
+        answer ends now (:meth:`_close_for_budget`)."""
+        fits = self._code_in_budget(gen, pidx, pos, count)
+        return self._sentence_in_budget(gen, pidx, pos, count) if fits == count else fits
+
+    def _sentence_in_budget(self, gen: Generation, pidx: int, pos: int, count: int) -> int:
+        """How many of the ``count`` tokens of a copy from token ``pos`` of passage ``pidx`` the answer
+        takes so that the budget (:meth:`~.generation.Generation.tokens_left`) does not end it
+        inside a sentence of its source: all of them when the budget does not end among them,
+        when the last it reaches stops with its sentence whole
+        (:func:`~nest_integrations.policy.copy_policy.stops_whole`), or when that one is in a code
+        block (whose lines :meth:`_code_in_budget` keeps whole); else the most that stop whole,
+        less the white space after them, the budget shrinking to end the answer after them
+        (``length``); 0 (end now) when that is none, or when none stop whole
+        and the answer so far stops whole; else all of them (the budget cuts the sentence, as it
+        would have).
+
+        Cut mid-sentence, an answer ends on a fragment ("... and use the **combine** command.
+        If you") that reads as the start of what it was about to say; the whole sentences
+        before it stand on their own."""
+        room = gen.tokens_left()
+        if count < room:
+            return count
+        text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
+        if self._open_code_block(pidx, int(char_spans[pos + room - 1, 1])) is not None:
+            return count
+        ends = sentence_ends(text)
+        taken = next((t for t in range(room, 0, -1) if stops_whole(text, int(char_spans[pos + t - 1, 1]), ends)), None)
+        if taken is None:
+            return 0 if self._stops_whole_so_far(gen) else count
+        while taken and not text[slice(*char_spans[pos + taken - 1])].strip():
+            taken -= 1  # the white space after the sentence: nothing follows it
+        if taken < room:
+            gen.budget = len(gen.records) + taken
+        return taken if taken < count else count
+
+    def _stops_whole_so_far(self, gen: Generation) -> bool:
+        """Whether the answer so far stops with its last sentence whole: its last token copied where
+        a sentence of its source ends (:func:`~nest_integrations.policy.copy_policy.stops_whole`),
+        set by the decoder between two copies (a break: it ends with the copy before it), or
+        written by the model after a sentence's end."""
+        if not gen.text.strip():
+            return False
+        copied = self._last_copied(gen)
+        if copied is None:
+            return gen.records[-1].separator or ends_sentence(gen.text.rstrip())
+        text = self.datastore.passages[copied[0]].text  # type: ignore[union-attr]
+        return stops_whole(text, copied[2], sentence_ends(text))
 
     def _code_in_budget(self, gen: Generation, pidx: int, pos: int, count: int) -> int:
         """How many of the ``count`` tokens of a copy from token ``pos`` of passage ``pidx`` the answer

@@ -28,6 +28,7 @@ All offsets are character offsets into a passage's text.
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 from typing import Sequence
@@ -242,3 +243,32 @@ def closes_answer(text: str, end: int) -> bool:
     if unclosed_brackets(line) - line.count('"') % 2 > 0 or _ANNOUNCING.search(line) or announces_code(line):
         return False
     return not text[end:].strip(" \t") or text[end:].lstrip(" \t").startswith("\n") or ends_sentence(line)
+
+
+def sentence_ends(text: str) -> list[int]:
+    """Sorted character offsets where the sentences of ``text`` end
+    (:func:`~nest_integrations.corpus.chunking.sentence_spans`: terminal punctuation, a blank
+    line, a line the next one does not go on from), white space not included."""
+    return [end for _, end in sentence_spans(text)]
+
+
+def stops_whole(text: str, end: int, ends: Sequence[int]) -> bool:
+    """Whether an answer copied up to character ``end`` of ``text`` stops with its sentence whole,
+    so that a token budget that would cut the sentence after it may end the answer there: a
+    sentence of ``text`` ends at ``end`` (``ends``: :func:`sentence_ends`; white space between
+    them aside), the answer closes there (:func:`closes_answer`: nothing announced, no bracket
+    left open), the text shown there is not markup a reader does not see (a heading's title:
+    a label with nothing under it), and a sentence that ends the text ends in its punctuation
+    (a chunk may be cut mid-sentence)."""
+    i = bisect.bisect_right(ends, end) - 1
+    if i < 0 or text[ends[i] : end].strip() or not closes_answer(text, end):
+        return False
+    shown = len(text[:end].rstrip())
+    if shown == 0:
+        return False
+    layout = copy_layout(text)
+    if layout is not None:
+        k = bisect.bisect_right(layout.hidden, (shown - 1, len(text))) - 1
+        if k >= 0 and layout.hidden[k][0] <= shown - 1 < layout.hidden[k][1]:
+            return False
+    return bool(text[end:].strip()) or text[:shown].rstrip("\"')]\u201d\u2019")[-1:] in (".", "!", "?")
