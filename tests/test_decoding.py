@@ -348,16 +348,18 @@ def test_a_fill_window_is_copied_only_when_it_fits_whole(tiny_lm):
     assert cut.text == idle and cut.stats.finish_reason == "length"  # cut, its one sentence would end mid-way
 
 
-def test_a_budget_that_ends_inside_a_copied_sentence_ends_the_answer_at_the_sentence_before(tiny_lm):
+@pytest.mark.parametrize("span_length", [64, 4], ids=["one-span", "spans-of-4"])
+def test_a_budget_that_ends_inside_a_copied_sentence_ends_the_answer_at_the_sentence_before(tiny_lm, span_length):
     """A token budget that would cut a copied sentence ends the answer after the last whole
-    sentence it reaches (``length``), not on a fragment of the next ("... stays open. It"); a
-    budget that reaches no sentence end of the copy cuts it as before."""
+    sentence it reaches (``length``), not on a fragment of the next ("... stays open. It"), also
+    when the copy comes in spans shorter than the sentence (the sentence's end is read ahead);
+    a budget that reaches no sentence end of the copy cuts it as before."""
     first = "The `keepAliveTimeout` option sets how many milliseconds an idle socket stays open."
     second = "It defaults to seventy-two seconds, which outlasts the idle timeouts of most load balancers."
     doc = Passage(id="srv", text=f"## Options\n\n{first} {second}\n")
     store = TokenDatastore([doc], PassageEncoder(tiny_lm))
     knobs = dict(mode="nest", alpha=5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, answer_windows=1, fill_windows=0)
-    decoder = NestDecoder(tiny_lm, store, ListRetriever([doc]), NestConfig(**knobs), relevance=word_share)
+    decoder = NestDecoder(tiny_lm, store, ListRetriever([doc]), NestConfig(**knobs, span_length=span_length), relevance=word_share)
     question = "How long does an idle socket stay open, and which option sets it?"
     ask = lambda budget: decoder.generate([{"role": "user", "content": question}], query=question, max_new_tokens=budget)  # noqa: E731
     whole = ask(80)

@@ -357,33 +357,36 @@ class SpanProposer:
     def _sentence_in_budget(self, gen: Generation, pidx: int, pos: int, count: int) -> int:
         """How many of the ``count`` tokens of a copy from token ``pos`` of passage ``pidx`` the answer
         takes so that the budget (:meth:`~.generation.Generation.tokens_left`) does not end it
-        inside a sentence of its source: all of them when the budget does not end among them,
-        when the last it reaches stops with its sentence whole
-        (:func:`~nest_integrations.policy.copy_policy.stops_whole`), or when that one is in a code
-        block (whose lines :meth:`_code_in_budget` keeps whole); else the most that stop whole,
-        less the white space after them, the budget shrinking to end the answer after them
-        (``length``); 0 (end now) when that is none, or when none stop whole
-        and the answer so far stops whole; else all of them (the budget cuts the sentence, as it
-        would have).
+        inside a sentence of its source. What the copy goes on to is read ahead: its planned
+        window (:attr:`~.copy_plan.CopyPlan.window_end`), else its passage. All of them when
+        that ends before the budget does, or the budget ends in a code block of the source
+        (whose lines :meth:`_code_in_budget` keeps whole), or the last sentence end the budget
+        reaches (:func:`~nest_integrations.policy.copy_policy.stops_whole`) lies past them (a
+        copy after this one stops there); else the tokens up to that end, less the white space
+        after it, the budget shrinking to end the answer there (``length``); 0 (end now) when
+        that is none, or when the budget reaches no such end and the answer so far stops whole;
+        else all of them (the budget cuts the sentence, as it would have).
 
         Cut mid-sentence, an answer ends on a fragment ("... and use the **combine** command.
         If you") that reads as the start of what it was about to say; the whole sentences
         before it stand on their own."""
         room = gen.tokens_left()
-        if count < room:
-            return count
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
-        if self._open_code_block(pidx, int(char_spans[pos + room - 1, 1])) is not None:
-            return count
+        planned = gen.plan.window_end
+        in_window = planned is not None and planned[0] == pidx and pos <= planned[1] and not gen.plan.runs_on
+        goes_on = planned[1] + 1 - pos if in_window else len(char_spans) - pos  # type: ignore[index]
+        if goes_on < room or self._open_code_block(pidx, int(char_spans[pos + room - 1, 1])) is not None:
+            return count  # the copy ends before the budget does (a planned window, its passage), or in code
         ends = sentence_ends(text)
         taken = next((t for t in range(room, 0, -1) if stops_whole(text, int(char_spans[pos + t - 1, 1]), ends)), None)
         if taken is None:
             return 0 if self._stops_whole_so_far(gen) else count
         while taken and not text[slice(*char_spans[pos + taken - 1])].strip():
             taken -= 1  # the white space after the sentence: nothing follows it
-        if taken < room:
-            gen.budget = len(gen.records) + taken
-        return taken if taken < count else count
+        if taken >= count:
+            return count  # the copy after this one stops there
+        gen.budget = len(gen.records) + taken
+        return taken
 
     def _stops_whole_so_far(self, gen: Generation) -> bool:
         """Whether the answer so far stops with its last sentence whole: its last token copied where

@@ -29,6 +29,7 @@ All offsets are character offsets into a passage's text.
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from dataclasses import dataclass
 from typing import Sequence
@@ -245,11 +246,13 @@ def closes_answer(text: str, end: int) -> bool:
     return not text[end:].strip(" \t") or text[end:].lstrip(" \t").startswith("\n") or ends_sentence(line)
 
 
-def sentence_ends(text: str) -> list[int]:
+@functools.lru_cache(maxsize=256)
+def sentence_ends(text: str) -> tuple[int, ...]:
     """Sorted character offsets where the sentences of ``text`` end
     (:func:`~nest_integrations.corpus.chunking.sentence_spans`: terminal punctuation, a blank
-    line, a line the next one does not go on from), white space not included."""
-    return [end for _, end in sentence_spans(text)]
+    line, a line the next one does not go on from), white space not included. Cached: a decoder
+    reads a passage's ends at each copy from it near the token budget."""
+    return tuple(end for _, end in sentence_spans(text))
 
 
 def stops_whole(text: str, end: int, ends: Sequence[int]) -> bool:
