@@ -56,13 +56,6 @@ _FENCE_ROOM = 8
 """Tokens a closing fence on a line of its own may take (three backticks and a line break take 2
 with the default tokenizer): a copy in code that ends this far before the budget is not parsed."""
 
-MIN_SHOWN_SHARE = 0.5
-"""A sentence of a copy that the token budget cuts is left out (the answer ends at the sentence end
-before it) when the budget would show less than this share of its tokens, and shown cut when it
-shows more: a sentence's start often holds the answer (a signature's parameters), its first few
-words read as a fragment ("... If you"). 0 shows every cut sentence (as without the rule); 1
-leaves every one out."""
-
 _SEAM_TRIES = 32
 """Neighbours tried, best p_M first, for one where a copy may start; beyond, the LM writes a token."""
 
@@ -363,22 +356,20 @@ class SpanProposer:
 
     def _sentence_in_budget(self, gen: Generation, pidx: int, pos: int, count: int) -> int:
         """How many of the ``count`` tokens of a copy from token ``pos`` of passage ``pidx`` the answer
-        takes so that the budget (:meth:`~.generation.Generation.tokens_left`) does not end it on
-        the first words of a sentence of its source. What the copy goes on to is read ahead: its
-        planned window (:attr:`~.copy_plan.CopyPlan.window_end`), else its passage. The sentence
-        the budget cuts runs from the last sentence end it reaches
-        (:func:`~nest_integrations.policy.copy_policy.stops_whole`; the answer so far, when it
-        stops whole and the copy reaches none) to the next. When the budget would show less than
-        :data:`MIN_SHOWN_SHARE` of it, the answer ends at that sentence end (``length``): the
-        tokens up to it, less the white space after it, the budget shrinking to end there, or 0
-        (end now) when it is the answer so far's end. Otherwise all of them: the copy ends before
-        the budget does, the budget ends in a code block of the source (whose lines
-        :meth:`_code_in_budget` keeps whole) or shows most of the sentence it cuts, or that
-        sentence end lies past them (a copy after this one stops there).
+        takes so that the budget (:meth:`~.generation.Generation.tokens_left`) does not end it
+        inside a sentence of its source. What the copy goes on to is read ahead: its planned
+        window (:attr:`~.copy_plan.CopyPlan.window_end`), else its passage. All of them when
+        that ends before the budget does, or the budget ends in a code block of the source
+        (whose lines :meth:`_code_in_budget` keeps whole), or the last sentence end the budget
+        reaches (:func:`~nest_integrations.policy.copy_policy.stops_whole`) lies past them (a
+        copy after this one stops there); else the tokens up to that end, less the white space
+        after it, the budget shrinking to end the answer there (``length``); 0 (end now) when
+        that is none, or when the budget reaches no such end and the answer so far stops whole;
+        else all of them (the budget cuts the sentence, as it would have).
 
-        Cut after its first words, an answer ends on a fragment ("... and use the **combine**
-        command. If you") that reads as the start of what it was about to say; the whole
-        sentences before it stand on their own."""
+        Cut mid-sentence, an answer ends on a fragment ("... and use the **combine** command.
+        If you") that reads as the start of what it was about to say; the whole sentences
+        before it stand on their own."""
         room = gen.tokens_left()
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
         planned = gen.plan.window_end
@@ -387,11 +378,9 @@ class SpanProposer:
         if goes_on < room or self._open_code_block(pidx, int(char_spans[pos + room - 1, 1])) is not None:
             return count  # the copy ends before the budget does (a planned window, its passage), or in code
         ends = sentence_ends(text)
-        stops = lambda t: stops_whole(text, int(char_spans[pos + t - 1, 1]), ends)  # noqa: E731
-        taken = next((t for t in range(room, 0, -1) if stops(t)), 0 if self._stops_whole_so_far(gen) else None)
-        cut_sentence = next((t for t in range(room + 1, goes_on + 1) if stops(t)), goes_on) - (taken or 0)
-        if taken is None or (room - taken) >= MIN_SHOWN_SHARE * cut_sentence:
-            return count  # the budget shows most of the sentence it cuts (or the answer so far stops nowhere)
+        taken = next((t for t in range(room, 0, -1) if stops_whole(text, int(char_spans[pos + t - 1, 1]), ends)), None)
+        if taken is None:
+            return 0 if self._stops_whole_so_far(gen) else count
         while taken and not text[slice(*char_spans[pos + taken - 1])].strip():
             taken -= 1  # the white space after the sentence: nothing follows it
         if taken >= count:
