@@ -21,7 +21,8 @@ Beyond the paper, each decision is a small rule of its own:
 * inside copied code the LM writes nothing: the copy goes on to the line's end, or to the
   block's closing fence; nor does the token budget end inside it: the copy stops at the last
   line end from which the budget can still close the block, and the closing fence ends the answer;
-  in prose, a copy the budget would cut mid-sentence stops at the last sentence end it reaches;
+  in the prose of a chat answer, a copy the budget would cut mid-sentence stops at the last
+  sentence end it reaches;
 * two planned copies that would run into each other get a paragraph break between them, and so
   does a copy that goes on past a line of markup or across a chunker's cut.
 """
@@ -357,7 +358,8 @@ class SpanProposer:
     def _sentence_in_budget(self, gen: Generation, pidx: int, pos: int, count: int) -> int:
         """How many of the ``count`` tokens of a copy from token ``pos`` of passage ``pidx`` the answer
         takes so that the budget (:meth:`~.generation.Generation.tokens_left`) does not end it
-        inside a sentence of its source. What the copy goes on to is read ahead: its planned
+        inside a sentence of its source, in an answer to a chat request (a plain-text prompt's
+        continuation takes them all). What the copy goes on to is read ahead: its planned
         window (:attr:`~.copy_plan.CopyPlan.window_end`), else its passage. All of them when
         that ends before the budget does, or the budget ends in a code block of the source
         (whose lines :meth:`_code_in_budget` keeps whole), or the last sentence end the budget
@@ -371,6 +373,8 @@ class SpanProposer:
         If you") that reads as the start of what it was about to say; the whole sentences
         before it stand on their own."""
         room = gen.tokens_left()
+        if gen.lead_in:
+            return count  # a plain-text prompt's continuation: the budget cuts it, as it cuts a completion
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
         planned = gen.plan.window_end
         in_window = planned is not None and planned[0] == pidx and pos <= planned[1] and not gen.plan.runs_on
