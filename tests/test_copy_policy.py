@@ -2,7 +2,7 @@
 
 from nest_integrations.policy.conversation import is_follow_up, retrieval_query
 from nest_integrations.policy.copy_policy import (
-    acceptable_start, closes_answer, is_question, sentence_ends, sentence_starts, stops_whole, wants_focus,
+    acceptable_start, closes_answer, is_question, sentence_starts, stops_whole, wants_focus,
 )
 
 ADA = (
@@ -82,12 +82,11 @@ def test_stops_whole_where_a_sentence_ends_and_nothing_is_announced_or_hidden():
         "# Combining\n\nUse the **combine** command to merge them::\n\n    $ coverage combine\n\n"
         "Coverage.py collects the data. The current directory isn't searched.\n\nIf you name"
     )
-    ends = sentence_ends(text)
     at = lambda piece: text.index(piece) + len(piece)  # noqa: E731
-    assert stops_whole(text, at("the data."), ends) and stops_whole(text, at("searched."), ends)
-    assert stops_whole(text, at("searched.\n\n"), ends)  # the white space after a sentence
-    assert not stops_whole(text, at("collects the"), ends)
-    assert not stops_whole(text, at("merge them::"), ends)  # announces the example below it
-    assert not stops_whole(text, at("# Combining"), ends)  # a title, with nothing under it
-    assert not stops_whole(text, len(text), ends)  # the chunk is cut mid-sentence
-    assert stops_whole("It ends here.", len("It ends here."), sentence_ends("It ends here."))
+    assert stops_whole(text, at("the data.")) and stops_whole(text, at("searched."))
+    assert stops_whole(text, at("searched.\n\n"))  # the white space after a sentence
+    assert not stops_whole(text, at("collects the"))
+    assert not stops_whole(text, at("merge them::"))  # announces the example below it
+    assert not stops_whole(text, at("# Combining"))  # a title, with nothing under it
+    assert not stops_whole(text, len(text))  # the chunk is cut mid-sentence
+    assert stops_whole("It ends here.", len("It ends here."))

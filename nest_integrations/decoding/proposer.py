@@ -41,7 +41,7 @@ from nest_integrations.corpus.markdown_structure import (
     open_code_block, opening_fence, past_markup_indent, shallow_code_block, shallow_code_entry, title_tokens, unclosed_fence,
     unfenced_code_block,
 )
-from nest_integrations.policy.copy_policy import acceptable_start, continues, ends_sentence, sentence_ends, sentence_starts, stops_whole
+from nest_integrations.policy.copy_policy import acceptable_start, continues, ends_sentence, sentence_starts, stops_whole
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.encoder import EncodedPassage
@@ -376,13 +376,11 @@ class SpanProposer:
         if gen.lead_in:
             return count  # a plain-text prompt's continuation: the budget cuts it, as it cuts a completion
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
-        planned = gen.plan.window_end
-        in_window = planned is not None and planned[0] == pidx and pos <= planned[1] and not gen.plan.runs_on
-        goes_on = planned[1] + 1 - pos if in_window else len(char_spans) - pos  # type: ignore[index]
+        in_window = gen.plan.in_planned_copy(pidx, pos) and not gen.plan.runs_on
+        goes_on = gen.plan.window_end[1] + 1 - pos if in_window else len(char_spans) - pos  # type: ignore[index]
         if goes_on < room or self._open_code_block(pidx, int(char_spans[pos + room - 1, 1])) is not None:
             return count  # the copy ends before the budget does (a planned window, its passage), or in code
-        ends = sentence_ends(text)
-        taken = next((t for t in range(room, 0, -1) if stops_whole(text, int(char_spans[pos + t - 1, 1]), ends)), None)
+        taken = next((t for t in range(room, 0, -1) if stops_whole(text, int(char_spans[pos + t - 1, 1]))), None)
         if taken is None:
             return 0 if self._stops_whole_so_far(gen) else count
         while taken and not text[slice(*char_spans[pos + taken - 1])].strip():
@@ -402,8 +400,7 @@ class SpanProposer:
         copied = self._last_copied(gen)
         if copied is None:
             return gen.records[-1].separator or ends_sentence(gen.text.rstrip())
-        text = self.datastore.passages[copied[0]].text  # type: ignore[union-attr]
-        return stops_whole(text, copied[2], sentence_ends(text))
+        return stops_whole(self.datastore.passages[copied[0]].text, copied[2])  # type: ignore[union-attr]
 
     def _code_in_budget(self, gen: Generation, pidx: int, pos: int, count: int) -> int:
         """How many of the ``count`` tokens of a copy from token ``pos`` of passage ``pidx`` the answer

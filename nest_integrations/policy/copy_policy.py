@@ -251,27 +251,23 @@ def sentence_ends(text: str) -> tuple[int, ...]:
     """Sorted character offsets where the sentences of ``text`` end
     (:func:`~nest_integrations.corpus.chunking.sentence_spans`: terminal punctuation, a blank
     line, a line the next one does not go on from), white space not included. Cached: a decoder
-    reads a passage's ends at each copy from it near the token budget."""
+    reads a passage's ends at each copy from it near the token budget (:func:`stops_whole`)."""
     return tuple(end for _, end in sentence_spans(text))
 
 
-def stops_whole(text: str, end: int, ends: Sequence[int]) -> bool:
+def stops_whole(text: str, end: int) -> bool:
     """Whether an answer copied up to character ``end`` of ``text`` stops with its sentence whole,
     so that a token budget that would cut the sentence after it may end the answer there: a
-    sentence of ``text`` ends at ``end`` (``ends``: :func:`sentence_ends`; white space between
-    them aside), the answer closes there (:func:`closes_answer`: nothing announced, no bracket
-    left open), the text shown there is not markup a reader does not see (a heading's title:
-    a label with nothing under it), and a sentence that ends the text ends in its punctuation
-    (a chunk may be cut mid-sentence)."""
+    sentence of ``text`` ends at ``end`` (:func:`sentence_ends`; white space between them aside),
+    the answer closes there (:func:`closes_answer`: nothing announced, no bracket left open), its
+    last character is one a reader sees (:func:`~nest_integrations.corpus.markdown_structure.shows_text`:
+    not a heading's title, a label with nothing under it), and a sentence that ends the text ends
+    in its punctuation (a chunk may be cut mid-sentence)."""
+    ends = sentence_ends(text)
     i = bisect.bisect_right(ends, end) - 1
     if i < 0 or text[ends[i] : end].strip() or not closes_answer(text, end):
         return False
     shown = len(text[:end].rstrip())
-    if shown == 0:
+    if shown == 0 or not shows_text(text, shown - 1, shown):
         return False
-    layout = copy_layout(text)
-    if layout is not None:
-        k = bisect.bisect_right(layout.hidden, (shown - 1, len(text))) - 1
-        if k >= 0 and layout.hidden[k][0] <= shown - 1 < layout.hidden[k][1]:
-            return False
     return bool(text[end:].strip()) or text[:shown].rstrip("\"')]\u201d\u2019")[-1:] in (".", "!", "?")
