@@ -69,7 +69,10 @@ def test_an_answer_does_not_stop_where_a_line_announces_what_follows():
     assert closes_answer(text, text.index("e.g.") + 4) is False, "'e.g.' ends no sentence: the example follows"
     assert closes_answer(text, text.index("console") + 7) is False, "a code directive: its code follows"
     assert closes_answer(text, text.index("restic") + 6) is True, "the announced code line ends it"
-    assert closes_answer(text, text.index("run") + 3) is True, "a line end with nothing announced"
+    assert closes_answer(text, text.index("run") + 3) is False, "the code directive on the next line announces its code"
+    assert closes_answer(text, text.index("dev\n") + 3) is True, "the announced code line ends it"
+    literal = "If you'd like to change the IO priority, run it in the following way\n\n::\n\n    $ ionice -c2 restic backup\n"
+    assert closes_answer(literal, literal.index("way") + 3) is False, "a lone ``::`` on the next line announces a literal block"
     assert closes_answer(text, text.index("shell-session") + 13) is False
 
 

@@ -160,6 +160,7 @@ def test_a_code_directive_announces_the_code_below_it():
     assert announces_code(".. code-block:: console") and announces_code("   .. code:: bash") and announces_code(".. doctest::")
     assert not announces_code(".. note:: Keep the key safe.") and not announces_code(".. include:: cache.rst")
     assert not announces_code("Run the code-block below::"), "a paragraph, not a directive"
+    assert announces_code("::") and announces_code("  ::  "), "a literal block's marker standing alone"
 
 
 def test_chunks_of_an_rst_file_hide_their_underlines_and_directives():

@@ -108,7 +108,10 @@ def looks_like_rst(text: str) -> bool:
 
 def announces_code(line: str) -> bool:
     """Whether ``line`` is a directive whose body is code (``.. code-block:: console``,
-    :data:`CODE_DIRECTIVES`): the code it announces follows it, on the lines below."""
+    :data:`CODE_DIRECTIVES`) or a literal block's marker standing alone (``::``): the code it
+    announces follows it, on the lines below."""
+    if line.strip() == "::":
+        return True
     directive = _DIRECTIVE.match(line.strip())
     return directive is not None and directive.group(1).lower() in CODE_DIRECTIVES
 

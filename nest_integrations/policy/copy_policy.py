@@ -238,10 +238,14 @@ def closes_answer(text: str, end: int) -> bool:
     (a list item, a code line, the text's end) with every bracket it opened closed within the
     line and nothing announced: only then may it stop as answered. "... (e.g." does not, nor
     a line that announces what follows it: "as follows:", "... from the official repos, e.g.",
-    or a directive whose body is code (``.. code-block:: console``) with the code below it."""
+    or a directive whose body is code (``.. code-block:: console``, a lone ``::``) with the code
+    below it. Such a directive on the next line that shows anything announces its code for the
+    paragraph above it ("To get the latest development version, run" over ``.. code-block:: shell``)."""
     line_start = text.rfind("\n", 0, end) + 1
     line = text[line_start:end].rstrip()
     if unclosed_brackets(line) - line.count('"') % 2 > 0 or _ANNOUNCING.search(line) or announces_code(line):
+        return False
+    if announces_code(text[end:].lstrip().split("\n", 1)[0]):
         return False
     return not text[end:].strip(" \t") or text[end:].lstrip(" \t").startswith("\n") or ends_sentence(line)
 
