@@ -163,7 +163,7 @@ class SpanProposer:
                 if proposal is not None and (fenced := self._fence_going_on(gen, mixture, at, proposal, generator)) is not None:
                     return fenced
                 if proposal is not None and (separator := self._break_before(gen, resume_at[0], resumed, proposal)) is not None:
-                    plan.opening, plan.announced = proposal, True  # copied after the break, as a planned opening is
+                    plan.opening, plan.announced = proposal, self._left_open(gen)  # copied after the break, as a planned opening is
                     return Proposal(TokenRecord(separator, separator=True))
                 announced = proposal is not None and plan.take_announced()
                 unchecked = unchecked or announced
@@ -389,6 +389,19 @@ class SpanProposer:
             return count  # the copy after this one stops there
         gen.budget = len(gen.records) + taken
         return taken
+
+    def _left_open(self, gen: Generation) -> bool:
+        """Whether the answer so far leaves what it copied open where a copy goes on past a break
+        the decoder set (a chunker's cut, a line of markup skipped), so that the first line after
+        the break is copied without the LM's check: it announces that line ("... as follows:"),
+        stops mid-sentence where a chunker cut, or stops inside a code block. After a whole
+        sentence nothing is announced, and whether the answer goes on is the LM's to check, as for
+        any copy: a chunker that cut a paragraph after "... arguments." leaves "If you" as the next
+        chunk's first line, and copied unchecked the answer would end on it."""
+        copied = self._last_copied(gen)
+        if copied is not None and self._open_code_block(copied[0], copied[2]) is not None:
+            return True
+        return not self._stops_whole_so_far(gen)
 
     def _stops_whole_so_far(self, gen: Generation) -> bool:
         """Whether the answer so far stops with its last sentence whole: its last token copied where
