@@ -466,21 +466,21 @@ def test_the_example_a_window_announces_is_copied_to_its_first_lines_end_though_
     assert "code-block" not in out.text and not any(model_written(out, span) for span in out.spans)
 
 
-def test_a_copy_across_a_cut_after_a_whole_sentence_goes_on_only_where_the_lm_accepts_it(tiny_lm):
+def test_a_copy_across_a_cut_inside_a_paragraph_copies_the_next_chunks_first_sentence_whole(tiny_lm):
     """The window "... as follows:" runs on: the line it announces is copied though the LM refuses
-    it (gamma 1: all but its own best token). That line ends its chunk on a whole sentence, where
-    the chunker cut a paragraph ("... arguments.  If you" | "also want ..."). Nothing announces
-    the next chunk's first line: it is the LM's to check, as any copy, and refused, the answer
-    ends on the whole sentence instead of on "If you"."""
+    it (gamma 1: all but its own best token). That line ends its chunk where the chunker cut a
+    paragraph ("... arguments.  If you" | "also want ..."), and the copy goes on across the cut
+    unchecked to the end of the next chunk's first sentence, not of its first line: the answer
+    does not end on "If you"."""
     first = (
         "Combining\n=========\n\nTo merge the data files into one file, run the combine command as follows:\n\n"
         "The current directory isn't searched if you use command-line arguments."
     )
-    second = "If you\nalso want data from the current directory, name it explicitly on the command line.\n"
+    second = "If you\nalso want data from the current directory, name it explicitly on the command\nline. Then run it again.\n"
     chunks = [Passage(id="cmb#0", text=first, doc_id="cmb"), Passage(id="cmb#1", text=second, doc_id="cmb", doc_char_start=len(first) + 2)]
     out = _run_on_answer(tiny_lm, chunks, "How do I merge the data files into one file with the combine command?", gamma=1.0)
     assert "as follows:\n\nThe current directory isn't searched if you use command-line arguments." in out.text, out.text
-    assert out.text.rstrip().endswith("arguments."), out.text
+    assert out.text.rstrip().endswith("If you\nalso want data from the current directory, name it explicitly on the command\nline."), out.text
     assert not any(model_written(out, span) for span in out.spans), out.text
 
 

@@ -41,7 +41,7 @@ from nest_integrations.corpus.markdown_structure import (
     open_code_block, opening_fence, past_markup_indent, shallow_code_block, shallow_code_entry, title_tokens, unclosed_fence,
     unfenced_code_block,
 )
-from nest_integrations.policy.copy_policy import acceptable_start, continues, ends_sentence, sentence_starts, stops_whole
+from nest_integrations.policy.copy_policy import acceptable_start, continues, ends_sentence, sentence_ends, sentence_starts, stops_whole
 from nest_integrations.policy.repetition import repeat_free_length, repeating_tokens
 from nest_integrations.store.datastore import TokenDatastore
 from nest_integrations.store.encoder import EncodedPassage
@@ -163,7 +163,7 @@ class SpanProposer:
                 if proposal is not None and (fenced := self._fence_going_on(gen, mixture, at, proposal, generator)) is not None:
                     return fenced
                 if proposal is not None and (separator := self._break_before(gen, resume_at[0], resumed, proposal)) is not None:
-                    plan.opening, plan.announced = proposal, self._left_open(gen)  # copied after the break, as a planned opening is
+                    plan.opening, plan.announced = proposal, True  # copied after the break, as a planned opening is
                     return Proposal(TokenRecord(separator, separator=True))
                 announced = proposal is not None and plan.take_announced()
                 unchecked = unchecked or announced
@@ -390,19 +390,6 @@ class SpanProposer:
         gen.budget = len(gen.records) + taken
         return taken
 
-    def _left_open(self, gen: Generation) -> bool:
-        """Whether the answer so far leaves what it copied open where a copy goes on past a break
-        the decoder set (a chunker's cut, a line of markup skipped), so that the first line after
-        the break is copied without the LM's check: it announces that line ("... as follows:"),
-        stops mid-sentence where a chunker cut, or stops inside a code block. After a whole
-        sentence nothing is announced, and whether the answer goes on is the LM's to check, as for
-        any copy: a chunker that cut a paragraph after "... arguments." leaves "If you" as the next
-        chunk's first line, and copied unchecked the answer would end on it."""
-        copied = self._last_copied(gen)
-        if copied is not None and self._open_code_block(copied[0], copied[2]) is not None:
-            return True
-        return not self._stops_whole_so_far(gen)
-
     def _stops_whole_so_far(self, gen: Generation) -> bool:
         """Whether the answer so far stops with its last sentence whole: its last token copied where
         a sentence of its source ends (:func:`~nest_integrations.policy.copy_policy.stops_whole`),
@@ -583,8 +570,10 @@ class SpanProposer:
 
     def _first_line_length(self, gen: Generation, pidx: int, pos: int, end: int) -> int:
         """Tokens from ``pos`` (before ``end``) of passage ``pidx`` up to the end of the first line
-        that shows text: a copy forced past the LM's check stops at a line's end, not mid-way
-        through a line of code the LM might not go on with."""
+        that shows text, or in prose whose line ends mid-sentence, of that sentence: a copy forced
+        past the LM's check stops at a line's end, not mid-way through a line of code the LM might
+        not go on with, nor on a hard-wrapped line's first words (a chunker that cut a paragraph
+        after "... arguments." leaves "If you" the next chunk's first line)."""
         assert gen.candidates is not None and self.datastore is not None
         text, spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans
         start = int(spans[pos, 0])
@@ -592,6 +581,8 @@ class SpanProposer:
         line_end = text.find("\n", start + shown)
         if line_end < 0:
             return end - pos
+        if self._open_code_block(pidx, line_end) is None and not stops_whole(text, line_end):
+            line_end = next((e for e in sentence_ends(text) if e >= line_end), line_end)
         return max(1, min(_first_token_from(spans, line_end), end) - pos)
 
     def _break_before(self, gen: Generation, came_from: int, resumed: tuple[int, int], going_on: tuple[int, int]) -> Optional[int]:
