@@ -16,6 +16,8 @@ from nest_integrations.decoding.chunk_chain import next_chunk
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.decoding.rendering import MODEL_MARK, model_written, render_html, render_markdown, render_terminal
 from nest_integrations.decoding.spans import merge_spans
+from nest_integrations.decoding import verifier as verifier_module
+from nest_integrations.decoding.verifier import whole_prefix
 from nest_integrations.policy.mentions import CorpusTerms
 from conftest import ListRetriever, word_share
 from nest_integrations.core.mixture import knn_distribution, mix, rrc_lambda
@@ -482,6 +484,28 @@ def test_a_copy_across_a_cut_inside_a_paragraph_copies_the_next_chunks_first_sen
     assert "as follows:\n\nThe current directory isn't searched if you use command-line arguments." in out.text, out.text
     assert out.text.rstrip().endswith("If you\nalso want data from the current directory, name it explicitly on the command\nline."), out.text
     assert not any(model_written(out, span) for span in out.spans), out.text
+
+
+def test_a_copy_the_lm_refuses_mid_sentence_past_the_windows_ends_the_answer_on_the_last_whole_sentence(tiny_lm, monkeypatch):
+    """Past its windows the answer runs on as far as the LM's check accepts the copy; a check
+    that refuses it near its end (here: every draft but its last 3 tokens) leaves the answer on
+    the last whole sentence it accepted, not on "... name it explicitly on the"."""
+    monkeypatch.setattr(verifier_module, "accepted_prefix_length", lambda ratios, threshold: max(len(ratios) - 3, 0))
+    text = (
+        "Combining\n=========\n\nTo merge the data files into one file, run the combine command as follows::\n\n    $ coverage combine\n\n"
+        "The current directory isn't searched if you use command-line arguments.  If you\nalso want data from the current "
+        "directory, name it explicitly on the command\nline.\n"
+    )
+    out = _run_on_answer(tiny_lm, [Passage(id="cmb#0", text=text, doc_id="cmb")], "How do I merge the data files into one file with the combine command?", gamma=1e-6)
+    assert "$ coverage combine" in out.text and out.text.rstrip().endswith("if you use command-line arguments."), out.text
+    assert out.stats.finish_reason == "answered" and not any(model_written(out, span) for span in out.spans), out.text
+
+
+def test_a_draft_accepted_in_part_keeps_its_longest_whole_prefix():
+    assert whole_prefix(5, 10, frozenset({2, 4, 7})) == 4, "up to the last sentence end within what the check accepted"
+    assert whole_prefix(10, 10, frozenset({2})) == 10, "a draft accepted whole is kept whole"
+    assert whole_prefix(1, 10, frozenset({2, 4})) == 1, "no whole end within it: what the check accepted"
+    assert whole_prefix(5, 10, None) == 5 and whole_prefix(5, 10, frozenset()) == 5
 
 
 @pytest.mark.parametrize("announced", ["::", ".. code-block:: console"], ids=["literal-block", "directive"])

@@ -187,7 +187,8 @@ class SpanProposer:
                 return Proposal(span[0], span[1:], unchecked=whole)
             first_ok = relaxed_accept_ratio(p_m[None], torch.tensor([span[0].token_id]), config.effective_gamma) if span else None
             if first_ok is not None and float(first_ok[0]) > config.accept_threshold:
-                return Proposal(span[0], span[1:])
+                # Past a whole plan's windows the answer ends where the LM refuses the copy: at a whole sentence or line.
+                return Proposal(span[0], span[1:], whole_ends=self._whole_ends(gen, pidx, pos, len(span)) if plan.whole else None)
         if config.mode in ("nest", "ra_nest") and (in_code := self._inside_copied_code(gen)) is not None:
             return in_code
         if config.mode in ("nest", "ra_nest") and (repeats := repeating_tokens(gen.ids, config.lm_repeat_ngram)):
@@ -389,6 +390,23 @@ class SpanProposer:
             return count  # the copy after this one stops there
         gen.budget = len(gen.records) + taken
         return taken
+
+    def _whole_ends(self, gen: Generation, pidx: int, pos: int, count: int) -> frozenset[int]:
+        """Draft lengths ``k`` (0 <= k < ``count``) after which a copy of the ``count`` tokens from
+        token ``pos`` of passage ``pidx`` stops whole: its token ``pos + k`` ends a sentence of the
+        source where the answer may stop (:func:`~nest_integrations.policy.copy_policy.stops_whole`)
+        or a line of a code block (:meth:`_open_code_block`)."""
+        assert gen.candidates is not None and self.datastore is not None
+        text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans
+        sentence = frozenset(sentence_ends(text))
+        ends = set()
+        for k in range(count):
+            end = int(char_spans[pos + k, 1])
+            if end in sentence and stops_whole(text, end):
+                ends.add(k)
+            elif text.startswith("\n", end) and self._open_code_block(pidx, end) is not None:
+                ends.add(k)
+        return frozenset(ends)
 
     def _stops_whole_so_far(self, gen: Generation) -> bool:
         """Whether the answer so far stops with its last sentence whole: its last token copied where

@@ -38,7 +38,19 @@ from .mixing import Mixture
 from .proposal import Proposal, Verdict
 from .spans import TokenRecord
 
-__all__ = ["SpanVerifier"]
+__all__ = ["SpanVerifier", "whole_prefix"]
+
+
+def whole_prefix(accepted: int, drafted: int, whole_ends: Optional[frozenset[int]]) -> int:
+    """Draft tokens kept of ``drafted`` when the relaxed check accepts the first ``accepted``: all
+    of them for a draft accepted whole or without ``whole_ends``; otherwise the longest of
+    ``whole_ends`` (draft lengths after which the answer stops whole) within them, or ``accepted``
+    when none is. Past a planned answer's windows, the check refusing a copy mid-sentence ends the
+    answer, and on a fragment ("... has to have read and write permissions" of "... permissions on
+    ``/run/borg``."); kept to a whole prefix, the answer ends there instead."""
+    if accepted >= drafted or not whole_ends:
+        return accepted
+    return max((k for k in whole_ends if k <= accepted), default=accepted)
 
 
 class SpanVerifier:
@@ -78,8 +90,11 @@ class SpanVerifier:
             self.commit(gen, draft)
         elif draft:
             ratios = relaxed_accept_ratio(mixture.p_m[: len(draft)], torch.tensor([r.token_id for r in draft]), config.effective_gamma)
-            accepted = accepted_prefix_length(ratios, config.accept_threshold)
+            checked = accepted_prefix_length(ratios, config.accept_threshold)
+            accepted = whole_prefix(checked, len(draft), proposal.whole_ends)
             self.commit(gen, draft[:accepted])
+            if accepted < checked and not gen.finished:
+                gen.finish("answered")  # the check refused the copy mid-sentence: the answer ends on the whole one before
         resume_at = None
         if draft and accepted == len(draft) and draft[-1].passage_index is not None:
             resume_at = (draft[-1].passage_index, draft[-1].position + 1)
