@@ -943,6 +943,12 @@ def test_a_window_that_goes_on_from_a_better_one_is_copied_with_it():
     opening, follows = Window("p", 0, 10, 0.9), Window("p", 11, 22, 0.4)
     assert [unfinished[w.start : w.end] for w in (opening, follows)] == ["First one.", "As follows:"]
     assert join_touching([opening, follows], lambda passage_id: unfinished) == [opening, follows]
+    # One that announces a better one's example is copied before it, as one: else it would run on into the example copied already.
+    literal = "Lead in.\n\nRun it in the following way\n\n::\n\n    $ ionice -c2 restic backup\n\nOther words."
+    example, announcing = Window("p", literal.index("    $"), literal.index("backup") + 6, 0.9), Window("p", 10, 37, 0.4)
+    assert literal[announcing.start : announcing.end] == "Run it in the following way"
+    assert join_touching([example, announcing], lambda passage_id: literal) == [Window("p", 10, example.end, 0.9)]
+    assert join_touching([Window("p", 0, 8, 0.9), announcing], lambda passage_id: literal)[1] == announcing, "announcing nothing planned: apart"
 
 
 def test_a_planned_copy_that_runs_on_ends_no_answer_at_its_windows_end():

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
 import numpy as np
 
 from nest_integrations.corpus.markdown_structure import first_copyable, label_start, section_title
+from nest_integrations.corpus.rst_structure import announces_code
 from nest_integrations.core.config import NestConfig
 from nest_integrations.core.similarity import Relevance
 from nest_integrations.corpus.passages import Passage
@@ -97,26 +98,43 @@ def join_touching(windows: Sequence[Window], text_of: Callable[[str], str]) -> l
     its first; copied in rank order the answer would jump from the first sentence to the second
     window and then back. Joined, it reads on in the source's order. A window that ends where a
     better one starts stays in its own place: joined, it would put weaker text before the best
-    answer. A window that does not close an answer (:func:`closes_answer`) is not joined: the
-    joined window would not close one either, and the windows planned after it would be dropped.
+    answer. A window that does not close an answer (:func:`closes_answer`) is not joined after
+    another: the joined window would not close one either, and the windows planned after it would
+    be dropped. But one that announces a better one's example ("... run it in the following way"
+    over ``::`` and the command) is joined before it: ranked below the example, it would run on
+    into what was already copied and end the answer on the announcement.
     ``text_of(passage_id)`` gives a passage's text; a joined window keeps the better score."""
     joined: list[Window] = []
     for window in windows:
         text = text_of(window.passage_id)
-        before = None
         if closes_answer(text, window.end):
             before = next((i for i, kept in enumerate(joined) if _goes_on_from(kept, window, text)), None)
-        if before is None:
-            joined.append(window)
+            if before is not None:
+                kept = joined[before]
+                joined[before] = Window(kept.passage_id, kept.start, window.end, max(kept.score, window.score))
+                continue
         else:
-            kept = joined[before]
-            joined[before] = Window(kept.passage_id, kept.start, window.end, max(kept.score, window.score))
+            announced = next((i for i, kept in enumerate(joined) if _announces(window, kept, text)), None)
+            if announced is not None:
+                kept = joined[announced]
+                joined[announced] = Window(kept.passage_id, window.start, kept.end, max(kept.score, window.score))
+                continue
+        joined.append(window)
     return joined
 
 
 def _goes_on_from(earlier: Window, window: Window, text: str) -> bool:
     """Whether ``window`` starts where ``earlier`` ends in their passage (its ``text``), nothing but white space between."""
     return earlier.passage_id == window.passage_id and earlier.end <= window.start and not text[earlier.end : window.start].strip()
+
+
+def _announces(window: Window, example: Window, text: str) -> bool:
+    """Whether ``window``, which does not close an answer, announces ``example`` of their passage
+    (its ``text``): ``example`` starts where ``window`` ends, nothing between but white space and
+    lines that announce code (a code directive, a lone ``::``)."""
+    if window.passage_id != example.passage_id or not window.end <= example.start:
+        return False
+    return all(not line.strip() or announces_code(line) for line in text[window.end : example.start].split("\n"))
 
 
 def run_on_window(windows: Sequence[Window], text_of: Callable[[str], str]) -> Optional[Window]:
