@@ -501,6 +501,19 @@ def test_a_copy_the_lm_refuses_mid_sentence_past_the_windows_ends_the_answer_on_
     assert out.stats.finish_reason == "answered" and not any(model_written(out, span) for span in out.spans), out.text
 
 
+def test_a_copy_the_lm_refuses_inside_code_keeps_the_rule_for_copied_code(tiny_lm, monkeypatch):
+    """Refused inside a code block (every draft but its last 8 tokens, mid-way through the
+    example's last line), the copy is not cut back to the line end before: the rule for copied code
+    goes on to the line's end, so the example keeps its last line."""
+    monkeypatch.setattr(verifier_module, "accepted_prefix_length", lambda ratios, threshold: max(len(ratios) - 8, 0))
+    first = "Registry\n========\n\nTo keep a registry of every subclass of a base class, define a hook like this:"
+    second = "```python\nREGISTRY = []\nclass Base:\n    def __init_subclass__(cls):\n        REGISTRY.append(cls)\n```\n"
+    chunks = [Passage(id="reg#0", text=first, doc_id="reg"), Passage(id="reg#1", text=second, doc_id="reg", doc_char_start=len(first) + 2)]
+    out = _run_on_answer(tiny_lm, chunks, "How do I keep a registry of every subclass of a base class?", gamma=1e-6)
+    assert "        REGISTRY.append(cls)\n```" in out.text, out.text
+    assert not any(model_written(out, span) for span in out.spans), out.text
+
+
 def test_a_draft_accepted_in_part_keeps_its_longest_whole_prefix():
     assert whole_prefix(5, 10, frozenset({2, 4, 7})) == 4, "up to the last sentence end within what the check accepted"
     assert whole_prefix(10, 10, frozenset({2})) == 10, "a draft accepted whole is kept whole"

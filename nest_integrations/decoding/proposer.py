@@ -393,18 +393,20 @@ class SpanProposer:
 
     def _whole_ends(self, gen: Generation, pidx: int, pos: int, count: int) -> frozenset[int]:
         """Draft lengths ``k`` (0 <= k < ``count``) after which a copy of the ``count`` tokens from
-        token ``pos`` of passage ``pidx`` stops whole: its token ``pos + k`` ends a sentence of the
-        source where the answer may stop (:func:`~nest_integrations.policy.copy_policy.stops_whole`)
-        or a line of a code block (:meth:`_open_code_block`)."""
+        token ``pos`` of passage ``pidx`` may stop: its token ``pos + k`` ends a sentence of the
+        source where the answer stops whole (:func:`~nest_integrations.policy.copy_policy.stops_whole`),
+        or lies in a code block (:meth:`_open_code_block`), where the rule for copied code goes on
+        to the line's end and closes the block (:meth:`_inside_copied_code`)."""
         assert gen.candidates is not None and self.datastore is not None
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans
         sentence = frozenset(sentence_ends(text))
         ends = set()
+        block: Optional[tuple[int, int]] = None  # the code block last found, read once for all its tokens
         for k in range(count):
-            end = int(char_spans[pos + k, 1])
-            if end in sentence and stops_whole(text, end):
-                ends.add(k)
-            elif text.startswith("\n", end) and self._open_code_block(pidx, end) is not None:
+            start, end = int(char_spans[pos + k, 0]), int(char_spans[pos + k, 1])
+            if block is None or not block[0] <= start < block[1]:
+                block = self._open_code_block(pidx, start)
+            if block is not None or (end in sentence and stops_whole(text, end)):
                 ends.add(k)
         return frozenset(ends)
 
