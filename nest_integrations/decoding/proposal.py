@@ -30,9 +30,10 @@ class Proposal:
     """The draft is accepted whole, without the check: a section title's rest, a planned window
     copied whole, the rest of a copied code line or its block's closing fence."""
     whole_ends: Optional[frozenset[int]] = None
-    """Draft lengths after which the answer stops whole (a sentence or a line of code of the
-    source ends there): a draft the check accepts only part of is accepted up to the longest of
-    them within that part. None: any accepted prefix is kept."""
+    """Draft lengths after which the answer may stop (a sentence of the source ends there, or the
+    token is in a code block, whose lines the rule for copied code finishes): a draft the check
+    accepts only part of is accepted up to the longest of them within that part. None: any
+    accepted prefix is kept."""
 
     def cut(self, room: int) -> "Proposal":
         """This proposal with at most ``room`` draft tokens (what ``max_new_tokens`` leaves)."""

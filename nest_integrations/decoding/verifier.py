@@ -47,7 +47,7 @@ def whole_prefix(accepted: int, drafted: int, whole_ends: Optional[frozenset[int
     ``whole_ends`` (draft lengths after which the answer stops whole) within them, or ``accepted``
     when none is. Past a planned answer's windows, the check refusing a copy mid-sentence ends the
     answer, and on a fragment ("... has to have read and write permissions" of "... permissions on
-    ``/run/borg``."); kept to a whole prefix, the answer ends there instead."""
+    ``/run/borg``::"); kept to a whole prefix, the answer ends there instead."""
     if accepted >= drafted or not whole_ends:
         return accepted
     return max((k for k in whole_ends if k <= accepted), default=accepted)
