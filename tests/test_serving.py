@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +162,42 @@ def test_a_caller_alone_runs_the_models_own_causal_path(decoder):
         hook.remove()
     assert out.stats.forward_passes > 2 and len(masks) == out.stats.forward_passes
     assert all(mask is None for mask in masks), "no 4-D mask, no foreign or dead columns"
+
+
+EXIT_SCRIPT = """
+import atexit, gc, sys, threading
+sys.path.insert(0, {tests!r})
+
+def count_workers():  # registered first, so it runs after the library's own exit handler
+    print("workers at exit:", sum(t.name == "nest-batching" and t.is_alive() for t in threading.enumerate()))
+
+atexit.register(count_workers)
+from conftest import ListRetriever, make_tiny_lm
+from transformers import AutoTokenizer
+from nest_integrations.core.config import NestConfig
+from nest_integrations.decoding.decoder import NestDecoder
+from nest_integrations.model.lm import default_model_path
+from nest_integrations.store.datastore import TokenDatastore
+from nest_integrations.store.encoder import PassageEncoder
+from nest_integrations.corpus.passages import Passage
+
+passages = [Passage(id="p", title="P", text="Marie Curie was a physicist and chemist born in Warsaw in 1867.")]
+lm = make_tiny_lm(AutoTokenizer.from_pretrained(default_model_path()))
+decoder = NestDecoder(lm, TokenDatastore(passages, PassageEncoder(lm)), ListRetriever(passages), NestConfig(max_new_tokens=4))
+decoder.generate("Marie Curie was")  # starts the LM's worker thread, which then waits idle
+del decoder, lm
+gc.collect()  # the LM is released; its worker still waits for rows
+"""
+
+
+def test_every_worker_ends_before_the_interpreter_finalizes(tmp_path):
+    """A worker still running when the interpreter finalizes is killed wherever it stands, inside
+    torch freeing its batch's tensors too, which aborts the process: at exit every worker ends,
+    the worker of an LM released earlier as well, and the exit does not wait out its idle time."""
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT.format(tests=str(Path(__file__).parent)))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "workers at exit: 0" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert time.monotonic() - started < 25, "the exit waited out the worker's idle time"

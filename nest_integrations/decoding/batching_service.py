@@ -14,7 +14,8 @@ work. It is kept between calls because torch's CPU thread pool belongs to the
 thread that runs the ops: a fresh thread per call builds a fresh pool while the
 last one's threads still spin, which made one-by-one calls measurably slower
 (docs/serving.md, Concurrent callers). At
-interpreter exit the rows in flight finish and the worker stops.
+interpreter exit the rows in flight finish and every worker ends, those of LMs released
+earlier too.
 
 A service belongs to an LM *and* a key layer (rows of one forward read their keys
 at one layer), given when it is made (:class:`~nest_integrations.decoding.batching.SharedLM`);
@@ -55,6 +56,12 @@ key/value heads x head size`` floats per token: 46,080 B in float32 on the defau
 model), so the cache grows with rows x tokens (docs/serving.md, Concurrent callers, gives
 it at this bound); more callers wait and join as rows finish."""
 
+_registry_lock = threading.Lock()  # guards the two sets below; held for nothing else
+_every_service: "weakref.WeakSet[BatchingService]" = weakref.WeakSet()
+"""Every service alive: a service whose LM was released lives on until its worker ends."""
+_every_worker: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+"""Every worker thread not yet gone, one that is freeing its service's tensors as it ends too."""
+
 
 class BatchingService:
     """A queue of prepared rows and the worker thread that decodes them in shared batches.
@@ -76,6 +83,8 @@ class BatchingService:
         self._wake = threading.Condition(self._lock)
         self._closing = False
         self._worker: Optional[threading.Thread] = None
+        with _registry_lock:
+            _every_service.add(self)
 
     @property
     def pending(self) -> int:
@@ -166,6 +175,8 @@ class BatchingService:
     def _start_worker(self) -> None:
         """Start the worker thread; the caller holds ``_lock``."""
         self._worker = threading.Thread(target=self._work, name="nest-batching", daemon=True)
+        with _registry_lock:
+            _every_worker.add(self._worker)
         self._worker.start()
 
     def _work(self) -> None:
@@ -240,12 +251,16 @@ _services_lock = threading.Lock()
 
 @atexit.register
 def _close_all() -> None:
-    """Finish the rows in flight before the interpreter goes (a daemon thread killed
-    inside a torch op aborts the process)."""
-    with _services_lock:
-        services = list(_services.values())
+    """Finish the rows in flight and wait for every worker to end before the interpreter
+    finalizes: a daemon thread still running then is killed where it stands, and killed inside
+    torch (a forward, or freeing its batch's tensors as it ends) it aborts the process. The
+    services of LMs released earlier are closed too, so their workers need not wait out ``idle_s``."""
+    with _registry_lock:
+        services, workers = list(_every_service), list(_every_worker)
     for service in services:
         service.close()
+    for worker in workers:
+        worker.join()
 
 
 def shared_service(shared: SharedLM) -> BatchingService:
