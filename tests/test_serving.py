@@ -165,11 +165,12 @@ def test_a_caller_alone_runs_the_models_own_causal_path(decoder):
 
 
 EXIT_SCRIPT = """
-import atexit, gc, sys, threading
+import atexit, gc, sys, threading, time
 sys.path.insert(0, {tests!r})
 
 def count_workers():  # registered first, so it runs after the library's own exit handler
     print("workers at exit:", sum(t.name == "nest-batching" and t.is_alive() for t in threading.enumerate()))
+    print(f"exit took {{time.monotonic() - ended:.1f}} s")
 
 atexit.register(count_workers)
 from conftest import ListRetriever, make_tiny_lm
@@ -187,6 +188,7 @@ decoder = NestDecoder(lm, TokenDatastore(passages, PassageEncoder(lm)), ListRetr
 decoder.generate("Marie Curie was")  # starts the LM's worker thread, which then waits idle
 del decoder, lm
 gc.collect()  # the LM is released; its worker still waits for rows
+ended = time.monotonic()
 """
 
 
@@ -196,8 +198,8 @@ def test_every_worker_ends_before_the_interpreter_finalizes(tmp_path):
     the worker of an LM released earlier as well, and the exit does not wait out its idle time."""
     script = tmp_path / "exit.py"
     script.write_text(EXIT_SCRIPT.format(tests=str(Path(__file__).parent)))
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "workers at exit: 0" in done.stdout, done.stdout + done.stderr[-2000:]
-    assert time.monotonic() - started < 25, "the exit waited out the worker's idle time"
+    exit_s = float(done.stdout.split("exit took ")[1].split()[0])
+    assert exit_s < 15, f"the exit waited out the worker's idle time ({exit_s} s)"
