@@ -501,6 +501,21 @@ def test_a_copy_the_lm_refuses_mid_sentence_past_the_windows_ends_the_answer_on_
     assert out.stats.finish_reason == "answered" and not any(model_written(out, span) for span in out.spans), out.text
 
 
+def test_a_copy_the_lm_refuses_before_its_first_sentence_ends_finishes_that_sentence(tiny_lm, monkeypatch):
+    """A check that refuses every draft token leaves a copy past the windows its first token alone
+    (it passed the check by itself and is committed): the answer goes on to where that sentence of
+    the source ends and stops there, rather than on "The"."""
+    monkeypatch.setattr(verifier_module, "accepted_prefix_length", lambda ratios, threshold: 0)
+    text = (
+        "Combining\n=========\n\nTo merge the data files into one file, run the combine command as follows::\n\n    $ coverage combine\n\n"
+        "The current directory isn't searched if you use command-line arguments.  If you\nalso want data from the current "
+        "directory, name it explicitly on the command\nline.\n"
+    )
+    out = _run_on_answer(tiny_lm, [Passage(id="cmb#0", text=text, doc_id="cmb")], "How do I merge the data files into one file with the combine command?", gamma=1e-6)
+    assert out.text.rstrip().endswith("$ coverage combine\n\nThe current directory isn't searched if you use command-line arguments."), out.text
+    assert out.stats.finish_reason == "answered" and not any(model_written(out, span) for span in out.spans), out.text
+
+
 def test_a_copy_the_lm_refuses_inside_code_keeps_the_rule_for_copied_code(tiny_lm, monkeypatch):
     """Refused inside a code block (every draft but its last 8 tokens, mid-way through the
     example's last line), the copy is not cut back to the line end before: the rule for copied code
@@ -514,11 +529,10 @@ def test_a_copy_the_lm_refuses_inside_code_keeps_the_rule_for_copied_code(tiny_l
     assert not any(model_written(out, span) for span in out.spans), out.text
 
 
-def test_a_draft_accepted_in_part_keeps_its_longest_whole_prefix():
-    assert whole_prefix(5, 10, frozenset({2, 4, 7})) == 4, "up to the last sentence end within what the check accepted"
-    assert whole_prefix(10, 10, frozenset({2})) == 10, "a draft accepted whole is kept whole"
-    assert whole_prefix(1, 10, frozenset({2, 4})) == 1, "no whole end within it: what the check accepted"
-    assert whole_prefix(5, 10, None) == 5 and whole_prefix(5, 10, frozenset()) == 5
+def test_a_draft_accepted_in_part_keeps_a_whole_prefix():
+    assert whole_prefix(5, frozenset({2, 4, 7})) == 4, "up to the last sentence end within what the check accepted"
+    assert whole_prefix(1, frozenset({2, 4})) == 2, "none within it: on to the end of the sentence the copy began"
+    assert whole_prefix(5, frozenset()) == 5, "no sentence ends in the draft: what the check accepted"
 
 
 @pytest.mark.parametrize("announced", ["::", ".. code-block:: console"], ids=["literal-block", "directive"])

@@ -10,7 +10,7 @@ at the fed positions and gives the next :class:`Verdict`. Neither imports the ot
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from .mixing import Mixture
 from .spans import TokenRecord
@@ -29,16 +29,19 @@ class Proposal:
     unchecked: bool = False
     """The draft is accepted whole, without the check: a section title's rest, a planned window
     copied whole, the rest of a copied code line or its block's closing fence."""
-    whole_ends: Optional[frozenset[int]] = None
-    """Draft lengths after which the answer may stop (a sentence of the source ends there, or the
-    token is in a code block, whose lines the rule for copied code finishes): a draft the check
-    accepts only part of is accepted up to the longest of them within that part. None: any
+    whole_ends: Optional[Callable[[], frozenset[int]]] = None
+    """Gives the draft lengths after which the answer may stop (a sentence of the source ends
+    there, or the token is in a code block, whose lines the rule for copied code finishes); a
+    draft the check accepts only in part is kept to one of them
+    (:func:`~nest_integrations.decoding.verifier.whole_prefix`). Called only then: reading them
+    is a pass over the draft's tokens that a copy accepted whole never needs. None: any
     accepted prefix is kept."""
 
     def cut(self, room: int) -> "Proposal":
         """This proposal with at most ``room`` draft tokens (what ``max_new_tokens`` leaves)."""
-        ends = None if self.whole_ends is None else frozenset(k for k in self.whole_ends if k <= room)
-        return Proposal(self.first, self.draft[:room], self.unchecked, ends)
+        ends = self.whole_ends
+        within = None if ends is None else (lambda: frozenset(k for k in ends() if k <= room))
+        return Proposal(self.first, self.draft[:room], self.unchecked, within)
 
 
 @dataclass(frozen=True)

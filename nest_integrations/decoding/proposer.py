@@ -29,6 +29,7 @@ Beyond the paper, each decision is a small rule of its own:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Optional
 
 import numpy as np
@@ -188,7 +189,7 @@ class SpanProposer:
             first_ok = relaxed_accept_ratio(p_m[None], torch.tensor([span[0].token_id]), config.effective_gamma) if span else None
             if first_ok is not None and float(first_ok[0]) > config.accept_threshold:
                 # Past a whole plan's windows the answer ends where the LM refuses the copy: at a whole sentence.
-                return Proposal(span[0], span[1:], whole_ends=self._whole_ends(gen, pidx, pos, len(span)) if plan.whole else None)
+                return Proposal(span[0], span[1:], whole_ends=partial(self._whole_ends, gen, pidx, pos, len(span)) if plan.whole else None)
         if config.mode in ("nest", "ra_nest") and (in_code := self._inside_copied_code(gen)) is not None:
             return in_code
         if config.mode in ("nest", "ra_nest") and (repeats := repeating_tokens(gen.ids, config.lm_repeat_ngram)):

@@ -41,16 +41,21 @@ from .spans import TokenRecord
 __all__ = ["SpanVerifier", "whole_prefix"]
 
 
-def whole_prefix(accepted: int, drafted: int, whole_ends: Optional[frozenset[int]]) -> int:
-    """Draft tokens kept of ``drafted`` when the relaxed check accepts the first ``accepted``: all
-    of them for a draft accepted whole or without ``whole_ends``; otherwise the longest of
-    ``whole_ends`` (draft lengths after which the answer stops whole) within them, or ``accepted``
-    when none is. Past a planned answer's windows, the check refusing a copy mid-sentence ends the
-    answer, and on a fragment ("... has to have read and write permissions" of "... permissions on
-    ``/run/borg``::"); kept to a whole prefix, the answer ends there instead."""
-    if accepted >= drafted or not whole_ends:
-        return accepted
-    return max((k for k in whole_ends if k <= accepted), default=accepted)
+def whole_prefix(accepted: int, whole_ends: frozenset[int]) -> int:
+    """Draft tokens kept of a draft whose first ``accepted`` the relaxed check accepts, not all:
+    the longest of ``whole_ends`` (draft lengths after which the answer stops whole) within them;
+    else the first after them, which finishes the sentence the copy began; else ``accepted``.
+
+    Past a planned answer's windows, the check refusing a copy mid-sentence ends the answer, and
+    on a fragment ("... has to have read and write permissions" of "... permissions on
+    ``/run/borg``::"); kept to a whole prefix, the answer ends there instead. A copy refused
+    before its first sentence ends has committed its first token already (it passed the check
+    alone), so the answer ends where that sentence of the source does, verbatim, rather than on
+    its first words ("`from_dict <marsh")."""
+    within = [k for k in whole_ends if k <= accepted]
+    if within:
+        return max(within)
+    return min(whole_ends, default=accepted)
 
 
 class SpanVerifier:
@@ -90,11 +95,12 @@ class SpanVerifier:
             self.commit(gen, draft)
         elif draft:
             ratios = relaxed_accept_ratio(mixture.p_m[: len(draft)], torch.tensor([r.token_id for r in draft]), config.effective_gamma)
-            checked = accepted_prefix_length(ratios, config.accept_threshold)
-            accepted = whole_prefix(checked, len(draft), proposal.whole_ends)
+            checked = accepted = accepted_prefix_length(ratios, config.accept_threshold)
+            if checked < len(draft) and proposal.whole_ends is not None:
+                accepted = whole_prefix(checked, proposal.whole_ends())
             self.commit(gen, draft[:accepted])
-            if accepted < checked and not gen.finished:
-                gen.finish("answered")  # the check refused the copy mid-sentence: the answer ends on the whole one before
+            if accepted != checked and not gen.finished:
+                gen.finish("answered")  # the check refused the copy mid-sentence: the answer ends on a whole one of it
         resume_at = None
         if draft and accepted == len(draft) and draft[-1].passage_index is not None:
             resume_at = (draft[-1].passage_index, draft[-1].position + 1)
