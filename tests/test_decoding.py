@@ -17,6 +17,7 @@ from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.decoding.rendering import MODEL_MARK, model_written, render_html, render_markdown, render_terminal
 from nest_integrations.decoding.spans import merge_spans
 from nest_integrations.decoding import verifier as verifier_module
+from nest_integrations.decoding.proposal import WholeEnds
 from nest_integrations.decoding.verifier import whole_prefix
 from nest_integrations.policy.mentions import CorpusTerms
 from conftest import ListRetriever, word_share
@@ -530,9 +531,13 @@ def test_a_copy_the_lm_refuses_inside_code_keeps_the_rule_for_copied_code(tiny_l
 
 
 def test_a_draft_accepted_in_part_keeps_a_whole_prefix():
-    assert whole_prefix(5, frozenset({2, 4, 7})) == 4, "up to the last sentence end within what the check accepted"
-    assert whole_prefix(1, frozenset({2, 4})) == 2, "none within it: on to the end of the sentence the copy began"
-    assert whole_prefix(5, frozenset()) == 5, "no sentence ends in the draft: what the check accepted"
+    ends = WholeEnds(sentences=frozenset({2, 4, 7}), code=frozenset())
+    assert whole_prefix(5, ends) == 4, "up to the last sentence end within what the check accepted"
+    assert whole_prefix(1, ends) == 2, "none within it: on to the end of the sentence the copy began"
+    assert whole_prefix(5, WholeEnds(frozenset(), frozenset())) == 5, "no sentence ends in the draft: what the check accepted"
+    code_first = WholeEnds(sentences=frozenset({9}), code=frozenset({3, 4, 5}))
+    assert whole_prefix(4, code_first) == 4, "refused inside code: the rule for copied code finishes its line"
+    assert whole_prefix(1, code_first) == 1, "code comes before the sentence's end: left to the rule for copied code"
 
 
 @pytest.mark.parametrize("announced", ["::", ".. code-block:: console"], ids=["literal-block", "directive"])

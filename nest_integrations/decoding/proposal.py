@@ -15,7 +15,22 @@ from typing import Callable, Optional
 from .mixing import Mixture
 from .spans import TokenRecord
 
-__all__ = ["Proposal", "Verdict"]
+__all__ = ["Proposal", "Verdict", "WholeEnds"]
+
+
+@dataclass(frozen=True)
+class WholeEnds:
+    """Where a copy's draft may stop whole, as draft lengths ``k`` (the copy's token ``k`` is the
+    last one kept; 0 keeps the first token alone)."""
+
+    sentences: frozenset[int]
+    """Its token ``k`` ends a sentence of the source where the answer stops whole."""
+    code: frozenset[int]
+    """Its token ``k`` lies in a code block, whose line the rule for copied code then finishes."""
+
+    def within(self, room: int) -> "WholeEnds":
+        """Those of at most ``room`` draft tokens."""
+        return WholeEnds(frozenset(k for k in self.sentences if k <= room), frozenset(k for k in self.code if k <= room))
 
 
 @dataclass(frozen=True)
@@ -29,18 +44,16 @@ class Proposal:
     unchecked: bool = False
     """The draft is accepted whole, without the check: a section title's rest, a planned window
     copied whole, the rest of a copied code line or its block's closing fence."""
-    whole_ends: Optional[Callable[[], frozenset[int]]] = None
-    """Gives the draft lengths after which the answer may stop (a sentence of the source ends
-    there, or the token is in a code block, whose lines the rule for copied code finishes); a
-    draft the check accepts only in part is kept to one of them
-    (:func:`~nest_integrations.decoding.verifier.whole_prefix`). Called only then: reading them
-    is a pass over the draft's tokens that a copy accepted whole never needs. None: any
-    accepted prefix is kept."""
+    whole_ends: Optional[Callable[[], WholeEnds]] = None
+    """Gives where the draft may stop whole; a draft the check accepts only in part is kept to
+    one of them (:func:`~nest_integrations.decoding.verifier.whole_prefix`). Called only then:
+    reading them is a pass over the draft's tokens that a copy accepted whole never needs.
+    None: any accepted prefix is kept."""
 
     def cut(self, room: int) -> "Proposal":
         """This proposal with at most ``room`` draft tokens (what ``max_new_tokens`` leaves)."""
         ends = self.whole_ends
-        within = None if ends is None else (lambda: frozenset(k for k in ends() if k <= room))
+        within = None if ends is None else (lambda: ends().within(room))
         return Proposal(self.first, self.draft[:room], self.unchecked, within)
 
 

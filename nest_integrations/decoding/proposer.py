@@ -49,7 +49,7 @@ from nest_integrations.store.encoder import EncodedPassage
 from .chunk_chain import continue_at, cut_between, cut_width, next_chunk, text_read_before
 from .generation import Generation
 from .mixing import Mixture
-from .proposal import Proposal, Verdict
+from .proposal import Proposal, Verdict, WholeEnds
 from .spans import TokenRecord
 
 __all__ = ["SpanProposer", "line_break_id", "paragraph_break_id"]
@@ -392,24 +392,26 @@ class SpanProposer:
         gen.budget = len(gen.records) + taken
         return taken
 
-    def _whole_ends(self, gen: Generation, pidx: int, pos: int, count: int) -> frozenset[int]:
-        """Draft lengths ``k`` (0 <= k < ``count``) after which a copy of the ``count`` tokens from
-        token ``pos`` of passage ``pidx`` may stop: its token ``pos + k`` ends a sentence of the
-        source where the answer stops whole (:func:`~nest_integrations.policy.copy_policy.stops_whole`),
-        or lies in a code block (:meth:`_open_code_block`), where the rule for copied code goes on
-        to the line's end and closes the block (:meth:`_inside_copied_code`)."""
+    def _whole_ends(self, gen: Generation, pidx: int, pos: int, count: int) -> WholeEnds:
+        """Where a copy of the ``count`` tokens from token ``pos`` of passage ``pidx`` may stop, as
+        draft lengths ``k`` (0 <= k < ``count``): its token ``pos + k`` ends a sentence of the source
+        where the answer stops whole (:func:`~nest_integrations.policy.copy_policy.stops_whole`), or
+        lies in a code block (:meth:`_open_code_block`), where the rule for copied code goes on to
+        the line's end and closes the block (:meth:`_inside_copied_code`)."""
         assert gen.candidates is not None and self.datastore is not None
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans
         sentence = frozenset(sentence_ends(text))
-        ends = set()
+        sentences, code = set(), set()
         block: Optional[tuple[int, int]] = None  # the code block last found, read once for all its tokens
         for k in range(count):
             start, end = int(char_spans[pos + k, 0]), int(char_spans[pos + k, 1])
             if block is None or not block[0] <= start < block[1]:
                 block = self._open_code_block(pidx, start)
-            if block is not None or (end in sentence and stops_whole(text, end)):
-                ends.add(k)
-        return frozenset(ends)
+            if block is not None:
+                code.add(k)
+            elif end in sentence and stops_whole(text, end):
+                sentences.add(k)
+        return WholeEnds(frozenset(sentences), frozenset(code))
 
     def _stops_whole_so_far(self, gen: Generation) -> bool:
         """Whether the answer so far stops with its last sentence whole: its last token copied where

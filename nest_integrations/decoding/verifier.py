@@ -35,27 +35,31 @@ from nest_integrations.store.datastore import TokenDatastore
 from .chunk_chain import continue_at
 from .generation import Generation
 from .mixing import Mixture
-from .proposal import Proposal, Verdict
+from .proposal import Proposal, Verdict, WholeEnds
 from .spans import TokenRecord
 
 __all__ = ["SpanVerifier", "whole_prefix"]
 
 
-def whole_prefix(accepted: int, whole_ends: frozenset[int]) -> int:
+def whole_prefix(accepted: int, ends: WholeEnds) -> int:
     """Draft tokens kept of a draft whose first ``accepted`` the relaxed check accepts, not all:
-    the longest of ``whole_ends`` (draft lengths after which the answer stops whole) within them;
-    else the first after them, which finishes the sentence the copy began; else ``accepted``.
+    the longest whole end within them (a sentence end, or a token in code); else the first
+    sentence end after them when no code comes first, which finishes the sentence the copy
+    began; else ``accepted``.
 
     Past a planned answer's windows, the check refusing a copy mid-sentence ends the answer, and
     on a fragment ("... has to have read and write permissions" of "... permissions on
     ``/run/borg``::"); kept to a whole prefix, the answer ends there instead. A copy refused
     before its first sentence ends has committed its first token already (it passed the check
     alone), so the answer ends where that sentence of the source does, verbatim, rather than on
-    its first words ("`from_dict <marsh")."""
-    within = [k for k in whole_ends if k <= accepted]
+    its first words. A copy that reaches code first is left to the rule for copied code."""
+    within = [k for k in ends.sentences | ends.code if k <= accepted]
     if within:
         return max(within)
-    return min(whole_ends, default=accepted)
+    after = min((k for k in ends.sentences if k > accepted), default=None)
+    if after is None or any(k < after for k in ends.code):
+        return accepted
+    return after
 
 
 class SpanVerifier:
