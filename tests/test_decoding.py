@@ -517,6 +517,21 @@ def test_a_copy_the_lm_refuses_before_its_first_sentence_ends_finishes_that_sent
     assert out.stats.finish_reason == "answered" and not any(model_written(out, span) for span in out.spans), out.text
 
 
+def test_a_copy_running_on_past_the_windows_keeps_the_repeats_of_its_source(tiny_lm):
+    """Documentation repeats its examples' first lines (`@click.command()` over each): a copy that
+    goes on where the last one ended copies them as its source writes them, as a planned window
+    does, rather than stopping mid-example where a 4-gram of the answer comes again."""
+    text = (
+        "Options\n=======\n\nTo add an option to a command, decorate it with the option::\n\n"
+        "    @click.command()\n    @click.option('--count', default=1)\n    def hello(count):\n        pass\n\n"
+        "A flag is an option that takes no value::\n\n"
+        "    @click.command()\n    @click.option('--shout', is_flag=True)\n    def info(shout):\n        pass\n"
+    )
+    out = _run_on_answer(tiny_lm, [Passage(id="opt#0", text=text, doc_id="opt")], "How do I add an option to a command?", gamma=1e-6)
+    assert "@click.option('--shout', is_flag=True)" in out.text, out.text
+    assert not any(model_written(out, span) for span in out.spans), out.text
+
+
 def test_a_copy_the_lm_refuses_inside_code_keeps_the_rule_for_copied_code(tiny_lm, monkeypatch):
     """Refused inside a code block (every draft but its last 8 tokens, mid-way through the
     example's last line), the copy is not cut back to the line end before: the rule for copied code

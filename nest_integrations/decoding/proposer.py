@@ -120,6 +120,7 @@ class SpanProposer:
         unchecked = False  # the opening line break under a copied title, or a planned window copied whole
         whole = False  # a planned window: its whole draft goes unchecked, not its first token alone
         announced = False  # a copy going on where the source does: its first line goes unchecked
+        goes_on = False  # the copy goes on where the last one ended, in the same passage
         if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
             planned_opener = self._planned_opener(gen) if plan.opening is not None else None
             if self._fence_wanted(gen, planned_opener) and (first := self._first_text(gen, *plan.opening)) is not None:  # type: ignore[misc]
@@ -150,6 +151,7 @@ class SpanProposer:
                 whole, announced = plan.copies_whole(*proposal), plan.take_announced()
                 unchecked, plan.after_title = (plan.after_title and line_break) or whole or announced, False
             elif resume_at is not None and (resumed := continue_at(self.datastore.passages, gen.candidates, *resume_at)) is not None:  # type: ignore[union-attr]
+                goes_on = True
                 if whole := plan.copies_whole(*resumed):
                     unchecked = True
                     proposal = self._past_hidden(gen, *resumed, gen.plan.window_end[1])  # type: ignore[index]
@@ -175,7 +177,10 @@ class SpanProposer:
         if proposal is not None:
             pidx, pos = proposal
             tokens = gen.candidates.passage(pidx).token_ids  # type: ignore[union-attr]
-            end = self._copy_end(gen, pidx, pos, source_repeats=announced)
+            # Past a planned answer's windows a copy that goes on where the last one ended is the
+            # source's text, repeats and all, as a planned window is: an example that writes
+            # `@click.command()` again was cut there, mid-example.
+            end = self._copy_end(gen, pidx, pos, source_repeats=announced or (goes_on and plan.whole))
             span = [TokenRecord(int(tokens[i]), pidx, i) for i in range(pos, end)]
             if span and (fits := self._in_budget(gen, pidx, pos, len(span))) < len(span):
                 if fits == 0:
