@@ -183,6 +183,19 @@ def test_a_draft_stops_before_a_comment_and_a_heading(tiny_lm):
         assert markdown.text[span.source.chunk_char_start : span.source.chunk_char_end] == span.text
 
 
+def test_a_myst_target_is_hidden_and_never_copied(tiny_lm):
+    """Sphinx documentation in Markdown (MyST) sets an anchor above a section as ``(label)=`` on a
+    line alone, which renders as nothing: a copy running to the section's end stops before it, as
+    before a link definition. A line opening with ``%`` stays text (a MyST comment elsewhere)."""
+    text = f"{UNIQUE}\n\n(the-keeper)=\n\n## The keeper\n\n{KEEPER}\n% of them at dusk.\n"
+    assert [b.kind for b in parse_blocks(text)] == ["paragraph", "link_definition", "heading", "paragraph"]
+    markdown = Passage(id="m", text=text, metadata={"source": "z.md"})
+    decoder = NestDecoder(tiny_lm, TokenDatastore([markdown], PassageEncoder(tiny_lm)), ListRetriever([markdown]))
+    out = decoder.generate("Quixotic zebras", max_new_tokens=40, use_chat_template=False, stop_at_source_end=False, **COPY)
+    assert out.copied_spans[0].text.endswith("beneath Harrogate."), out.text
+    assert all("(the-keeper" not in span.text for span in out.copied_spans), out.text
+
+
 def test_a_copy_that_reaches_the_next_heading_ends_the_answer(tiny_lm):
     """A section is where a copy ends: the next heading starts another topic."""
     markdown = Passage(id="m", text=f"{UNIQUE}\n\n<a id=\"keeper\"></a>\n## The keeper\n\n{KEEPER}", metadata={"source": "z.md"})

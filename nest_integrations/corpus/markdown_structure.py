@@ -111,9 +111,11 @@ _CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(?:(?!\n[ \t]*\n)[\s\S])*?(?<!`)\1(?!`)
 """An inline code span (within a paragraph): ``[^a-z]`` there is a regex, no footnote reference."""
 _LEAF_KINDS: dict[str, BlockKind] = {
     "heading_open": "heading", "fence": "code", "code_block": "code", "hr": "rule", "table_open": "table",
-    "front_matter": "front_matter",
+    "front_matter": "front_matter", "myst_target": "link_definition",
 }
-"""The block kind of each markdown-it token that opens a leaf block (paragraphs and HTML blocks aside)."""
+"""The block kind of each markdown-it token that opens a leaf block (paragraphs and HTML blocks aside).
+A MyST target (``(label)=`` on a line alone, Sphinx documentation's anchor above a section) is
+rendered as nothing, as a reStructuredText target ``.. _label:`` is."""
 _LEAF_OPENERS = {*_LEAF_KINDS, "paragraph_open", "html_block"}
 
 
@@ -154,11 +156,17 @@ def is_markdown(text: str, metadata: Mapping[str, Any] | None = None, title: str
 
 @functools.lru_cache(maxsize=1)
 def _parser() -> "MarkdownIt":
-    """CommonMark with tables and front matter; built once (parsing keeps no state in it)."""
+    """CommonMark with tables, front matter and MyST targets; built once (parsing keeps no state in it).
+
+    Of the MyST block syntax only targets are read: its comments (a line opening with ``%``) and
+    block breaks (``+++``) are text in any other Markdown, where a wrapped line may open with
+    "% of" and would be hidden."""
     from markdown_it import MarkdownIt
     from mdit_py_plugins.front_matter import front_matter_plugin
+    from mdit_py_plugins.myst_blocks import myst_block_plugin
 
-    return MarkdownIt("commonmark").enable("table").use(front_matter_plugin)
+    parser = MarkdownIt("commonmark").enable("table").use(front_matter_plugin).use(myst_block_plugin)
+    return parser.disable(["myst_line_comment", "myst_block_break"])
 
 
 def _inline_title(inline: Any) -> str:
