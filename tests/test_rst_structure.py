@@ -123,6 +123,29 @@ def test_a_literal_blocks_marker_written_alone_is_hidden():
     assert start_allowed(text, text.index("cd /mnt")), "the code below it is still code"
 
 
+def test_a_generated_sections_markers_are_hidden_comments_and_a_footnotes_note_is_text():
+    """cog marks the lines it generates with ``.. [[[cog ...]]]`` and ``.. [[[end]]]``: comments to
+    docutils, which shows nothing of them (copied, "``.. [[[end]]] (sum: xPc0F1izoA)``" ended an
+    answer). A footnote's note, ``.. [1] ...``, is text."""
+    text = (
+        "Options\n=======\n\n.. [[[cog show_help('run') ]]]\n\nRun it with ``--branch``.\n\n"
+        ".. [[[end]]] (sum: xPc0F1izoA)\n\n.. [1] This failsafe can fail.\n"
+    )
+    kinds = [(b.kind, text[b.start : b.end]) for b in parse_blocks(text)]
+    assert kinds[1:] == [
+        ("comment", ".. [[[cog show_help('run') ]]]"), ("paragraph", "Run it with ``--branch``."),
+        ("comment", ".. [[[end]]] (sum: xPc0F1izoA)"), ("paragraph", ".. [1] This failsafe can fail."),
+    ]
+
+
+def test_a_code_tabs_body_is_code():
+    """sphinx-tabs writes one example a language (``.. code-tab:: ini``): its body is code though
+    it reads as no Python (``[coverage:run]``)."""
+    text = ".. tabs::\n\n    .. code-tab:: ini\n        :caption: setup.cfg\n\n        [coverage:run]\n        branch = True\n"
+    assert announces_code(".. code-tab:: ini")
+    assert [b.kind for b in parse_blocks(text)][-1] == "code"
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

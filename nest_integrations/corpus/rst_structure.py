@@ -53,9 +53,10 @@ from .blocks import ADORNMENT_CHARACTER, Block, BlockKind, line_starts, trimmed_
 
 CODE_DIRECTIVES: frozenset[str] = frozenset({
     "code", "code-block", "sourcecode", "doctest", "testcode", "testsetup", "testcleanup", "testoutput",
-    "parsed-literal", "ipython", "jupyter-execute", "prompt",
+    "parsed-literal", "ipython", "jupyter-execute", "prompt", "code-tab",
 })
-"""Directives whose body is code (docutils' and Sphinx's own, and the common extensions')."""
+"""Directives whose body is code (docutils' and Sphinx's own, and the common extensions': ``code-tab``
+is sphinx-tabs' tab of one language's example)."""
 
 _ADORNMENT = re.compile(rf"({ADORNMENT_CHARACTER})\1{{2,}}[ \t]*")
 _UNDERLINED = re.compile(
@@ -66,7 +67,10 @@ _UNDERLINED = re.compile(
 title: ``"****\nREST Backend\n****"``)."""
 _DIRECTIVE = re.compile(r"\.\.[ \t]+([A-Za-z0-9]+(?:[-_.:+][A-Za-z0-9]+)*)[ \t]?::(?:[ \t]|$)")
 _TARGET = re.compile(r"\.\.[ \t]+(?:_[^\n]*:|\|[^|\n]+\|)")
-_FOOTNOTE = re.compile(r"\.\.[ \t]+\[[^\]\n]+\]")
+_FOOTNOTE = re.compile(r"\.\.[ \t]+\[(?:[0-9]+|\*|#?(?:(?:(?!_)\w)+(?:[-._+:](?:(?!_)\w)+)*)?)\](?:[ \t]|$)")
+"""A footnote or citation opening (docutils' labels: a number, ``#``, ``#name``, ``*`` or a simple
+reference name), whose note is text a reader sees. Any other bracket after ``..`` opens a comment
+that shows nothing: ``.. [[[cog show_help("run") ]]]``, the markers of generated sections."""
 _EXPLICIT = re.compile(r"\.\.(?:[ \t]|$)")
 _TABLE_BORDER = re.compile(r"[ \t]*=+(?:[ \t]+=+)+[ \t]*")
 """A simple table's border line: runs of ``=``, one a column, separated by spaces (above the
