@@ -824,9 +824,15 @@ _MARKUP_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
     # code: a console table's dashes). Or a simple table's border: runs of `=` separated by
     # spaces (`=====  =====`), at any indentation (a table in a directive's body).
     ("adornment", re.compile(r"^(?: {0,3}([!-/:-@\[-`{-~])\1{3,}|[ \t]*=+(?:[ \t]+=+)+)[ \t]*$", re.MULTILINE)),
-    # reStructuredText: a directive's line, a target, a substitution definition, and the `::`
-    # that announces a literal block written on a line alone (docutils shows nothing of it).
-    ("explicit_markup", re.compile(r"^[ \t]*(?:\.\.[ \t]+(?:[\w.:+-]+[ \t]?::|_[^\n]*:|\|[^|\n]+\|).*|::[ \t]*)$", re.MULTILINE)),
+    # reStructuredText: a line of explicit markup, a footnote's or citation's opening aside (a reader
+    # sees its note): a directive, a target, a substitution definition, a comment (cog's
+    # `.. [[[end]]]` too); the `::` that announces a literal block written on a line alone
+    # (docutils shows nothing of it); and a MyST target, `(label)=` on a line alone, Sphinx's
+    # Markdown for `.. _label:`.
+    (
+        "explicit_markup",
+        re.compile(r"^[ \t]*(?:\.\.(?:[ \t]*|[ \t]+(?!\[[^\]\s]*\](?:[ \t]|$))\S.*)|::[ \t]*|\([^()\n]+\)=[ \t]*)$", re.MULTILINE),
+    ),
     # Markdown: a footnote's marker, `[^1]:` opening its definition or `[^1]` in the text (the
     # note itself is text). Outside code spans only (see markup_ranges).
     ("footnote", re.compile(r"\[\^[^\]\s]+\]:?")),
@@ -865,8 +871,9 @@ def markup_ranges(text: str) -> list[tuple[int, int, str]]:
     by at most three spaces (a reStructuredText title's underline or overline, a transition, a
     Markdown rule; indented further it is code) or a
     reStructuredText simple table's border (``=====  =====``); a reStructuredText directive
-    line (``.. code-block:: python``), target (``.. _label:``), substitution definition or ``::``
-    line alone (a literal block's marker); a
+    line (``.. code-block:: python``), target (``.. _label:``), substitution definition, comment
+    (``.. [[[end]]]``; a footnote's opening ``.. [1]`` is not: its note is text) or ``::``
+    line alone (a literal block's marker); a MyST target (``(label)=`` on a line alone); a
     Markdown footnote's marker (``[^1]:`` opening its definition, whose note is text, and a
     ``[^1]`` reference), outside inline code spans.
     Markup that starts inside a fenced code block is code, not markup (a shell

@@ -463,6 +463,18 @@ def test_a_literal_blocks_marker_alone_is_markup_but_a_paragraphs_colons_are_not
     assert [(text[lo:hi], kind) for lo, hi, kind in markup_ranges(text)] == [("::", "explicit_markup")]
 
 
+def test_a_myst_target_alone_is_markup_but_a_parenthesis_in_prose_is_not() -> None:
+    text = "(examples-validators)=\n\n## Validators\n\nA default (the value)= is no target.\n"
+    assert [(text[lo:hi], kind) for lo, hi, kind in markup_ranges(text)] == [
+        ("(examples-validators)=", "explicit_markup"), ("##", "heading"),
+    ]
+
+
+def test_a_comment_is_markup_but_a_footnotes_note_is_not() -> None:
+    text = ".. [[[cog show_help('run') ]]]\n\nRun it.\n\n.. [[[end]]] (sum: xPc0F1izoA)\n\n.. [1] A note.\n\n>>> x = 1\n... y\n"
+    assert [text[lo:hi] for lo, hi, _ in markup_ranges(text)] == [".. [[[cog show_help('run') ]]]", ".. [[[end]]] (sum: xPc0F1izoA)"]
+
+
 def test_markup_ranges_of_footnotes_and_simple_tables() -> None:
     assert [(NOTES[lo:hi], kind) for lo, hi, kind in markup_ranges(NOTES)] == [("[^attr]", "footnote"), ("[^attr]:", "footnote")]
     assert [TABLE[lo:hi].strip() for lo, hi, _ in markup_ranges(TABLE)] == ["========", *["=========  ======="] * 3]
