@@ -120,7 +120,7 @@ class SpanProposer:
         unchecked = False  # the opening line break under a copied title, or a planned window copied whole
         whole = False  # a planned window: its whole draft goes unchecked, not its first token alone
         announced = False  # a copy going on where the source does: its first line goes unchecked
-        goes_on = False  # the copy goes on where the last one ended, in the same passage
+        goes_on = False  # the copy goes on where the last one ended (its passage, or the next chunk of its document)
         if config.mode in ("nest", "ra_nest") and gen.candidates is not None:
             planned_opener = self._planned_opener(gen) if plan.opening is not None else None
             if self._fence_wanted(gen, planned_opener) and (first := self._first_text(gen, *plan.opening)) is not None:  # type: ignore[misc]
@@ -761,8 +761,9 @@ class SpanProposer:
         answer has already copied (a used entry), never past the end of the planned copy it is in (the
         plan moves on from there), never completing a run of ``repeat_ngram`` tokens the answer
         already holds (:func:`~nest_integrations.policy.repetition.repeat_free_length`). A planned
-        window copied whole, and with ``source_repeats`` the first line of a copy that goes on
-        where its source does, are the source's text, repeats and all (an example that calls
+        window copied whole, and with ``source_repeats`` a copy that goes on where its source does
+        (the first line after a break, or a copy running on past a planned answer's windows), are
+        the source's text, repeats and all (an example that calls
         ``click.confirm('Do you want to continue?', ...)`` again)."""
         candidates, config = gen.candidates, gen.config
         assert candidates is not None
