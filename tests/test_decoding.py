@@ -666,7 +666,9 @@ def test_copied_code_indented_too_little_to_read_as_code_is_fenced_by_the_decode
     decoder = _accepting_decoder(tiny_lm, [Passage(id="testing.rst", text=text)], 120)
     question = "How do I run a command in a test with the runner and check its exit code and output?"
     out = decoder.generate([{"role": "user", "content": question}], query=question, answer_windows=2)
-    shown = announced.split("\n")[0]  # the directive's line is hidden, a ``::`` shown as the source has it
+    # The directive's line is hidden, and so is a paragraph's closing ``::`` (docutils shows one colon
+    # of it, but the tokenizer holds both in one token).
+    shown = announced.split("\n")[0].removesuffix("::")
     assert f"{shown}\n\n```\n{code}\n```\n\nThe result also holds" in out.text, out.text
     fences = [span.text for span in out.spans if not span.copied]
     assert fences == ["\n\n```\n  ", "\n```"], out.spans

@@ -123,6 +123,25 @@ def test_a_literal_blocks_marker_written_alone_is_hidden():
     assert start_allowed(text, text.index("cd /mnt")), "the code below it is still code"
 
 
+def test_a_paragraphs_closing_colons_show_as_docutils_shows_them():
+    """A paragraph that announces a literal block ends in ``::``, which docutils shows as one colon
+    after text ("try:") and not at all after white space ("as follows"). Copied as written, the
+    answer read "For most POSIX-like systems, try::" above its example."""
+    text = (
+        "For most POSIX-like systems, try::\n\n    $ borg create repo::arch ~\n\n"
+        "Prune it as follows ::\n\n    $ borg prune --keep-daily 7 repo\n"
+    )
+    layout = copy_layout(text)
+    assert layout is not None
+    hidden = [text[start:end] for start, end in layout.hidden]
+    assert hidden == [":", " ::"], hidden
+    after_text = text.index("try::") + 4
+    assert shows_text(text, after_text - 1, after_text) and not shows_text(text, after_text, after_text + 1)
+    assert [b.kind for b in parse_blocks(text)] == ["paragraph", "code", "paragraph", "code"]
+    code = next(b for b in parse_blocks(text) if b.kind == "code")
+    assert text[code.start : code.end] == "$ borg create repo::arch ~", "code keeps its colons"
+
+
 def test_a_generated_sections_markers_are_hidden_comments_and_a_footnotes_note_is_text():
     """cog marks the lines it generates with ``.. [[[cog ...]]]`` and ``.. [[[end]]]``: comments to
     docutils, which shows nothing of them (copied, "``.. [[[end]]] (sum: xPc0F1izoA)``" ended an

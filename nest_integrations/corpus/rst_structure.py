@@ -25,7 +25,9 @@ as the Markdown reader, in character offsets into the original text:
   block and shows nothing: ``"directive"``; so are the lines a text opens with when they are indented
   by four spaces or a tab (:data:`OPENS_INDENTED`) and read as code (:func:`reads_as_code`): a
   chunk cut inside a literal block or a directive's body shows neither the ``::`` nor the
-  directive above them (a note's body cut the same way reads as text);
+  directive above them (a note's body cut the same way reads as text); the ``::`` that ends a
+  paragraph of text reads as docutils shows it, its hidden characters marks (:meth:`_Reader.literal_marker`):
+  "try::" reads "try:", "as follows ::" reads "as follows";
 * grid tables (lines opening with ``+-`` or ``+=``): ``"table"``; simple tables (between
   border lines of ``=`` runs, ``=====  =====``): ``"table"``, their border lines and the ``-``
   runs under a header cell that spans columns hidden inside the block (:func:`parse_rst`):
@@ -144,7 +146,7 @@ class _Reader:
         self.blank = [not line.strip() for line in self.raw]
         self.indent = [len(line) - len(line.lstrip()) for line in self.raw]
         self.blocks: list[Block] = []
-        self.marks: list[tuple[int, int]] = []  # hidden ranges inside copyable blocks (table borders)
+        self.marks: list[tuple[int, int]] = []  # hidden ranges inside copyable blocks (table borders, a paragraph's ::)
         self.headings: list[tuple[int, str]] = []  # (level, title) of the enclosing titles
         self.styles: list[tuple[str, bool]] = []  # (character, overlined) of each title level
 
@@ -268,7 +270,21 @@ class _Reader:
         if stop == i + 1 and self.raw[i].strip() == "::":
             kind = "directive"  # the literal block's marker written alone: docutils shows nothing of it
         self.add(kind, i, stop)
-        return stop, self.raw[stop - 1].rstrip().endswith("::")
+        literal = self.raw[stop - 1].rstrip().endswith("::")
+        if literal and kind != "directive":
+            self.marks.append(self.literal_marker(stop - 1))
+        return stop, literal
+
+    def literal_marker(self, j: int) -> tuple[int, int]:
+        """The characters of the ``::`` that ends line ``j`` (a paragraph announcing a literal
+        block) that docutils does not show: the second colon after text ("try::" shows as
+        "try:"), or both and the white space before them ("as follows ::" as "as follows")."""
+        line = self.raw[j].rstrip()
+        end = self.lines[j] + len(line)
+        before = line[:-2]
+        if before.rstrip() != before:
+            return self.lines[j] + len(before.rstrip()), end
+        return end - 1, end
 
     def read(self) -> tuple[Block, ...]:
         raw, n = self.raw, len(self.raw)
@@ -314,7 +330,7 @@ def parse_rst(text: str) -> tuple[tuple[Block, ...], tuple[tuple[int, int], ...]
     """``(blocks, marks)`` of ``text`` read as reStructuredText: its blocks in order (see the
     module docstring; blank lines belong to no block, every other character is inside exactly
     one block) and the sorted ``(start, end)`` character ranges of the markup inside copyable
-    blocks a reader does not see (a simple table's border lines)."""
+    blocks a reader does not see (a simple table's border lines, what a paragraph's closing ``::`` hides)."""
     reader = _Reader(text)
     blocks = reader.read()
     return blocks, tuple(sorted(reader.marks))
