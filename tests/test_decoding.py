@@ -16,6 +16,7 @@ from nest_integrations.decoding.chunk_chain import next_chunk
 from nest_integrations.decoding.decoder import NestDecoder
 from nest_integrations.decoding.rendering import MODEL_MARK, model_written, render_html, render_markdown, render_terminal
 from nest_integrations.decoding.spans import merge_spans
+from nest_integrations.decoding import proposer as proposer_module
 from nest_integrations.decoding import verifier as verifier_module
 from nest_integrations.decoding.proposal import WholeEnds
 from nest_integrations.decoding.verifier import whole_prefix
@@ -1036,3 +1037,30 @@ def test_a_paragraph_break_that_nothing_follows_is_dropped_and_never_streamed(ti
     verifier.commit(gen, [TokenRecord(t) for t in word] + [TokenRecord(t, separator=True) for t in [break_id, *indentation]])
     gen.finish("length")
     assert gen.text == " Done." and gen.ids == word
+
+
+def test_a_copy_going_on_past_a_paragraphs_closing_colons_copies_the_line_they_announce(tiny_lm, monkeypatch):
+    """A paragraph's closing ``::`` is markup a copy skips ("try::" reads "try": the tokenizer holds
+    both colons in one token), so a copy checked by the LM ends there. An LM that refuses a line
+    break after text (as SmolLM refuses one after "... systems, try") ended the answer at the
+    announcement; the source goes on there as after a break, and the example's first line is
+    copied unchecked."""
+    lm_check = proposer_module.relaxed_accept_ratio
+
+    def refuse_line_breaks(p_m, ids, gamma):
+        opens_line = tiny_lm.tokenizer.decode([int(ids[0])]).startswith("\n")
+        return torch.zeros(1) if opens_line else lm_check(p_m, ids, gamma)
+
+    monkeypatch.setattr(proposer_module, "relaxed_accept_ratio", refuse_line_breaks)
+    text = (
+        "Installation\n============\n\nborg is packaged for most distributions. For most POSIX-like systems, try::\n\n"
+        "    $ pip install borgbackup\n\nThen check the version it installed.\n"
+    )
+    chunks = [Passage(id="inst#0", text=text, doc_id="inst")]
+    store = TokenDatastore(chunks, PassageEncoder(tiny_lm))
+    knobs = dict(mode="nest", alpha=-5.0, tau=0.1, delta=1.0, gamma=1e-6, min_passage_relevance=-1.0, max_new_tokens=40)
+    decoder = NestDecoder(tiny_lm, store, ListRetriever(chunks), NestConfig(**knobs, check_answer_windows=True), relevance=word_share)
+    question = "How do I install borg on a POSIX-like system?"
+    out = decoder.generate([{"role": "user", "content": question}], query=question)
+    assert "For most POSIX-like systems, try\n\n    $ pip install borgbackup" in out.text, out.text
+    assert [span.text for span in out.spans if span.copied][-1] == "\n\n    $ pip install borgbackup", out.spans

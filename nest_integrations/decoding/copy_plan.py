@@ -61,7 +61,8 @@ class CopyPlan:
     """The copy proposed next goes on where its source does, and its first line is copied without
     the LM's check: a copy that runs on (:attr:`runs_on`) just past its window, which announced
     it ("... with the ``multiple`` flag:") and was chosen for it, or the copy after a paragraph
-    break set where a copy goes on past a line of markup or across a chunker's cut. After a colon
+    break set where a copy goes on past a line of markup or across a chunker's cut, or the line a
+    running copy goes on with past markup that ended the line before (a paragraph's ``::``). After a colon
     or a break the LM often refuses the example's first line (``@click.command()``), and the
     answer ended at the announcement. The LM checks the rest, which decides how far it goes on."""
 

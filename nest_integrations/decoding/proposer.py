@@ -163,6 +163,8 @@ class SpanProposer:
                         return self._propose(gen, mixture, at, resume_at, generator)
                 else:  # a copy running on: past a directive line or a comment, as a reader reads on
                     proposal = self._next_visible(gen, *resumed)
+                    if proposal is not None and self._skips_a_lines_end(gen, resumed, proposal):
+                        plan.announced = True  # the source's next line, as after a break
                 if proposal is not None and (fenced := self._fence_going_on(gen, mixture, at, proposal, generator)) is not None:
                     return fenced
                 if proposal is not None and (separator := self._break_before(gen, resume_at[0], resumed, proposal)) is not None:
@@ -301,6 +303,19 @@ class SpanProposer:
         ``pos`` is past its last token."""
         char_spans = gen.candidates.passage(pidx).char_spans  # type: ignore[union-attr]
         return int(char_spans[pos, 0]) if pos < len(char_spans) else len(self.datastore.passages[pidx].text)  # type: ignore[union-attr]
+
+    def _skips_a_lines_end(self, gen: Generation, resumed: tuple[int, int], going_on: tuple[int, int]) -> bool:
+        """Whether a copy that was to go on at ``resumed`` goes on at ``going_on`` past markup that
+        ends a line of its passage: the skipped characters hold no line break, and only white
+        space stands between ``going_on`` and the next one. A paragraph's closing ``::`` is such
+        markup (shown as "try:" or, one token, not at all): the LM, judging the line the source
+        goes on with after text the source never ends on ("... systems, try"), refuses it."""
+        if going_on[0] != resumed[0] or going_on == resumed:
+            return False
+        text = self.datastore.passages[going_on[0]].text  # type: ignore[union-attr]
+        from_char, to_char = self._char_at(gen, *resumed), self._char_at(gen, *going_on)
+        line_end = text.find("\n", to_char)
+        return "\n" not in text[from_char:to_char] and line_end >= 0 and not text[to_char:line_end].strip()
 
     def _first_text(self, gen: Generation, pidx: int, pos: int) -> Optional[int]:
         """The first token from ``pos`` of passage ``pidx`` that shows text and a copy may start with
