@@ -196,6 +196,22 @@ def test_a_myst_target_is_hidden_and_never_copied(tiny_lm):
     assert all("(the-keeper" not in span.text for span in out.copied_spans), out.text
 
 
+def test_a_colon_fenced_admonitions_fence_lines_are_hidden_and_its_body_is_copied(tiny_lm):
+    """MyST (``:::{caution}``) and Docusaurus (``:::tip``) fence an admonition with colons: a reader
+    sees the box and its text, never the fence lines. A copy runs through the body and past the
+    fences; a chunk cut inside the box hides the closing line it holds too."""
+    text = f"{UNIQUE}\n:::{{caution}}\n{KEEPER}\n:::\n\nAfter the box.\n"
+    assert [b.kind for b in parse_blocks(text)] == ["paragraph", "directive", "paragraph", "directive", "paragraph"]
+    assert [b.kind for b in parse_blocks(":::tip Use it\nText.\n:::\n")] == ["directive", "paragraph", "directive"]
+    cut = f"{KEEPER}\n:::\n\nAfter the box.\n"
+    layout = copy_layout(cut)
+    assert layout is not None and [cut[start:end] for start, end in layout.hidden] == [":::"]
+    markdown = Passage(id="m", text=text, metadata={"source": "z.md"})
+    decoder = NestDecoder(tiny_lm, TokenDatastore([markdown], PassageEncoder(tiny_lm)), ListRetriever([markdown]))
+    out = decoder.generate("Quixotic zebras", max_new_tokens=80, use_chat_template=False, stop_at_source_end=False, **COPY)
+    assert "beneath Harrogate." in out.text and KEEPER in out.text and ":::" not in out.text, out.text
+
+
 def test_a_copy_that_reaches_the_next_heading_ends_the_answer(tiny_lm):
     """A section is where a copy ends: the next heading starts another topic."""
     markdown = Passage(id="m", text=f"{UNIQUE}\n\n<a id=\"keeper\"></a>\n## The keeper\n\n{KEEPER}", metadata={"source": "z.md"})

@@ -3,8 +3,9 @@
 Markdown documentation carries markup a reader never sees rendered: YAML front
 matter, ``<!-- ... -->`` comments, HTML blocks and anchors, link-reference
 definitions (``[foo]: https://...``), footnote markers (``[^1]`` and the
-``[^1]:`` opening a note, whose text a reader does see), thematic breaks and
-the ``## Title`` line of a heading. Copied as if it were prose, it ends up in answers. This
+``[^1]:`` opening a note, whose text a reader does see), thematic breaks,
+the fence lines of colon-fenced containers (MyST's ``:::{note}``, Docusaurus'
+``:::tip``; their body is Markdown a reader sees) and the ``## Title`` line of a heading. Copied as if it were prose, it ends up in answers. This
 module reads a passage's structure with the CommonMark parser ``markdown-it-py``
 (front matter by ``mdit-py-plugins``, tables enabled) and answers three
 questions, always in character offsets into the ORIGINAL text (nothing is
@@ -27,7 +28,7 @@ as Markdown when a line shows block syntax that prose does not have: a
 ``##``-``######`` heading, a ``# Title`` at the margin followed by a blank line (a lone
 ``# comment`` line in a doctest is not one, nor one indented in a reStructuredText code block), a code fence, front matter, an
 HTML comment or a tag opening a line, a link-reference definition, a table
-delimiter row. Setext (``===``-underlined) headings are not sniffed as
+delimiter row, a colon fence (``:::{note}``, ``:::tip``, ``:::``). Setext (``===``-underlined) headings are not sniffed as
 Markdown: reStructuredText and docstrings underline titles the same way. A
 text that is not Markdown but shows reStructuredText's block syntax (an
 underlined title, a directive, a target, a literal block) is read by
@@ -93,6 +94,7 @@ _SNIFF = re.compile(
     r"|<!--"  # an HTML comment
     r"|^ {0,3}</?[A-Za-z][A-Za-z0-9-]*(?:[ \t/]|>(?!`)|$)"  # an HTML tag opening a line (not reST's wrapped "<target>`")
     r"|^ {0,3}\[[^\]\n]+\]:[ \t]*\S"  # a link-reference definition
+    r"|^ {0,3}:{3,}[ \t]*(?:\{[\w.:+-]+\}|[A-Za-z])|^ {0,3}:::[ \t]*$"  # a colon fence (three colons closing: no title's underline)
     r"|^ {0,3}\|?[ \t]*:?-{3,}:?[ \t]*\|"  # a table's delimiter row
     r"|\S\[\^[\w-]+\](?=[\s.,;:!?)]|\Z)"  # a footnote reference after a word ("problem.[^1]"), not a regex's [^a-z]+
     r"|[ \t]\[\^[A-Za-z][A-Za-z0-9_][\w-]*\](?=[\s.,;:!?)]|\Z)",  # ...or a named one after a space ("`@attr.s` [^pypy]"), not [^a-z]
@@ -117,6 +119,9 @@ _LEAF_KINDS: dict[str, BlockKind] = {
 A MyST target (``(label)=`` on a line alone, Sphinx documentation's anchor above a section) is
 rendered as nothing, as a reStructuredText target ``.. _label:`` is."""
 _LEAF_OPENERS = {*_LEAF_KINDS, "paragraph_open", "html_block"}
+_CONTAINER_NAME = re.compile(r"[ \t]*(?:\{[\w.:+-]+\}|[A-Za-z][\w-]*)(?:[ \t]|$)")
+_CONTAINER_FENCE = re.compile(r"[ \t]*:{3,}[ \t]*")
+"""A line that closes a colon-fenced container; alone in a chunk, it closes one opened above the chunk."""
 
 
 def named_markdown(name: object) -> bool:
@@ -156,17 +161,27 @@ def is_markdown(text: str, metadata: Mapping[str, Any] | None = None, title: str
 
 @functools.lru_cache(maxsize=1)
 def _parser() -> "MarkdownIt":
-    """CommonMark with tables, front matter and MyST targets; built once (parsing keeps no state in it).
+    """CommonMark with tables, front matter, MyST targets and colon-fenced containers
+    (:func:`_names_a_container`); built once (parsing keeps no state in it).
 
     Of the MyST block syntax only targets are read: its comments (a line opening with ``%``) and
     block breaks (``+++``) are text in any other Markdown, where a wrapped line may open with
     "% of" and would be hidden."""
     from markdown_it import MarkdownIt
+    from mdit_py_plugins.container import container_plugin
     from mdit_py_plugins.front_matter import front_matter_plugin
     from mdit_py_plugins.myst_blocks import myst_block_plugin
 
     parser = MarkdownIt("commonmark").enable("table").use(front_matter_plugin).use(myst_block_plugin)
+    parser.use(container_plugin, name="directive", marker=":", validate=_names_a_container)
     return parser.disable(["myst_line_comment", "myst_block_break"])
+
+
+def _names_a_container(params: str, *_: Any) -> bool:
+    """Whether the rest of a line of three colons or more names what it opens: MyST's colon fence
+    (``:::{note}``, a Sphinx directive) or markdown-it-container's (``:::tip Title``, VuePress and
+    Docusaurus admonitions), whose fence lines a reader never sees and whose body is Markdown."""
+    return _CONTAINER_NAME.match(params) is not None
 
 
 def _inline_title(inline: Any) -> str:
@@ -182,6 +197,22 @@ def _leaf_kind(token: Any, in_list_item: bool) -> BlockKind:
     if token.type == "paragraph_open":
         return "list_item" if in_list_item else "paragraph"
     return _LEAF_KINDS[token.type]
+
+
+def _fence_lines(text: str, lines: list[int], first: int, stop: int) -> list[int]:
+    """The lines of a colon-fenced container that spans lines ``[first, stop)`` of ``text`` (its
+    token's map) that a reader does not see: the opening one, and the closing one, line ``stop``,
+    unless the text ended first."""
+    closing = stop < len(lines) - 1 and _CONTAINER_FENCE.fullmatch(text[lines[stop] : lines[stop + 1]].rstrip("\n"))
+    return [first, stop] if closing else [first]
+
+
+def _closing_fence(text: str, start: int, end: int) -> tuple[int, int] | None:
+    """The range of the last line of the paragraph ``text[start:end]`` when it closes a colon-fenced
+    container (:data:`_CONTAINER_FENCE`), or None. A chunk cut inside a container lacks its opening
+    line, so CommonMark reads the closing one as the paragraph's last line, or as a paragraph."""
+    line_start = text.rfind("\n", start, end) + 1 or start
+    return (line_start, end) if _CONTAINER_FENCE.fullmatch(text[line_start:end]) else None
 
 
 def _link_definitions(text: str, lines: list[int], covered: list[bool]) -> list[tuple[int, int]]:
@@ -265,6 +296,7 @@ def _parsed_markdown(text: str, chunk: bool) -> tuple[tuple[Block, ...], tuple[t
     covered = [False] * (len(lines) - 1)
     blocks: list[Block] = []
     inline_html: list[tuple[int, int]] = []
+    fence_marks: list[tuple[int, int]] = []  # the closing lines of containers opened above a chunk
     headings: list[tuple[int, str]] = []  # (level, title) of the enclosing headings
     containers: list[str] = []
     for i, token in enumerate(tokens):
@@ -272,6 +304,11 @@ def _parsed_markdown(text: str, chunk: bool) -> tuple[tuple[Block, ...], tuple[t
             containers.append(token.type)
         elif token.type in ("list_item_close", "blockquote_close"):
             containers.pop()
+        if token.type == "container_directive_open" and token.map is not None:
+            for line in _fence_lines(text, lines, *token.map):
+                covered[line] = True
+                blocks.append(Block("directive", *trimmed_range(text, lines, line, line + 1), tuple(t for _, t in headings)))  # type: ignore[misc]
+            continue
         if token.type not in _LEAF_OPENERS or token.map is None:
             continue
         first, stop = token.map
@@ -280,6 +317,11 @@ def _parsed_markdown(text: str, chunk: bool) -> tuple[tuple[Block, ...], tuple[t
         if span is None:
             continue
         kind = _leaf_kind(token, bool(containers) and containers[-1] == "list_item_open")
+        closing = _closing_fence(text, *span) if kind == "paragraph" else None
+        if closing == span:
+            kind = "directive"
+        elif closing is not None:
+            fence_marks.append(closing)
         level = 0
         if kind == "heading":
             level = int(token.tag[1])
@@ -296,7 +338,7 @@ def _parsed_markdown(text: str, chunk: bool) -> tuple[tuple[Block, ...], tuple[t
         blocks.append(Block("link_definition", span[0], span[1], path))
     blocks.sort(key=lambda b: b.start)
     blocks, footnote_marks = _footnotes(text, blocks)
-    return tuple(blocks), tuple(sorted(inline_html + footnote_marks))
+    return tuple(blocks), tuple(sorted(inline_html + fence_marks + footnote_marks))
 
 
 def _footnotes(text: str, blocks: list[Block]) -> tuple[list[Block], list[tuple[int, int]]]:
