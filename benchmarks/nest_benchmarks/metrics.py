@@ -833,6 +833,13 @@ _MARKUP_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
         "explicit_markup",
         re.compile(r"^[ \t]*(?:\.\.(?:[ \t]*|[ \t]+(?!\[[^\]\s]*\](?:[ \t]|$))\S.*)|::[ \t]*|\([^()\n]+\)=[ \t]*)$", re.MULTILINE),
     ),
+    # reStructuredText: what docutils does not show of the `::` ending a paragraph that announces a
+    # literal block: the second colon after text ("Example::" shows "Example:"), the white space and
+    # both colons after a space ("as follows ::" shows "as follows").
+    ("explicit_markup", re.compile(r"(?<=[^\s:]:):(?=[ \t]*$)|(?<=\S)[ \t]+::(?=[ \t]*$)", re.MULTILINE)),
+    # A colon fence's line: MyST's `:::{note}` (a Sphinx directive), markdown-it-container's `:::tip`
+    # (VuePress, Docusaurus), and the `:::` that closes either; their body is text.
+    ("explicit_markup", re.compile(r"^[ \t]*:{3,}(?:[ \t]*\{[^{}\n]+\}.*|[ \t]*[A-Za-z].*)?$", re.MULTILINE)),
     # Markdown: a footnote's marker, `[^1]:` opening its definition or `[^1]` in the text (the
     # note itself is text). Outside code spans only (see markup_ranges).
     ("footnote", re.compile(r"\[\^[^\]\s]+\]:?")),
@@ -873,7 +880,10 @@ def markup_ranges(text: str) -> list[tuple[int, int, str]]:
     reStructuredText simple table's border (``=====  =====``); a reStructuredText directive
     line (``.. code-block:: python``), target (``.. _label:``), substitution definition, comment
     (``.. [[[end]]]``; a footnote's opening ``.. [1]`` is not: its note is text) or ``::``
-    line alone (a literal block's marker); a MyST target (``(label)=`` on a line alone); a
+    line alone (a literal block's marker), and what docutils does not show of a paragraph's
+    closing ``::`` (the second colon after text, or the white space and both after a space); a
+    MyST target (``(label)=`` on a line alone); a colon fence's line (``:::{note}``, ``:::tip``,
+    ``:::``); a
     Markdown footnote's marker (``[^1]:`` opening its definition, whose note is text, and a
     ``[^1]`` reference), outside inline code spans.
     Markup that starts inside a fenced code block is code, not markup (a shell

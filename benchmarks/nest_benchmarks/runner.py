@@ -189,7 +189,7 @@ PROTOCOL = (
     "same condition), so a mode that stops earlier gains nothing from writing less; speedup_vs_rag the same "
     "against rag; repetitive: the text repeats a word 4-gram 3+ times more than its sources do (occurrences copied "
     "from different places of the sources are theirs), or two copied spans share 16+ source characters; garbled: a model-written span holds 3+ one-word lines in a row, empty or stitched link markup, or a word 3 times in a row; model_text_in_code: the LM wrote text (not a fence, not white space) inside a code block that holds copied text; markup_copied: a copied span takes an HTML comment, front matter, link-reference definition, "
-    "HTML tag, heading line, reStructuredText title underline or explicit markup line (a MyST target too) from outside its source's code fences; answer_recall and attribution over answerable questions; "
+    "HTML tag, heading line, reStructuredText title underline or explicit markup line (a MyST target too), what docutils does not show of a paragraph's closing ::, or a colon fence's line (:::{note}, :::) from outside its source's code fences; answer_recall and attribution over answerable questions; "
     "cited_unanswerable (attribution > 0), unanswerable_attribution and abstained (the answer says the documents "
     "do not cover the question: finish_reason not_covered) over unanswerable ones."
 )

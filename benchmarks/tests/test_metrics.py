@@ -458,9 +458,19 @@ def test_copied_markup_flags_footnote_markers_and_table_borders(passage: str, co
     assert copied_markup(_copy_output("", copied, passage), {"p": passage}) == kinds
 
 
-def test_a_literal_blocks_marker_alone_is_markup_but_a_paragraphs_colons_are_not() -> None:
-    text = "Run it in the mount point:\n\n::\n\n    cd /mnt/rootfs\n\nExample::\n\n    borg create repo::name .\n"
-    assert [(text[lo:hi], kind) for lo, hi, kind in markup_ranges(text)] == [("::", "explicit_markup")]
+def test_a_literal_blocks_marker_is_markup_where_docutils_does_not_show_it() -> None:
+    text = (
+        "Run it in the mount point:\n\n::\n\n    cd /mnt/rootfs\n\nExample::\n\n    borg create repo::name .\n\n"
+        "Prune as follows ::\n\n    borg prune repo\n"
+    )
+    found = [(lo, text[lo:hi], kind) for lo, hi, kind in markup_ranges(text)]
+    example = text.index("Example::")
+    assert found == [(text.index("\n::\n") + 1, "::", "explicit_markup"), (example + 8, ":", "explicit_markup"), (text.index(" ::"), " ::", "explicit_markup")]
+
+
+def test_a_colon_fences_lines_are_markup_but_its_body_is_not() -> None:
+    text = ":::{caution}\nA field that **lacks** a type is ignored.\n:::\n\n:::tip Use it\nText.\n:::\n\nA ratio 3:::4 is text.\n"
+    assert [text[lo:hi] for lo, hi, _ in markup_ranges(text)] == [":::{caution}", ":::", ":::tip Use it", ":::"]
 
 
 def test_a_myst_target_alone_is_markup_but_a_parenthesis_in_prose_is_not() -> None:
