@@ -7,7 +7,8 @@ definitions (``[foo]: https://...``), footnote markers (``[^1]`` and the
 the fence lines of colon-fenced containers (MyST's ``:::{note}``, Docusaurus'
 ``:::tip``; their body is Markdown a reader sees) and the ``## Title`` line of a heading. Copied as if it were prose, it ends up in answers. This
 module reads a passage's structure with the CommonMark parser ``markdown-it-py``
-(front matter by ``mdit-py-plugins``, tables enabled) and answers three
+(front matter, MyST targets and colon-fenced containers by ``mdit-py-plugins``, tables
+enabled) and answers three
 questions, always in character offsets into the ORIGINAL text (nothing is
 rewritten, so citations keep pointing into the source):
 
