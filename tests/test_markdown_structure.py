@@ -15,6 +15,7 @@ from nest_integrations.corpus.markdown_structure import (
     is_markdown,
     looks_like_markdown,
     parse_blocks,
+    below_hidden_line,
     section_ends_at,
     section_title,
     start_allowed,
@@ -203,13 +204,18 @@ def test_a_colon_fenced_admonitions_fence_lines_are_hidden_and_its_body_is_copie
     text = f"{UNIQUE}\n:::{{caution}}\n{KEEPER}\n:::\n\nAfter the box.\n"
     assert [b.kind for b in parse_blocks(text)] == ["paragraph", "directive", "paragraph", "directive", "paragraph"]
     assert [b.kind for b in parse_blocks(":::tip Use it\nText.\n:::\n")] == ["directive", "paragraph", "directive"]
+    after_fence = text.index("{caution}") + len("{caution}")
+    assert below_hidden_line(text, after_fence) == text.index(KEEPER), "under the hidden line, at the body's text"
+    table = "Tools\n=====\n\n=========  =======\nName       Tool\n=========  =======\nAlpine     apk\n=========  =======\n"
+    under_border = table.index("Tool\n") + len("Tool\n=========  =======")
+    assert below_hidden_line(table, under_border) == under_border, "a table's next row keeps its line break"
     cut = f"{KEEPER}\n:::\n\nAfter the box.\n"
     layout = copy_layout(cut)
     assert layout is not None and [cut[start:end] for start, end in layout.hidden] == [":::"]
     markdown = Passage(id="m", text=text, metadata={"source": "z.md"})
     decoder = NestDecoder(tiny_lm, TokenDatastore([markdown], PassageEncoder(tiny_lm)), ListRetriever([markdown]))
     out = decoder.generate("Quixotic zebras", max_new_tokens=80, use_chat_template=False, stop_at_source_end=False, **COPY)
-    assert "beneath Harrogate." in out.text and KEEPER in out.text and ":::" not in out.text, out.text
+    assert f"beneath Harrogate.\n\n{KEEPER}" in out.text and ":::" not in out.text, "the body is a block of its own: " + out.text
 
 
 def test_a_copy_that_reaches_the_next_heading_ends_the_answer(tiny_lm):

@@ -766,6 +766,25 @@ def past_markup_indent(text: str, pos: int) -> int:
     return first
 
 
+def below_hidden_line(text: str, pos: int) -> int:
+    """``pos``, or, when character ``pos`` of ``text`` is the line break that ends a hidden block
+    other than a heading (an admonition's ``:::{note}`` fence, a directive's line) and a block
+    opens at the margin on the very next line (the admonition's body), that block's first
+    character. A copy that opens there takes the text after a paragraph break: the one line break
+    between would run the block into the paragraph above it, where a reader sees a block of its
+    own. A table's next row under its hidden border line opens no block, a code block is set
+    apart by its fence, and a heading's line break stays under the title an answer copies as its
+    label."""
+    layout = copy_layout(text)
+    first = len(text) - len(text[pos:].lstrip())
+    if layout is None or first >= len(text) or text.count("\n", pos, first) != 1 or first not in layout.block_starts:
+        return pos
+    if text.rfind("\n", pos, first) + 1 != first or _inside(layout.code, first):
+        return pos  # indented (a directive's body, a nested block), or code, which its fence or indentation sets apart
+    above = next((block for block in parse_blocks(text) if block.end == pos), None)
+    return first if above is not None and not above.copyable and above.kind != "heading" else pos
+
+
 def ends_in_code(text: str) -> bool:
     """Whether the last line of ``text`` (an answer so far, read whole as a Markdown reader reads
     it) that shows anything is a line of a code block, its fence lines included (a closing fence):

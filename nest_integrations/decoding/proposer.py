@@ -38,8 +38,8 @@ import torch
 from nest_integrations.core.config import NestConfig
 from nest_integrations.core.mixture import relaxed_accept_ratio
 from nest_integrations.corpus.markdown_structure import (
-    closing_fence, closing_fence_line, code_block_at, copyable_end, copyable_tokens, ends_in_code, first_copyable, missing_indentation,
-    open_code_block, opening_fence, past_markup_indent, shallow_code_block, shallow_code_entry, title_tokens, unclosed_fence,
+    below_hidden_line, closing_fence, closing_fence_line, code_block_at, copyable_end, copyable_tokens, ends_in_code, first_copyable,
+    missing_indentation, open_code_block, opening_fence, past_markup_indent, shallow_code_block, shallow_code_entry, title_tokens, unclosed_fence,
     unfenced_code_block,
 )
 from nest_integrations.policy.copy_policy import acceptable_start, continues, ends_sentence, sentence_ends, sentence_starts, stops_whole
@@ -584,15 +584,15 @@ class SpanProposer:
         to ``last`` that a reader sees (markup such as an inline HTML tag, or the directive line
         a chunk opens with, is skipped, not left for the LM to write around), or None when there
         is none. Past skipped markup, the indentation of a directive's body of prose is skipped
-        too (:func:`~nest_integrations.corpus.markdown_structure.past_markup_indent`): the copy
-        opens at its text, after the decoder's paragraph break."""
+        too, and so is the line break under a hidden line above a block (:func:`_past_markup`):
+        the copy opens at its text, after the decoder's paragraph break."""
         assert gen.candidates is not None and self.datastore is not None
         text, char_spans = self.datastore.passages[pidx].text, gen.candidates.passage(pidx).char_spans
         ahead = np.flatnonzero(copyable_tokens(text, char_spans)[pos : last + 1])
         if not len(ahead):
             return None
         found = pos + int(ahead[0])
-        if found > pos and (start := past_markup_indent(text, int(char_spans[found, 0]))) > char_spans[found, 0]:
+        if found > pos and (start := _past_markup(text, int(char_spans[found, 0]))) > char_spans[found, 0]:
             at_text = int(np.searchsorted(char_spans[:, 1], start, side="right"))  # the token that holds it
             found = at_text if at_text <= last else found
         return (pidx, found)
@@ -761,10 +761,14 @@ class SpanProposer:
     @staticmethod
     def _opening_token(encoded: EncodedPassage, text: str, pos: int) -> int:
         """Where a copy planned at token ``pos`` starts: ``pos`` when it is the line break
-        before a later answer window, else the first token there a copy may start with (an
-        opening planned at a Markdown heading starts below it: :func:`first_copyable`)."""
+        before a later answer window (the window's text when that break is the one under a hidden
+        line: :func:`~nest_integrations.corpus.markdown_structure.below_hidden_line`), else the
+        first token there a copy may start with (an opening planned at a Markdown heading starts
+        below it: :func:`first_copyable`)."""
         if not text[slice(*encoded.char_spans[pos])].strip():
-            return pos
+            start = int(encoded.char_spans[pos, 0])
+            below = below_hidden_line(text, start)
+            return pos if below == start else int(np.searchsorted(encoded.char_spans[:, 1], below, side="right"))
         return first_copyable(text, encoded.char_spans, pos)
 
     def _copy_end(self, gen: Generation, pidx: int, pos: int, source_repeats: bool = False) -> int:
@@ -824,6 +828,16 @@ class SpanProposer:
             keep = sorted_p.cumsum(0) - sorted_p < config.top_p
             probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
         return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _past_markup(text: str, pos: int) -> int:
+    """Where a copy that skipped hidden markup and would go on at character ``pos`` opens: past the
+    indentation of a directive's body of prose
+    (:func:`~nest_integrations.corpus.markdown_structure.past_markup_indent`), or past the line
+    break under a hidden line above a block
+    (:func:`~nest_integrations.corpus.markdown_structure.below_hidden_line`); else ``pos``."""
+    indented = past_markup_indent(text, pos)
+    return indented if indented > pos else below_hidden_line(text, pos)
 
 
 def _set_by_decoder(ids: list[int]) -> Proposal:
