@@ -1,8 +1,10 @@
 """Which corpora this change can touch, counted without generating: per corpus, the paragraphs
-whose closing ``::`` is now partly hidden, the colon-fence lines now hidden, and the places where
+whose closing ``::`` is now partly hidden, the colon-fence lines now hidden, the places where
 a run of hidden tokens ends a line (no line break in it, only white space after it up to the next
-one), where a copy going on past it now copies the next line unchecked. A corpus with none of the
-three reads and decodes as before.
+one), where a copy going on past it now copies the next line unchecked, and the hidden blocks
+(not headings) with a block of text at the margin on the very next line, where a copy now opens
+that block after a paragraph break (:func:`~nest_integrations.corpus.markdown_structure.below_hidden_line`).
+A corpus with none of the four reads and decodes as before.
 
     python results/literal-markers-and-colon-fences/where_it_reads_otherwise.py --out results/literal-markers-and-colon-fences \\
         --domain borg=benchmarks/domains/heldout/borg/docs --domain fastify=@fastify ...
@@ -19,7 +21,7 @@ import re
 import numpy as np
 
 from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table, write_report
-from nest_integrations.corpus.markdown_structure import copy_layout, copyable_tokens
+from nest_integrations.corpus.markdown_structure import below_hidden_line, copy_layout, copyable_tokens, parse_blocks
 from nest_integrations.corpus.passages import Passage
 from nest_integrations.model.lm import load_lm
 
@@ -59,8 +61,13 @@ def line_end_markup(text: str, char_spans: np.ndarray) -> int:
     return count
 
 
+def blocks_under_hidden_lines(text: str) -> int:
+    """How many blocks a copy opens after a paragraph break for the hidden block right above them."""
+    return sum(below_hidden_line(text, block.end) > block.end for block in parse_blocks(text) if not block.copyable)
+
+
 def count(source: str, tokenizer) -> dict[str, int]:
-    closing = fences = line_ends = 0
+    closing = fences = line_ends = under = 0
     docs = documents(source)
     for doc in docs:
         layout = copy_layout(doc.text)
@@ -69,16 +76,21 @@ def count(source: str, tokenizer) -> dict[str, int]:
         closing += sum(doc.text[start:end].strip() in (":", "::") for start, end in layout.hidden)
         fences += sum(1 for m in COLON_FENCE.finditer(doc.text) if any(s <= m.start() < e for s, e in layout.hidden))
         encoded = tokenizer(doc.text, return_offsets_mapping=True, add_special_tokens=False)
+        under += blocks_under_hidden_lines(doc.text)
         line_ends += line_end_markup(doc.text, np.asarray(encoded["offset_mapping"], dtype=np.int64).reshape(-1, 2))
-    return {"documents": len(docs), "closing_colons_hidden": closing, "colon_fence_lines_hidden": fences, "markup_ending_a_line": line_ends}
+    return {
+        "documents": len(docs), "closing_colons_hidden": closing, "colon_fence_lines_hidden": fences,
+        "markup_ending_a_line": line_ends, "blocks_under_a_hidden_line": under,
+    }
 
 
 def main() -> None:
     args = domain_parser(__doc__, "NAME=SOURCE").parse_args()
     tokenizer = load_lm("default").tokenizer
     report = {name: count(fields[0], tokenizer) for name, fields in domain_specs(args.domain).items()}
-    rows = [(name, r["documents"], r["closing_colons_hidden"], r["colon_fence_lines_hidden"], r["markup_ending_a_line"]) for name, r in report.items()]
-    header = ("corpus", "documents", "closing :: hidden", "colon-fence lines hidden", "hidden markup ending a line")
+    keys = ("documents", "closing_colons_hidden", "colon_fence_lines_hidden", "markup_ending_a_line", "blocks_under_a_hidden_line")
+    rows = [(name, *(r[key] for key in keys)) for name, r in report.items()]
+    header = ("corpus", "documents", "closing :: hidden", "colon-fence lines hidden", "hidden markup ending a line", "blocks right under a hidden block")
     write_report(args.out, "where_it_reads_otherwise", report, markdown_table(header, rows))
 
 
