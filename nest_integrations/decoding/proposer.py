@@ -593,7 +593,7 @@ class SpanProposer:
             return None
         found = pos + int(ahead[0])
         if found > pos and (start := _past_markup(text, int(char_spans[found, 0]))) > char_spans[found, 0]:
-            at_text = int(np.searchsorted(char_spans[:, 1], start, side="right"))  # the token that holds it
+            at_text = _token_holding(char_spans, start)
             found = at_text if at_text <= last else found
         return (pidx, found)
 
@@ -768,7 +768,7 @@ class SpanProposer:
         if not text[slice(*encoded.char_spans[pos])].strip():
             start = int(encoded.char_spans[pos, 0])
             below = below_hidden_line(text, start)
-            return pos if below == start else int(np.searchsorted(encoded.char_spans[:, 1], below, side="right"))
+            return pos if below == start else _token_holding(encoded.char_spans, below)
         return first_copyable(text, encoded.char_spans, pos)
 
     def _copy_end(self, gen: Generation, pidx: int, pos: int, source_repeats: bool = False) -> int:
@@ -851,6 +851,12 @@ def _first_token_from(char_spans: np.ndarray, char: int) -> int:
     """Index of the first token of int (L, 2) ``char_spans`` that starts at character ``char`` or
     later (L when none does): where a copy that must end before ``char`` stops, exclusive."""
     return int(np.searchsorted(char_spans[:, 0], char, side="left"))
+
+
+def _token_holding(char_spans: np.ndarray, char: int) -> int:
+    """Index of the token of int (L, 2) ``char_spans`` that holds character ``char``: the first
+    that ends after it (L when none does)."""
+    return int(np.searchsorted(char_spans[:, 1], char, side="right"))
 
 
 def paragraph_break_id(tokenizer: Any) -> Optional[int]:

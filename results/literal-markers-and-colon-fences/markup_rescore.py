@@ -15,12 +15,12 @@ and ``markup_rescore.md``: per domain, the answers with markup copied before and
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
 from nest_benchmarks.metrics import copied_markup
 from nest_benchmarks.report_files import domain_parser, domain_specs, markdown_table, read_run_items, write_report
+from nest_integrations.corpus.passages import parse_passages_jsonl
 
 
 def passages_of(source: str) -> dict[str, str]:
@@ -30,8 +30,9 @@ def passages_of(source: str) -> dict[str, str]:
 
         chunking = "splitter" if source == "@docs-splitter" else "cli"
         return {p.id: p.text for p in docs_domain_passages("docs", chunking)}
-    lines = (Path(source) / "passages.jsonl").read_text(encoding="utf-8").splitlines()
-    return {row["id"]: row["text"] for row in map(json.loads, lines)}
+    path = Path(source) / "passages.jsonl"
+    with path.open("rb") as lines:
+        return {passage.id: passage.text for passage in parse_passages_jsonl(lines, str(path))}
 
 
 def markup_in(run: Path, passages: dict[str, str]) -> dict[str, object]:
